@@ -1,0 +1,185 @@
+"""Accelerator chips: peak rates, HBM, and achieved efficiencies, each with its source.
+
+Every number here comes from a spec sheet, the scaling book ("How to Scale Your Model",
+jax-ml, 2025-2026) or a published microbenchmark, as collected in
+`shared/reference/hardware.md` and `shared/reference/collectives.md`. Peak FLOP/s are dense
+(no sparsity). Figures are per JAX device: a TPU7x chip shows as two devices, so its entry
+is per TensorCore.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+TERA = 1e12
+PETA = 1e15
+GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Chip:
+    """One JAX device's worth of an accelerator.
+
+    Attributes:
+        name: catalog name, e.g. "h100".
+        peak_flops_per_s: dense peak by matmul dtype ("bfloat16", "float8", "float4", "int8").
+        hbm_bytes: HBM capacity per device.
+        hbm_bytes_per_s: spec HBM bandwidth per device.
+        matmul_efficiency: achieved / peak FLOP/s on a large matmul (microbenchmark).
+        hbm_efficiency: achieved / spec HBM bandwidth on a large copy (microbenchmark).
+        tdp_w: spec power per device, None where no public figure was found.
+        devices_per_chip: JAX devices per physical chip (TPU7x: 2).
+        source: where the numbers come from.
+    """
+
+    name: str
+    peak_flops_per_s: dict[str, float]
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    matmul_efficiency: float
+    hbm_efficiency: float
+    tdp_w: float | None
+    devices_per_chip: int = 1
+    source: str
+
+    def peak_for(self, dtype: str) -> float:
+        """Peak FLOP/s for a matmul dtype; float32 runs at the bf16 rate / 2 when absent."""
+        if dtype in self.peak_flops_per_s:
+            return self.peak_flops_per_s[dtype]
+        if dtype == "float32":
+            # No chip here has an fp32 tensor-core figure in the catalog; an fp32 matmul is
+            # done in multiple bf16 passes on TPU and at TF32-ish rates on GPU. Half the
+            # bf16 rate is a deliberately optimistic stand-in; real runs compute in bf16.
+            return self.peak_flops_per_s["bfloat16"] / 2
+        if dtype in ("int8", "float8") and "float8" in self.peak_flops_per_s:
+            return self.peak_flops_per_s["float8"]
+        return self.peak_flops_per_s["bfloat16"]
+
+
+# GPU large-matmul efficiency: the scaling book (roofline.md) says GPUs reach 80-85% of
+# peak on large matmuls; H100 FP8 cuBLASLt measures 1290/1979 = 0.65 at 8192^3 (Azure ND
+# H100 v5) -- that is FP8, whose peak is harder to reach. We take 0.80 for bf16 on GPUs.
+_GPU_BF16_MATMUL_EFF = 0.80
+# H100 HBM STREAM triad 2.97 TB/s of 3.35 spec (Azure ND H100 v5): 0.887.
+_GPU_HBM_EFF = 2.97 / 3.35
+
+CHIPS: dict[str, Chip] = {
+    "a100": Chip(
+        name="a100",
+        peak_flops_per_s={"bfloat16": 312 * TERA, "int8": 624 * TERA},
+        hbm_bytes=80 * GB,
+        hbm_bytes_per_s=2.04e12,
+        matmul_efficiency=_GPU_BF16_MATMUL_EFF,
+        hbm_efficiency=_GPU_HBM_EFF,
+        tdp_w=400,
+        source="NVIDIA A100 SXM 80GB datasheet",
+    ),
+    "h100": Chip(
+        name="h100",
+        peak_flops_per_s={"bfloat16": 989 * TERA, "float8": 1979 * TERA, "int8": 1979 * TERA},
+        hbm_bytes=80 * GB,
+        hbm_bytes_per_s=3.35e12,
+        matmul_efficiency=_GPU_BF16_MATMUL_EFF,
+        hbm_efficiency=_GPU_HBM_EFF,
+        tdp_w=700,
+        source="NVIDIA H100 SXM datasheet; scaling book gpus.md",
+    ),
+    "h200": Chip(
+        name="h200",
+        peak_flops_per_s={"bfloat16": 989 * TERA, "float8": 1979 * TERA, "int8": 1979 * TERA},
+        hbm_bytes=141 * GB,
+        hbm_bytes_per_s=4.8e12,
+        matmul_efficiency=_GPU_BF16_MATMUL_EFF,
+        hbm_efficiency=_GPU_HBM_EFF,
+        tdp_w=700,
+        source="NVIDIA H200 SXM datasheet; scaling book gpus.md",
+    ),
+    "b200": Chip(
+        name="b200",
+        # Scaling book gpus.md gives 2.3e15 bf16; NVIDIA HGX B200 (1000 W) 2.25e15: we use
+        # the datasheet figure.
+        peak_flops_per_s={"bfloat16": 2.25 * PETA, "float8": 4.5 * PETA, "float4": 9 * PETA},
+        hbm_bytes=180 * GB,  # 180-192 GB by SKU; HGX B200 ships 180 GB.
+        hbm_bytes_per_s=7.7e12,  # 7.7-8 TB/s by source; scaling book uses 8.0e12.
+        matmul_efficiency=_GPU_BF16_MATMUL_EFF,
+        hbm_efficiency=_GPU_HBM_EFF,
+        tdp_w=1000,
+        source="NVIDIA HGX B200 datasheet; glennklockwood.com B200 page; scaling book gpus.md",
+    ),
+    "gb200": Chip(
+        name="gb200",
+        peak_flops_per_s={"bfloat16": 2.5 * PETA, "float8": 5 * PETA, "float4": 10 * PETA},
+        hbm_bytes=186 * GB,
+        hbm_bytes_per_s=8e12,
+        # FP8 GEMM 2877 TF at 8192^3 of 5000 (Azure ND GB200 v6) = 0.575 for FP8; bf16 on
+        # GPUs per the scaling book: 0.80.
+        matmul_efficiency=_GPU_BF16_MATMUL_EFF,
+        hbm_efficiency=_GPU_HBM_EFF,
+        tdp_w=1200,
+        source="glennklockwood.com B200 page (GB200 at 1200 W); NVIDIA GB200 NVL72 datasheet",
+    ),
+    "gb300": Chip(
+        name="gb300",
+        peak_flops_per_s={"bfloat16": 2.5 * PETA, "float8": 5 * PETA, "float4": 15 * PETA},
+        hbm_bytes=279 * GB,  # 279-288 GB by source.
+        hbm_bytes_per_s=8e12,
+        matmul_efficiency=_GPU_BF16_MATMUL_EFF,
+        hbm_efficiency=_GPU_HBM_EFF,
+        tdp_w=1400,
+        source="verda.com GB300 architecture post; NVIDIA GB300 NVL72 datasheet",
+    ),
+    # TPUs: scaling book tpus.md table. TPU power is not public: None.
+    "tpu-v4": Chip(
+        name="tpu-v4",
+        peak_flops_per_s={"bfloat16": 2.75e14, "int8": 2.75e14},
+        hbm_bytes=32 * GB,
+        hbm_bytes_per_s=1.2e12,
+        matmul_efficiency=0.90,  # v6e measured 827/920; same MXU design family.
+        hbm_efficiency=1.36 / 1.6,  # v6e HBM copy 1.36 of 1.6 TB/s (tpu-recipes).
+        tdp_w=None,
+        source="scaling book tpus.md",
+    ),
+    "tpu-v5e": Chip(
+        name="tpu-v5e",
+        peak_flops_per_s={"bfloat16": 1.97e14, "int8": 3.94e14, "float8": 3.94e14},
+        hbm_bytes=16 * GB,
+        hbm_bytes_per_s=8.2e11,
+        matmul_efficiency=0.90,
+        hbm_efficiency=1.36 / 1.6,
+        tdp_w=None,
+        source="scaling book tpus.md",
+    ),
+    "tpu-v5p": Chip(
+        name="tpu-v5p",
+        peak_flops_per_s={"bfloat16": 4.59e14, "int8": 9.18e14, "float8": 9.18e14},
+        hbm_bytes=96 * GB,
+        hbm_bytes_per_s=2.8e12,
+        matmul_efficiency=0.90,
+        hbm_efficiency=1.36 / 1.6,
+        tdp_w=None,
+        source="scaling book tpus.md",
+    ),
+    "tpu-v6e": Chip(
+        name="tpu-v6e",
+        peak_flops_per_s={"bfloat16": 9.20e14, "int8": 1.84e15, "float8": 1.84e15},
+        hbm_bytes=32 * GB,
+        hbm_bytes_per_s=1.6e12,
+        matmul_efficiency=827 / 920,  # bf16 8192^3 matmul, tpu-recipes microbenchmarks.
+        hbm_efficiency=1.36 / 1.6,  # HBM copy of 32 MiB, tpu-recipes microbenchmarks.
+        tdp_w=None,
+        source="scaling book tpus.md; AI-Hypercomputer tpu-recipes microbenchmarks",
+    ),
+    "tpu7x": Chip(
+        name="tpu7x",
+        # Per TensorCore (one JAX device): the chip's 2.30e15 bf16 / 4.61e15 fp8, 192 GB and
+        # 7.4e12 B/s are split over its two TensorCores.
+        peak_flops_per_s={"bfloat16": 2.30e15 / 2, "float8": 4.61e15 / 2, "int8": 4.61e15 / 2},
+        hbm_bytes=192 * GB / 2,
+        hbm_bytes_per_s=7.4e12 / 2,
+        matmul_efficiency=950 / 1150,  # bf16 GEMM per core 16384^3 (tpu-recipes ironwood).
+        hbm_efficiency=3.2 / 3.7,  # HBM copy >= 128 MiB per core (tpu-recipes ironwood).
+        tdp_w=None,
+        devices_per_chip=2,
+        source="scaling book tpus.md; AI-Hypercomputer tpu-recipes ironwood microbenchmarks",
+    ),
+}

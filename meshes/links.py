@@ -1,0 +1,99 @@
+"""Link classes and the measured bandwidth curves that time collectives on them.
+
+A collective's achieved bus bandwidth depends on its size: small buffers are latency-bound,
+large ones approach the link rate. Where a measured nccl-tests table exists
+(`shared/reference/collectives.md`), the curve *is* that table, interpolated in log(size);
+nothing is fitted to end-to-end step times.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Link:
+    """A class of physical link, as seen by one device.
+
+    Attributes:
+        name: "nvlink", "infiniband", "ici", "dcn".
+        bytes_per_s: nominal bandwidth per device, one direction.
+        latency_s: time per algorithm step (per hop on a torus).
+        efficiency: achieved / nominal on large transfers where no measured curve applies.
+        source: where the numbers come from.
+    """
+
+    name: str
+    bytes_per_s: float
+    latency_s: float
+    efficiency: float
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BusBandwidthCurve:
+    """Measured bus bandwidth (nccl-tests definition) against buffer size S in bytes."""
+
+    sizes_bytes: tuple[float, ...]
+    busbw_bytes_per_s: tuple[float, ...]
+    source: str
+
+    def __call__(self, nbytes: float) -> float:
+        """Bus bandwidth at `nbytes`, log-linear between points, clamped at both ends.
+
+        Below the smallest measured size the bandwidth of the smallest size is used, so time
+        keeps falling with size; the latency floor is added by the caller.
+        """
+        xs = self.sizes_bytes
+        ys = self.busbw_bytes_per_s
+        if nbytes <= xs[0]:
+            return ys[0]
+        if nbytes >= xs[-1]:
+            return ys[-1]
+        i = bisect.bisect_right(xs, nbytes)
+        t = (math.log(nbytes) - math.log(xs[i - 1])) / (math.log(xs[i]) - math.log(xs[i - 1]))
+        return ys[i - 1] + t * (ys[i] - ys[i - 1])
+
+    def scaled(self, factor: float, source: str) -> BusBandwidthCurve:
+        return BusBandwidthCurve(
+            self.sizes_bytes, tuple(b * factor for b in self.busbw_bytes_per_s), source
+        )
+
+    def capped(self, cap_bytes_per_s: float, source: str) -> BusBandwidthCurve:
+        return BusBandwidthCurve(
+            self.sizes_bytes, tuple(min(b, cap_bytes_per_s) for b in self.busbw_bytes_per_s), source
+        )
+
+
+_GB = 1e9
+_MiB = 2**20
+
+# 8x H100, Azure ND H100 v5, NCCL 2.18.5, NVLS all-reduce, in-place busbw.
+H100_NVLS_ALL_REDUCE = BusBandwidthCurve(
+    (1e6, 16e6, 67e6, 268e6, 1e9, 8e9),
+    (43.7e9, 234.5e9, 361.8e9, 423.4e9, 466.4e9, 478.9e9),
+    "nccl-tests all-reduce, 8x H100 NVLS, Azure ND H100 v5 (collectives.md)",
+)
+# Ring (no NVLS) on the same node class levels off at 365-370 GB/s (NVIDIA/nccl#1455,
+# nccl-tests#212): all-gather, reduce-scatter and non-NVLS all-reduce use this cap.
+H100_RING_BUSBW_CAP = 367e9
+# 4x GB200 in one NVL72 domain, Azure ND GB200 v6, NCCL 2.25.1, ring all-reduce.
+GB200_4GPU_RING = BusBandwidthCurve(
+    (1e6, 16e6, 67e6, 1e9, 8e9),
+    (80.5e9, 331.1e9, 550.7e9, 646.9e9, 679.6e9),
+    "nccl-tests all-reduce, 4x GB200 ring, Azure ND GB200 v6 (collectives.md)",
+)
+# One full GB200 NVL72 rack, 72 GPUs, NCCL 2.26.2, out-of-place busbw.
+GB200_72GPU = BusBandwidthCurve(
+    (512 * _MiB, 1024 * _MiB, 2048 * _MiB, 4096 * _MiB, 8192 * _MiB),
+    (586.1e9, 681.2e9, 757.8e9, 839.2e9, 834.6e9),
+    "nccl-tests all-reduce, 72x GB200 NVL72 rack, NCCL 2.26.2 (collectives.md)",
+)
+
+# TPU ICI: the scaling book says an all-gather on v5e reaches ~95% of the 4.5e10 B/s link
+# rate by ~10 MB; that is the only measured ICI efficiency in the reference.
+TPU_ICI_EFFICIENCY = 0.95
+# ICI hop latency (scaling book tpus.md).
+TPU_ICI_HOP_LATENCY_S = 1e-6

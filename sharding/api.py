@@ -1,0 +1,247 @@
+"""`analyze` any JAX function on a mesh; `analyze_hlo` any HLO dump.
+
+On the CPU backend the HLO read is the module right after SPMD partitioning: it has the
+program's dtypes (the final CPU HLO upcasts bf16 collectives and dots to f32, which would
+double their bytes) and every collective the partitioner placed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+from jax.sharding import Mesh
+
+from meshes import System, get_system
+from sharding.collectives import Collective, extract_collectives
+from sharding.compute import compute_cost
+from sharding.hlo import HloModule, parse_hlo
+from sharding.report import Memory, Report
+
+# XLA log lines worth showing the user, with the words that identify them.
+_XLA_WARNINGS = (
+    "Involuntary full rematerialization",
+    "SPMD will replicate",
+)
+
+
+@contextlib.contextmanager
+def capture_stderr():
+    """Capture what C++ libraries write to fd 2 (XLA, libtpu), yielding a list that is
+    filled with the captured lines on exit."""
+    lines: list[str] = []
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read().decode(errors="replace").splitlines())
+
+
+def xla_warnings(lines: Sequence[str]) -> list[str]:
+    """XLA's SPMD warnings from captured stderr, one line each, de-duplicated."""
+    out: list[str] = []
+    for line in lines:
+        if any(w in line for w in _XLA_WARNINGS):
+            msg = re.sub(r"^.*?\] ", "", line).strip()
+            if msg not in out:
+                out.append(msg)
+    return out
+
+
+@dataclasses.dataclass
+class Compiled:
+    hlo_text: str
+    compiled: object  # jax.stages.Compiled
+    compiler: str
+    timings: dict[str, float]
+    warnings: list[str]
+
+
+def compile_to_hlo(fn: Callable, *args, **kwargs) -> Compiled:
+    """Lower and compile; keep the post-SPMD HLO, timings and XLA's SPMD warnings."""
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="shardscope-dump-") as dump, capture_stderr() as err:
+        t0 = time.perf_counter()
+        lowered = jitted.lower(*args, **kwargs)
+        t1 = time.perf_counter()
+        compiled = lowered.compile(compiler_options={
+            "xla_dump_to": dump,
+            "xla_dump_hlo_pass_re": "spmd-partitioning",
+        })
+        t2 = time.perf_counter()
+        timings["lower_s"] = t1 - t0
+        timings["compile_s"] = t2 - t1
+        files = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*.txt")))
+        if files:
+            with open(files[-1]) as f:
+                text = f.read()
+            compiler = "XLA:CPU (after SPMD partitioning)"
+        else:
+            text = compiled.as_text()
+            compiler = "final optimised HLO"
+    return Compiled(text, compiled, compiler, timings, xla_warnings(err))
+
+
+def _time_collectives(
+    collectives: list[Collective], system: System, device_ids: Sequence[int]
+) -> list[Collective]:
+    """Attach link, algorithm and time: partition ids -> system device ids -> links."""
+    out = []
+    cache: dict[tuple, object] = {}
+    for c in collectives:
+        groups = tuple(tuple(device_ids[p] for p in g) for g in c.groups)
+        key = (c.kind, c.bytes, groups)
+        if key not in cache:
+            cache[key] = system.collective_timing(c.kind, c.bytes, [list(g) for g in groups])
+        t = cache[key]
+        out.append(dataclasses.replace(c, link=t.link, time_s=t.time_s, algorithm=t.algorithm))
+    return out
+
+
+def analyze_module(
+    module: HloModule,
+    *,
+    system: System,
+    mesh_shape: Sequence[int] = (),
+    axis_names: Sequence[str] = (),
+    device_ids: Sequence[int] | None = None,
+    compiler: str = "",
+    memory: Memory | None = None,
+    compute_dtype: str | None = None,
+    model_flops_per_step: float | None = None,
+    tokens_per_step: float | None = None,
+    timings: dict[str, float] | None = None,
+    warnings: Sequence[str] = (),
+    name: str = "",
+) -> Report:
+    """Report for a parsed per-device module on `system`."""
+    timings = dict(timings or {})
+    t0 = time.perf_counter()
+    collectives, unknown = extract_collectives(module, mesh_shape=mesh_shape,
+                                               axis_names=axis_names)
+    n = module.num_partitions
+    if n > system.num_devices:
+        raise ValueError(f"the program runs on {n} devices but {system.name} has "
+                         f"{system.num_devices}; pick a system with at least {n} devices")
+    ids = list(device_ids) if device_ids is not None else list(range(n))
+    collectives = _time_collectives(collectives, system, ids)
+    cost = compute_cost(module, system.chip, compute_dtype=compute_dtype)
+    timings["estimate_s"] = time.perf_counter() - t0
+    dtype = compute_dtype or "bfloat16"
+    return Report(
+        name=name,
+        system=system.name,
+        num_devices=n,
+        compiler=compiler,
+        collectives=collectives,
+        compute=cost,
+        memory=memory or Memory(state_bytes=0, temp_bytes=0, source="unknown (HLO only)"),
+        hbm_capacity_bytes=system.chip.hbm_bytes,
+        peak_flops_per_device=system.chip.peak_for(dtype),
+        model_flops_per_step=model_flops_per_step,
+        tokens_per_step=tokens_per_step,
+        timings=timings,
+        warnings=tuple(warnings),
+        unknown_ops=tuple(unknown),
+    )
+
+
+def compiled_memory(compiled, state_bytes: float | None = None) -> Memory:
+    """Memory per device from the compiler's buffer assignment.
+
+    `state_bytes` (exact, from argument shardings) replaces the compiler's argument size
+    when given. XLA:CPU upcasts bf16 temporaries to f32, so its temp figure is an upper
+    bound for a bf16 program on TPU/GPU; the source says so.
+    """
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # some backends do not implement it
+        ma = None
+    if ma is None:
+        return Memory(state_bytes=state_bytes or 0, temp_bytes=0,
+                      source="arguments only (no compiler memory analysis)")
+    args = ma.argument_size_in_bytes if state_bytes is None else state_bytes
+    out_extra = max(0, ma.output_size_in_bytes - ma.alias_size_in_bytes)
+    return Memory(
+        state_bytes=args + out_extra,
+        temp_bytes=ma.temp_size_in_bytes,
+        source="state exact from shardings; temporaries from XLA:CPU buffer assignment "
+               "(f32 upcasts make it an upper bound)",
+    )
+
+
+def analyze(
+    fn: Callable,
+    *args,
+    mesh: Mesh,
+    system: str | System,
+    compute_dtype: str | None = None,
+    model_flops_per_step: float | None = None,
+    tokens_per_step: float | None = None,
+    name: str = "",
+) -> Report:
+    """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
+
+    Args:
+        fn: any callable or `jax.jit` object; `shard_map` inside is fine.
+        *args: concrete arrays or `jax.ShapeDtypeStruct`s with shardings; nothing is
+            allocated.
+        mesh: the mesh the program is sharded over (device i of its row-major order is
+            system device id `mesh.devices.flat[i].id`).
+        system: a system name like "gb200-nvl72:72" or a `meshes.System`.
+        compute_dtype: time matmuls at this dtype's peak (e.g. "float8").
+        model_flops_per_step: for MFU; HLO matmul FLOPs are used when absent.
+        tokens_per_step: for tokens/s.
+    """
+    system = get_system(system) if isinstance(system, str) else system
+    with mesh:
+        c = compile_to_hlo(fn, *args)
+    t0 = time.perf_counter()
+    module = parse_hlo(c.hlo_text)
+    c.timings["parse_s"] = time.perf_counter() - t0
+    device_ids = [d.id for d in mesh.devices.flat]
+    return analyze_module(
+        module,
+        system=system,
+        mesh_shape=mesh.devices.shape,
+        axis_names=mesh.axis_names,
+        device_ids=device_ids,
+        compiler=c.compiler,
+        memory=compiled_memory(c.compiled),
+        compute_dtype=compute_dtype,
+        model_flops_per_step=model_flops_per_step,
+        tokens_per_step=tokens_per_step,
+        timings=c.timings,
+        warnings=c.warnings,
+        name=name,
+    )
+
+
+def analyze_hlo(
+    hlo_text: str,
+    *,
+    system: str | System,
+    mesh_shape: Sequence[int] = (),
+    axis_names: Sequence[str] = (),
+    name: str = "",
+) -> Report:
+    """Report for any HLO dump; give the mesh shape and axis names to map groups to axes."""
+    system = get_system(system) if isinstance(system, str) else system
+    t0 = time.perf_counter()
+    module = parse_hlo(hlo_text)
+    timings = {"parse_s": time.perf_counter() - t0}
+    return analyze_module(module, system=system, mesh_shape=mesh_shape, axis_names=axis_names,
+                          compiler="HLO text", timings=timings, name=name)

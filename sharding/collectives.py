@@ -1,0 +1,203 @@
+"""Collectives of a parsed HLO module: kind, bytes (design.md convention), count, groups.
+
+Async pairs are counted once, at `-start`. An all-reduce inside a TPU computation named
+`all-reduce-scatter*` is the TPU compiler's fused reduce-scatter and is reported as one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from meshes import bus_factor
+from sharding.hlo import (
+    DTYPE_NAMES,
+    ArrayShape,
+    HloModule,
+    Instruction,
+    parse_replica_groups,
+    parse_shape,
+    parse_source_target_pairs,
+    split_top_level,
+)
+
+KINDS = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "collective-broadcast",
+    "ragged-all-to-all",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective instruction of the compiled program.
+
+    Attributes:
+        kind: HLO op name ("all-gather", ...).
+        name: the HLO instruction name.
+        dtype: element type the program asked for ("bfloat16", ...).
+        shape: shape of the buffer counted in `bytes`.
+        bytes: buffer size S per device, nccl-tests sense (design.md byte convention).
+        wire_bytes: bytes one device sends per execution.
+        count: executions per step, with every enclosing loop's trip count applied.
+        group_size: devices per replica group (2 for collective-permute pairs).
+        groups: replica groups (source/target pairs for collective-permute), partition ids.
+        mesh_axes: mesh axes the groups span.
+        link: link class that carries it ("nvlink", "infiniband", "ici", "dcn").
+        time_s: time of one execution on the system.
+        op_name: the JAX operation that caused it (HLO metadata op_name).
+        algorithm: the collective algorithm assumed for the time.
+        computation: the HLO computation holding the instruction.
+    """
+
+    kind: str
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    bytes: int
+    wire_bytes: float
+    count: int
+    group_size: int
+    groups: tuple[tuple[int, ...], ...]
+    mesh_axes: tuple[str, ...]
+    link: str = ""
+    time_s: float = 0.0
+    op_name: str = ""
+    algorithm: str = ""
+    computation: str = ""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes * self.count
+
+    @property
+    def total_time_s(self) -> float:
+        return self.time_s * self.count
+
+
+def wire_bytes(kind: str, nbytes: float, n: int) -> float:
+    """What one device sends for one execution (design.md)."""
+    if kind in ("collective-permute", "collective-broadcast"):
+        return float(nbytes)
+    return nbytes * bus_factor(kind, n)
+
+
+def _top_level_elements(shape_text: str) -> list[str]:
+    if shape_text.startswith("("):
+        return split_top_level(shape_text[1:-1])
+    return [shape_text]
+
+
+def _buffer(kind: str, inst: Instruction, async_start: bool, n: int) -> list[ArrayShape]:
+    """The arrays making up S for this collective."""
+    if async_start:
+        elems = _top_level_elements(inst.shape_text)
+        if kind == "all-reduce":
+            arrays = parse_shape(inst.shape_text)
+            # all-reduce-start is the output array, or a tuple (variadic) of outputs
+            return arrays
+        if kind in ("collective-permute", "collective-broadcast"):
+            return parse_shape(elems[1] if len(elems) > 1 else elems[0])
+        out = parse_shape(elems[-1])
+    else:
+        out = inst.shapes
+    if kind == "reduce-scatter":
+        # S is the input buffer: the scattered output times the group size.
+        return [ArrayShape(a.dtype, (a.dims[0] * n, *a.dims[1:]) if a.dims else (n,))
+                for a in out]
+    return out
+
+
+def _groups(kind: str, inst: Instruction, num_partitions: int) -> list[list[int]]:
+    if kind == "collective-permute":
+        return parse_source_target_pairs(inst.attr("source_target_pairs"))
+    groups = parse_replica_groups(inst.attr("replica_groups"), num_partitions,
+                                  inst.attr("device_ids"))
+    return groups or [list(range(num_partitions))]
+
+
+def mesh_axes_of(
+    groups: Sequence[Sequence[int]],
+    mesh_shape: Sequence[int],
+    axis_names: Sequence[str],
+) -> tuple[str, ...]:
+    """Mesh axes along which the members of each group differ (partition ids are the
+    row-major positions in the mesh's device array)."""
+    if not groups or not axis_names:
+        return ()
+    size = int(np.prod(mesh_shape))
+    varying = np.zeros(len(mesh_shape), dtype=bool)
+    for g in groups:
+        ids = np.asarray(g)
+        if ids.size == 0 or ids.max() >= size:
+            return ()
+        coords = np.stack(np.unravel_index(ids, tuple(mesh_shape)), axis=1)
+        varying |= (coords != coords[0]).any(axis=0)
+    return tuple(a for a, v in zip(axis_names, varying) if v)
+
+
+_COLLECTIVE_WORDS = ("all-reduce", "all-gather", "all-to-all", "reduce-scatter", "collective",
+                     "send", "recv")
+
+
+def looks_like_collective(opcode: str) -> bool:
+    """True for an opcode named like a collective (e.g. a new async or fused form)."""
+    return opcode.startswith(_COLLECTIVE_WORDS) and not opcode.endswith("-done")
+
+
+def extract_collectives(
+    module: HloModule,
+    *,
+    mesh_shape: Sequence[int] = (),
+    axis_names: Sequence[str] = (),
+) -> tuple[list[Collective], list[str]]:
+    """All collectives of `module`, and a list of ops that look like collectives but are
+    not understood (reported, never dropped silently)."""
+    counts = module.execution_counts
+    out: list[Collective] = []
+    unknown: list[str] = []
+    for comp in module.computations.values():
+        count = counts.get(comp.name, 0)
+        if count == 0:
+            continue
+        for inst in comp.instructions:
+            op = inst.opcode
+            if op.endswith("-done") or op.endswith("-update"):
+                continue
+            async_start = op.endswith("-start")
+            kind = op[: -len("-start")] if async_start else op
+            if kind not in KINDS:
+                if looks_like_collective(op):
+                    unknown.append(f"{comp.name}/{inst.name}: {op} (line {inst.line})")
+                continue
+            groups = _groups(kind, inst, module.num_partitions)
+            n = 2 if kind == "collective-permute" else (len(groups[0]) if groups else 1)
+            reported_kind = kind
+            if kind == "all-reduce" and comp.name.startswith("all-reduce-scatter"):
+                reported_kind = "reduce-scatter"  # TPU fused all-reduce + dynamic-slice
+            arrays = _buffer(kind, inst, async_start, n)
+            nbytes = sum(a.nbytes for a in arrays)
+            first = arrays[0] if arrays else ArrayShape("f32", ())
+            out.append(
+                Collective(
+                    kind=reported_kind,
+                    name=inst.name,
+                    dtype=DTYPE_NAMES.get(first.dtype, first.dtype),
+                    shape=first.dims,
+                    bytes=nbytes,
+                    wire_bytes=wire_bytes(reported_kind, nbytes, n),
+                    count=count,
+                    group_size=n,
+                    groups=tuple(tuple(g) for g in groups),
+                    mesh_axes=mesh_axes_of(groups, mesh_shape, axis_names),
+                    op_name=inst.op_name,
+                    computation=comp.name,
+                )
+            )
+    return out, unknown

@@ -1,0 +1,80 @@
+"""Meshes over a system's devices, and the fake CPU device count that backs them."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+from meshes import System
+from sharding.rules import MESH_AXES
+
+
+def ensure_cpu_devices(n: int) -> None:
+    """Ask for `n` fake CPU devices; must run before JAX starts its CPU backend.
+
+    Raises:
+        ValueError: the backend is already up with fewer devices.
+    """
+    if n > 2048:
+        raise ValueError(
+            f"{n} devices: XLA:CPU handles at most 2048 fake devices in one process (4096 "
+            f"failed here); compile a smaller slice of the system or use --backend tpu"
+        )
+    try:
+        jax.config.update("jax_num_cpu_devices", max(n, _already_requested()))
+    except RuntimeError:
+        pass  # backend already initialised; checked below
+    have = len(jax.devices("cpu"))
+    if have < n:
+        raise ValueError(
+            f"need {n} CPU devices but JAX's CPU backend already started with {have}; set "
+            f"jax.config.update('jax_num_cpu_devices', {n}) (or XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={n}) before JAX starts"
+        )
+
+
+def _already_requested() -> int:
+    flags = os.environ.get("XLA_FLAGS", "")
+    for f in flags.split():
+        if f.startswith("--xla_force_host_platform_device_count="):
+            return int(f.split("=", 1)[1])
+    return 0
+
+
+def make_mesh(
+    system: System, axis_sizes: Mapping[str, int], *, devices=None
+) -> Mesh:
+    """A mesh with axes in MESH_AXES order (`tensor` fastest) over the first devices.
+
+    Device i of the mesh's row-major order is system device id i: `tensor` groups are
+    consecutive ids (one tray, one HGX node, one torus row).
+
+    Args:
+        system: the target machine.
+        axis_sizes: mesh axis -> size; their product must be the system's device count.
+        devices: the JAX devices to use; the CPU backend's by default.
+    """
+    unknown = [a for a in axis_sizes if a not in MESH_AXES]
+    if unknown:
+        raise ValueError(f"unknown mesh axis {unknown[0]!r}; valid: {', '.join(MESH_AXES)}")
+    names = tuple(a for a in MESH_AXES if a in axis_sizes)
+    shape = tuple(int(axis_sizes[a]) for a in names)
+    n = math.prod(shape)
+    if n != system.num_devices:
+        sizes = " x ".join(f"{a}={s}" for a, s in zip(names, shape))
+        raise ValueError(
+            f"parallelism {sizes} = {n} devices, but {system.name} has {system.num_devices}; "
+            f"make the product of the axis sizes {system.num_devices}"
+        )
+    if devices is None:
+        ensure_cpu_devices(n)
+        devices = sorted(jax.devices("cpu"), key=lambda d: d.id)[:n]
+    if len(devices) < n:
+        raise ValueError(f"mesh needs {n} devices, {len(devices)} given")
+    arr = np.array(devices[:n], dtype=object).reshape(shape)
+    return Mesh(arr, names, axis_types=(AxisType.Auto,) * len(names))

@@ -1,0 +1,280 @@
+"""The Report: collectives with their links and times, compute, memory, step time.
+
+Step time, first order: compute plus every collective's time, no overlap assumed
+(`exposed_comm_s == comm_s`). The report also gives the bounds an overlapping schedule
+would land between: max(compute, comm) <= step <= compute + comm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from sharding.collectives import Collective
+from sharding.compute import ComputeCost
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Memory:
+    """Bytes per device.
+
+    Attributes:
+        state_bytes: parameters, optimizer state and inputs held across the step (exact,
+            from the shardings of the arguments).
+        temp_bytes: activations and temporaries (from the compiler's memory analysis).
+        source: how each figure was obtained.
+        largest: the largest per-device arrays, (name, bytes).
+    """
+
+    state_bytes: float
+    temp_bytes: float
+    source: str
+    largest: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def total_bytes(self) -> float:
+        return self.state_bytes + self.temp_bytes
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Report:
+    system: str
+    num_devices: int
+    compiler: str
+    collectives: list[Collective]
+    compute: ComputeCost
+    memory: Memory
+    hbm_capacity_bytes: float
+    peak_flops_per_device: float
+    model_flops_per_step: float | None = None
+    tokens_per_step: float | None = None
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    unknown_ops: tuple[str, ...] = ()
+    name: str = ""
+
+    # --- time ----------------------------------------------------------------------
+    @property
+    def compute_s(self) -> float:
+        return self.compute.compute_s
+
+    @property
+    def comm_s(self) -> float:
+        return sum(c.total_time_s for c in self.collectives)
+
+    @property
+    def exposed_comm_s(self) -> float:
+        # First order: nothing overlaps. The estimate issue replaces this with a schedule.
+        return self.comm_s
+
+    @property
+    def step_time_s(self) -> float:
+        return self.compute_s + self.exposed_comm_s
+
+    @property
+    def step_time_bounds_s(self) -> tuple[float, float]:
+        return max(self.compute_s, self.comm_s), self.compute_s + self.comm_s
+
+    # --- throughput ----------------------------------------------------------------
+    @property
+    def tokens_per_s(self) -> float | None:
+        if not self.tokens_per_step or self.step_time_s <= 0:
+            return None
+        return self.tokens_per_step / self.step_time_s
+
+    @property
+    def tokens_per_s_per_device(self) -> float | None:
+        t = self.tokens_per_s
+        return None if t is None else t / self.num_devices
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs per second over the devices' peak; hardware FLOPs from the HLO when
+        no model FLOP count was given."""
+        flops = self.model_flops_per_step
+        if flops is None:
+            flops = self.compute.matmul_flops * self.num_devices
+        if self.step_time_s <= 0:
+            return None
+        return flops / (self.step_time_s * self.num_devices * self.peak_flops_per_device)
+
+    # --- memory --------------------------------------------------------------------
+    @property
+    def memory_per_device_bytes(self) -> float:
+        return self.memory.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_per_device_bytes <= self.hbm_capacity_bytes
+
+    # --- breakdowns ----------------------------------------------------------------
+    def by_kind(self) -> dict[str, int]:
+        """Bytes per step by collective kind (bytes x count, summed)."""
+        out: dict[str, int] = defaultdict(int)
+        for c in self.collectives:
+            out[c.kind] += c.total_bytes
+        return dict(out)
+
+    def by_link(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for c in self.collectives:
+            d = out.setdefault(c.link or "none", {"bytes": 0, "wire_bytes": 0.0, "time_s": 0.0})
+            d["bytes"] += c.total_bytes
+            d["wire_bytes"] += c.wire_bytes * c.count
+            d["time_s"] += c.total_time_s
+        return out
+
+    def groups(self) -> list[dict]:
+        """Collectives grouped by (kind, mesh axes, link, dtype), slowest first."""
+        rows: dict[tuple, dict] = {}
+        for c in self.collectives:
+            key = (c.kind, c.mesh_axes, c.link, c.algorithm)
+            r = rows.setdefault(key, {"kind": c.kind, "mesh_axes": c.mesh_axes, "link": c.link,
+                                      "algorithm": c.algorithm, "bytes": 0, "count": 0,
+                                      "time_s": 0.0, "ops": set()})
+            r["bytes"] += c.total_bytes
+            r["count"] += c.count
+            r["time_s"] += c.total_time_s
+            if c.op_name:
+                r["ops"].add(_short_op(c.op_name))
+        return sorted(rows.values(), key=lambda r: -r["time_s"])
+
+    def bottleneck(self) -> str:
+        """The narrowest pipe, in words."""
+        step = self.step_time_s
+        if step <= 0:
+            return "nothing to run"
+        groups = self.groups()
+        worst = groups[0] if groups else None
+        cost = self.compute
+        compute_part = ("matmul", cost.matmul_s) if cost.matmul_s >= cost.memory_bound_s \
+            else ("memory-bound ops (HBM)", cost.memory_bound_s)
+        if worst is None or worst["time_s"] <= compute_part[1]:
+            return f"compute: {compute_part[0]} {compute_part[1] / step:.0%} of the step"
+        axes = ",".join(worst["mesh_axes"]) or "?"
+        return (f"exposed {worst['kind']} over {worst['link']} on axis {axes}: "
+                f"{worst['time_s'] / step:.0%} of the step")
+
+    def slowest_link(self) -> str | None:
+        links = self.by_link()
+        return max(links, key=lambda k: links[k]["time_s"]) if links else None
+
+    # --- output --------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        lo, hi = self.step_time_bounds_s
+        return {
+            "name": self.name,
+            "system": self.system,
+            "num_devices": self.num_devices,
+            "compiler": self.compiler,
+            "step_time_s": self.step_time_s,
+            "step_time_bounds_s": [lo, hi],
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_per_device": self.tokens_per_s_per_device,
+            "mfu": self.mfu,
+            "compute_s": self.compute_s,
+            "matmul_s": self.compute.matmul_s,
+            "memory_bound_s": self.compute.memory_bound_s,
+            "comm_s": self.comm_s,
+            "exposed_comm_s": self.exposed_comm_s,
+            "flops_per_device": self.compute.flops,
+            "model_flops_per_step": self.model_flops_per_step,
+            "memory_per_device_bytes": self.memory_per_device_bytes,
+            "memory": dataclasses.asdict(self.memory),
+            "hbm_capacity_bytes": self.hbm_capacity_bytes,
+            "hbm_bytes": self.compute.hbm_bytes,
+            "fits": self.fits,
+            "collectives": [_collective_dict(c) for c in self.collectives],
+            "by_kind": self.by_kind(),
+            "by_link": self.by_link(),
+            "bottleneck": self.bottleneck(),
+            "slowest_link": self.slowest_link(),
+            "timings": dict(self.timings),
+            "warnings": list(self.warnings),
+            "unknown_ops": list(self.unknown_ops),
+        }
+
+    def format_table(self) -> str:
+        return format_report(self)
+
+
+def _collective_dict(c: Collective) -> dict:
+    d = dataclasses.asdict(c)
+    d["shape"] = list(c.shape)
+    d["mesh_axes"] = list(c.mesh_axes)
+    # Groups can be thousands of ids; keep them, as lists, for tools that map placement.
+    d["groups"] = [list(g) for g in c.groups]
+    return d
+
+
+def _short_op(op_name: str) -> str:
+    """`jit(step)/transpose(jvp())/while/body/attn/out_proj/dot_general` -> the tail."""
+    parts = [p for p in op_name.split("/") if p and not p.startswith(("jit(", "while", "body",
+                                                                        "closed_call", "cond"))]
+    return "/".join(parts[-3:]) if parts else op_name
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _fmt_s(t: float) -> str:
+    if t >= 1:
+        return f"{t:.3f} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.2f} ms"
+    return f"{t * 1e6:.1f} us"
+
+
+def format_report(r: Report) -> str:
+    lines = []
+    title = f"{r.name}  " if r.name else ""
+    lines.append(f"{title}on {r.system} ({r.num_devices} devices), HLO from {r.compiler}")
+    lines.append("")
+    header = f"{'collective':<16}{'mesh axes':<16}{'link':<12}{'algorithm':<22}" \
+             f"{'bytes/step':>12}{'count':>8}{'time/step':>12}"
+    lines.append(header)
+    lines.append("-" * len(header))
+    for g in r.groups():
+        lines.append(
+            f"{g['kind']:<16}{','.join(g['mesh_axes']) or '-':<16}{g['link']:<12}"
+            f"{g['algorithm'][:21]:<22}{_fmt_bytes(g['bytes']):>12}{g['count']:>8}"
+            f"{_fmt_s(g['time_s']):>12}"
+        )
+    if not r.collectives:
+        lines.append("(no collectives)")
+    lines.append("-" * len(header))
+    lines.append(f"{'total':<66}{_fmt_bytes(sum(r.by_kind().values())):>12}"
+                 f"{sum(c.count for c in r.collectives):>8}{_fmt_s(r.comm_s):>12}")
+    lines.append("")
+    c = r.compute
+    lines.append(f"compute        {_fmt_s(r.compute_s)}  (matmul {_fmt_s(c.matmul_s)}, "
+                 f"memory-bound {_fmt_s(c.memory_bound_s)}; {c.matmul_flops / 1e12:.1f} TFLOP "
+                 f"and {_fmt_bytes(c.hbm_bytes)} HBM per device)")
+    lines.append(f"communication  {_fmt_s(r.comm_s)}  (exposed {_fmt_s(r.exposed_comm_s)}; "
+                 f"no overlap assumed)")
+    lo, hi = r.step_time_bounds_s
+    lines.append(f"step time      {_fmt_s(r.step_time_s)}  (bounds {_fmt_s(lo)} .. {_fmt_s(hi)})")
+    if r.tokens_per_s is not None:
+        lines.append(f"throughput     {r.tokens_per_s:,.0f} tokens/s, "
+                     f"{r.tokens_per_s_per_device:,.0f} per device")
+    if r.mfu is not None:
+        what = "model FLOPs" if r.model_flops_per_step else "HLO matmul FLOPs"
+        lines.append(f"MFU            {r.mfu:.1%}  ({what})")
+    m = r.memory
+    lines.append(f"memory/device  {_fmt_bytes(m.total_bytes)} of {_fmt_bytes(r.hbm_capacity_bytes)}"
+                 f" HBM: {'fits' if r.fits else 'DOES NOT FIT'}  (state "
+                 f"{_fmt_bytes(m.state_bytes)}, temporaries {_fmt_bytes(m.temp_bytes)}; "
+                 f"{m.source})")
+    lines.append(f"bottleneck     {r.bottleneck()}")
+    slow = r.slowest_link()
+    if slow:
+        lines.append(f"slowest link   {slow}")
+    for w in r.warnings:
+        lines.append(f"warning        {w}")
+    for u in r.unknown_ops:
+        lines.append(f"unrecognised   {u}")
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""Logical axis names, the rule tables that map them to mesh axes, and a strict resolver.
+
+Models name every dimension with a logical axis (`batch`, `embed`, `heads`, ...). A rule
+table maps each logical name to a tuple of mesh axes, written once. The resolver turns
+(logical names, shape) into a PartitionSpec and refuses to guess: an unknown name, a mesh
+axis used twice in one spec, or a dimension its mesh axes do not divide is an error with
+the fix, never a silent replication.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+# The logical vocabulary. Shape-suffix legend used in model code:
+# B batch, L sequence, D embed (d_model), H query heads, K kv heads, E head_dim,
+# F mlp hidden, V vocab, N layers, X experts.
+LOGICAL_AXES = (
+    "batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "experts",
+)
+
+# Mesh axes in the order devices are laid out: the last varies fastest, so `tensor` groups
+# are consecutive device ids (inside one tray / NVLink domain / torus row).
+MESH_AXES = ("pipeline", "data", "fsdp", "expert", "sequence", "tensor")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AxisRules:
+    """Logical axis -> mesh axes, separately for parameters and activations."""
+
+    params: Mapping[str, tuple[str, ...]]
+    activations: Mapping[str, tuple[str, ...]]
+
+    def __post_init__(self):
+        for table_name, table in (("params", self.params), ("activations", self.activations)):
+            for logical, mesh_axes in table.items():
+                if logical not in LOGICAL_AXES:
+                    raise ValueError(
+                        f"rules.{table_name}: unknown logical axis {logical!r}; valid: "
+                        f"{', '.join(LOGICAL_AXES)}"
+                    )
+                for m in mesh_axes:
+                    if m not in MESH_AXES:
+                        raise ValueError(
+                            f"rules.{table_name}[{logical!r}]: unknown mesh axis {m!r}; valid: "
+                            f"{', '.join(MESH_AXES)}"
+                        )
+
+
+def default_rules() -> AxisRules:
+    """FSDP shards the `embed` dimension of weights; tensor parallelism (Megatron) shards
+    heads and the MLP hidden dimension; data and FSDP both shard the batch."""
+    return AxisRules(
+        params={
+            "embed": ("fsdp",),
+            "heads": ("tensor",),
+            "kv_heads": ("tensor",),
+            "mlp": ("tensor",),
+            "vocab": ("tensor",),
+            "head_dim": (),
+            "layers": (),
+            "experts": ("expert",),
+        },
+        activations={
+            "batch": ("data", "fsdp"),
+            "seq": (),
+            "embed": (),
+            "heads": ("tensor",),
+            "kv_heads": ("tensor",),
+            "head_dim": (),
+            "mlp": ("tensor",),
+            "vocab": ("tensor",),
+            "layers": (),
+            "experts": ("expert",),
+        },
+    )
+
+
+def resolve(
+    names: Sequence[str | None],
+    shape: Sequence[int],
+    table: Mapping[str, tuple[str, ...]],
+    mesh_shape: Mapping[str, int],
+    *,
+    what: str,
+) -> PartitionSpec:
+    """PartitionSpec for an array whose dimensions carry logical `names`.
+
+    Args:
+        names: one logical name (or None for "never sharded") per dimension.
+        shape: the array's global shape.
+        table: logical name -> mesh axes.
+        mesh_shape: mesh axis -> size.
+        what: the array's path, for error messages.
+
+    Raises:
+        ValueError: unknown name, mesh axis used twice, or a dimension not divisible.
+    """
+    if len(names) != len(shape):
+        raise ValueError(f"{what}: {len(names)} logical names {tuple(names)} for a "
+                         f"{len(shape)}-d array of shape {tuple(shape)}")
+    used: dict[str, str] = {}
+    spec = []
+    for name, dim in zip(names, shape):
+        if name is None:
+            spec.append(None)
+            continue
+        if name not in table:
+            raise ValueError(
+                f"{what}: logical axis {name!r} has no rule; known: {', '.join(sorted(table))}. "
+                f"Add it to the rule table"
+            )
+        mesh_axes = tuple(m for m in table[name] if mesh_shape.get(m, 1) > 1)
+        for m in mesh_axes:
+            if m not in mesh_shape:
+                raise ValueError(f"{what}: rule {name!r} -> {m!r} names a mesh axis the mesh "
+                                 f"lacks; mesh axes: {', '.join(mesh_shape)}")
+            if m in used:
+                raise ValueError(
+                    f"{what}: mesh axis {m!r} would shard both {used[m]!r} and {name!r}; "
+                    f"change the rule of one of them"
+                )
+            used[m] = name
+        ways = math.prod(mesh_shape[m] for m in mesh_axes)
+        if dim % ways:
+            sizes = " x ".join(f"{m}={mesh_shape[m]}" for m in mesh_axes)
+            raise ValueError(
+                f"{what}: dimension {name!r} of size {dim} is not divisible by {sizes} "
+                f"(= {ways}); choose mesh sizes that divide {dim}: {_divisors(dim)}"
+            )
+        spec.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
+    while spec and spec[-1] is None:
+        spec.pop()
+    return PartitionSpec(*spec)
+
+
+def _divisors(n: int, limit: int = 12) -> str:
+    ds = [d for d in range(1, min(n, 4096) + 1) if n % d == 0]
+    return ", ".join(map(str, ds[:limit])) + (", ..." if len(ds) > limit else "")
+
+
+# ------------------------------------------------------------------------------------
+# Activation constraints inside model code.
+
+_ACTIVE: contextvars.ContextVar[tuple[AxisRules, Mesh] | None] = contextvars.ContextVar(
+    "shardscope_rules", default=None
+)
+
+
+@contextlib.contextmanager
+def use_rules(rules: AxisRules, mesh: Mesh):
+    """Make `constrain` shard activations over `mesh` with `rules` while tracing."""
+    token = _ACTIVE.set((rules, mesh))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def mesh_shape_of(mesh: Mesh) -> dict[str, int]:
+    return dict(zip(mesh.axis_names, mesh.devices.shape))
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+    """Pin an activation's sharding by logical names; without active rules, return x.
+
+    Without rules there is no mesh to shard over (an unsharded run), so doing nothing is the
+    only correct behaviour; with rules the constraint is always applied, on every backend.
+    """
+    active = _ACTIVE.get()
+    if active is None:
+        return x
+    rules, mesh = active
+    spec = resolve(names, x.shape, rules.activations, mesh_shape_of(mesh),
+                   what=f"activation {tuple(names)}")
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
