@@ -207,7 +207,7 @@ def analyze(
         tokens_per_step: for tokens/s.
     """
     system = get_system(system) if isinstance(system, str) else system
-    with mesh:
+    with jax.set_mesh(mesh):
         c = compile_to_hlo(fn, *args)
     t0 = time.perf_counter()
     module = parse_hlo(c.hlo_text)

@@ -151,6 +151,30 @@ def looks_like_collective(opcode: str) -> bool:
     return opcode.startswith(_COLLECTIVE_WORDS) and not opcode.endswith("-done")
 
 
+def _only_sliced(comp, inst: Instruction, n: int) -> bool:
+    """An all-reduce whose every user keeps 1/n of it with a dynamic-slice.
+
+    That is a reduce-scatter: the SPMD partitioner emits all-reduce + dynamic-slice and
+    XLA's ReduceScatterCreator fuses them on TPU and GPU (the TPU compiler keeps them in a
+    computation named `all-reduce-scatter`); XLA:CPU never does, so its post-partitioning
+    HLO shows the pair. S (the input buffer) is the all-reduce's buffer either way.
+    """
+    users = comp.users.get(inst.name, [])
+    if not users or n <= 1:
+        return False
+    arrays = inst.shapes
+    if len(arrays) != 1:
+        return False
+    whole = arrays[0].num_elements
+    for u in users:
+        if u.opcode != "dynamic-slice":
+            return False
+        out = u.shapes
+        if len(out) != 1 or out[0].num_elements * n != whole:
+            return False
+    return True
+
+
 def extract_collectives(
     module: HloModule,
     *,
@@ -179,8 +203,9 @@ def extract_collectives(
             groups = _groups(kind, inst, module.num_partitions)
             n = 2 if kind == "collective-permute" else (len(groups[0]) if groups else 1)
             reported_kind = kind
-            if kind == "all-reduce" and comp.name.startswith("all-reduce-scatter"):
-                reported_kind = "reduce-scatter"  # TPU fused all-reduce + dynamic-slice
+            if kind == "all-reduce" and (comp.name.startswith("all-reduce-scatter")
+                                         or _only_sliced(comp, inst, n)):
+                reported_kind = "reduce-scatter"
             arrays = _buffer(kind, inst, async_start, n)
             nbytes = sum(a.nbytes for a in arrays)
             first = arrays[0] if arrays else ArrayShape("f32", ())

@@ -109,7 +109,7 @@ def compute_cost(module: HloModule, chip: Chip, *, compute_dtype: str | None = N
         n = counts.get(comp.name, 0)
         if n == 0:
             continue
-        consumers = _consumer_counts(comp)
+        consumers = comp.users
         for inst in comp.instructions:
             op = inst.opcode
             if op in _MATMUL:
@@ -127,7 +127,7 @@ def compute_cost(module: HloModule, chip: Chip, *, compute_dtype: str | None = N
             out = inst.shapes
             if not out:
                 continue
-            uses = consumers.get(inst.name, [])
+            uses = [u.opcode for u in consumers.get(inst.name, [])]
             if inst.is_root or len(uses) != 1 or uses[0] in _MATERIALIZE_CONSUMERS \
                     or op == "fusion" or _is_collective(uses[0]):
                 nbytes = sum(a.nbytes for a in out) * (1 + max(len(uses), 1))
@@ -139,16 +139,6 @@ def compute_cost(module: HloModule, chip: Chip, *, compute_dtype: str | None = N
 
 def _is_collective(op: str) -> bool:
     return op.startswith(("all-", "reduce-scatter", "collective-"))
-
-
-def _consumer_counts(comp: Computation) -> dict[str, list[str]]:
-    uses: dict[str, list[str]] = {}
-    for inst in comp.instructions:
-        if inst.opcode == "constant":
-            continue
-        for o in inst.operands:
-            uses.setdefault(o, []).append(inst.opcode)
-    return uses
 
 
 def matmul_time_s(flops: float, dtype: str, chip: Chip) -> float:

@@ -179,6 +179,17 @@ class Computation:
     def by_name(self) -> dict[str, Instruction]:
         return {i.name: i for i in self.instructions}
 
+    @cached_property
+    def users(self) -> dict[str, list[Instruction]]:
+        """instruction name -> the instructions that take it as an operand."""
+        out: dict[str, list[Instruction]] = {}
+        for i in self.instructions:
+            if i.opcode == "constant":
+                continue
+            for o in i.operands:
+                out.setdefault(o, []).append(i)
+        return out
+
     @property
     def root(self) -> Instruction | None:
         for i in reversed(self.instructions):

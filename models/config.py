@@ -1,0 +1,147 @@
+"""Model configuration and presets of real models.
+
+Presets are plain functions of no arguments; override fields with `dataclasses.replace`.
+Dimensions come from the public model cards (shared/reference/workloads.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+MLP_KINDS = ("swiglu", "gelu", "relu")
+NORM_KINDS = ("rmsnorm", "layernorm")
+POSITION_KINDS = ("rope", "learned")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """A decoder-only Transformer.
+
+    Attributes:
+        name: preset name or "custom".
+        n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab: the shape.
+        mlp: "swiglu" (gate, up, down) or "gelu"/"relu" (in, out).
+        norm: "rmsnorm" or "layernorm".
+        positions: "rope" or "learned" (learned needs max_seq_len).
+        tie_embeddings: the output projection reuses the embedding table.
+        max_seq_len: length of the learned position table.
+        rope_theta: RoPE base.
+        n_experts, experts_per_token: mixture of experts (1 = dense).
+        vocab_multiple: the embedding is padded to a multiple of this, as Megatron does
+            (`--make-vocab-size-divisible-by 128`) so that it shards evenly.
+    """
+
+    name: str = "custom"
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    vocab: int
+    mlp: str = "swiglu"
+    norm: str = "rmsnorm"
+    positions: str = "rope"
+    tie_embeddings: bool = False
+    max_seq_len: int = 8192
+    rope_theta: float = 500_000.0
+    n_experts: int = 1
+    experts_per_token: int = 1
+    vocab_multiple: int = 128
+
+    def __post_init__(self):
+        for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab",
+                  "max_seq_len", "n_experts", "experts_per_token", "vocab_multiple"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"model.{f}={v!r} must be a positive integer")
+        _choice("model.mlp", self.mlp, MLP_KINDS)
+        _choice("model.norm", self.norm, NORM_KINDS)
+        _choice("model.positions", self.positions, POSITION_KINDS)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads="
+                f"{self.n_kv_heads}; grouped-query attention needs n_kv_heads to divide n_heads"
+            )
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
+        if self.experts_per_token > self.n_experts:
+            raise ValueError(f"model.experts_per_token={self.experts_per_token} exceeds "
+                             f"model.n_experts={self.n_experts}")
+
+    @property
+    def padded_vocab(self) -> int:
+        m = self.vocab_multiple
+        return -(-self.vocab // m) * m
+
+    def param_count(self, *, include_embedding: bool = True) -> int:
+        """Parameters, counted analytically (the embedding counted once when tied)."""
+        d, e = self.d_model, self.head_dim
+        attn = d * e * (self.n_heads + 2 * self.n_kv_heads) + self.n_heads * e * d
+        mlp_mats = 3 if self.mlp == "swiglu" else 2
+        mlp = mlp_mats * d * self.d_ff * self.n_experts
+        router = d * self.n_experts if self.n_experts > 1 else 0
+        norms = 2 * d * (2 if self.norm == "layernorm" else 1)
+        per_layer = attn + mlp + router + norms
+        total = self.n_layers * per_layer + d * (2 if self.norm == "layernorm" else 1)
+        if include_embedding:
+            total += self.padded_vocab * d
+            if self.positions == "learned":
+                total += self.max_seq_len * d
+        if not self.tie_embeddings:
+            total += d * self.padded_vocab  # output projection
+        return total
+
+    def active_param_count(self) -> int:
+        """Parameters a token's matmuls touch (MoE: only its experts)."""
+        if self.n_experts == 1:
+            return self.param_count(include_embedding=False)
+        mlp_mats = 3 if self.mlp == "swiglu" else 2
+        inactive = (self.n_experts - self.experts_per_token) * mlp_mats * self.d_model * self.d_ff
+        return self.param_count(include_embedding=False) - self.n_layers * inactive
+
+    def train_flops_per_token(self, seq_len: int) -> float:
+        """Model FLOPs per trained token, the formula MFU uses (stated in the report):
+
+        6 x (active non-embedding parameters, output projection included) for the matmuls
+        forward and backward, plus causal attention: 12 x n_layers x n_heads x head_dim x
+        seq_len / 2 (scores and weighted values, forward and backward, half masked).
+        """
+        attn = 12 * self.n_layers * self.n_heads * self.head_dim * seq_len / 2
+        return 6 * self.active_param_count() + attn
+
+
+def _choice(key: str, value, valid):
+    if value not in valid:
+        raise ValueError(f"{key}={value!r} is not one of {', '.join(map(repr, valid))}")
+
+
+def _llama(name, n_layers, d_model, n_heads, n_kv_heads, d_ff, vocab, rope_theta):
+    return ModelConfig(name=name, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                       n_kv_heads=n_kv_heads, head_dim=128, d_ff=d_ff, vocab=vocab,
+                       rope_theta=rope_theta)
+
+
+PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    "tiny": lambda: ModelConfig(name="tiny", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
+                                head_dim=16, d_ff=128, vocab=256, max_seq_len=512),
+    "llama2-7b": lambda: _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 10_000.0),
+    "llama2-13b": lambda: _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 10_000.0),
+    "llama2-70b": lambda: _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 10_000.0),
+    "llama3-8b": lambda: _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 500_000.0),
+    "llama3-70b": lambda: _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 500_000.0),
+    "llama3-405b": lambda: _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 500_000.0),
+    "gpt3-175b": lambda: ModelConfig(name="gpt3-175b", n_layers=96, d_model=12288, n_heads=96,
+                                     n_kv_heads=96, head_dim=128, d_ff=49152, vocab=50257,
+                                     mlp="gelu", norm="layernorm", positions="learned",
+                                     tie_embeddings=True, max_seq_len=2048),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """A preset, with explicit fields overriding it."""
+    if name not in PRESETS:
+        raise ValueError(f"model.preset={name!r} is unknown; valid: {', '.join(PRESETS)}")
+    cfg = PRESETS[name]()
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
