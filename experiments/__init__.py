@@ -1,0 +1,1 @@
+"""What users run: experiment configs, the runner, and the `shardscope` CLI."""

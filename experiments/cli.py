@@ -1,0 +1,149 @@
+"""`shardscope`: run experiments, inspect HLO dumps, list systems and model presets.
+
+Mistakes in what the user wrote end in one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+from experiments.config import ConfigError
+
+EXIT_USAGE = 2
+
+
+def _quiet_libraries() -> None:
+    # TPU/CUDA plugin probing and TF-style C++ logs are not the user's business.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _write_json(path: str, data: dict) -> None:
+    out = Path(path)
+    if out.parent and not out.parent.exists():
+        raise ConfigError(f"--json {path!r}: folder {str(out.parent)!r} does not exist; create "
+                          f"it or write elsewhere")
+    out.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
+
+
+def _jsonable(o):
+    if isinstance(o, set | frozenset | tuple):
+        return list(o)
+    return str(o)
+
+
+def cmd_run(args) -> int:
+    from experiments import config as config_mod
+    from experiments import runner
+
+    exp = config_mod.load(args.config, args.set or [])
+    report = runner.run(exp, backend=args.backend)
+    print(report.format_table())
+    if args.json:
+        _write_json(args.json, report.to_dict())
+        print(f"\nwrote {args.json}")
+    if args.html:
+        from sharding.html import write_html
+
+        write_html(report, args.html)
+        print(f"wrote {args.html}")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    import sharding
+
+    path = Path(args.hlo)
+    if not path.is_file():
+        raise ConfigError(f"HLO file {args.hlo!r} not found; give a text dump such as XLA's "
+                          f"*after_optimizations.txt")
+    mesh_shape, axis_names = (), ()
+    if args.mesh:
+        pairs = [p.split("=") for p in args.mesh.split(",")]
+        if any(len(p) != 2 or not p[1].isdigit() for p in pairs):
+            raise ConfigError(f"--mesh {args.mesh!r}: expected name=size,... e.g. "
+                              f"--mesh data=2,fsdp=4,tensor=2")
+        axis_names = tuple(p[0] for p in pairs)
+        mesh_shape = tuple(int(p[1]) for p in pairs)
+    report = sharding.analyze_hlo(path.read_text(errors="replace"), system=args.system,
+                                  mesh_shape=mesh_shape, axis_names=axis_names, name=path.name)
+    print(report.format_table())
+    if args.json:
+        _write_json(args.json, report.to_dict())
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def cmd_systems(args) -> int:
+    from meshes import get_system, system_names
+
+    for name in system_names():
+        s = get_system(name)
+        print(name)
+        for field, value in s.describe():
+            print(f"  {field:<11}{value}")
+    print("\nSizes: GPUs by count (NVL72: up to 72, or whole racks); TPUs by torus shape, "
+          "'*N' for N slices over DCN.\nA TPU7x chip shows as two JAX devices; "
+          "parallelism sizes count devices.")
+    return 0
+
+
+def cmd_models(args) -> int:
+    from models import PRESETS
+
+    print(f"{'preset':<14}{'layers':>7}{'d_model':>9}{'heads':>7}{'kv':>5}{'d_ff':>8}"
+          f"{'vocab':>9}  {'mlp':<7}{'params':>10}")
+    for name, make in PRESETS.items():
+        c = make()
+        print(f"{name:<14}{c.n_layers:>7}{c.d_model:>9}{c.n_heads:>7}{c.n_kv_heads:>5}"
+              f"{c.d_ff:>8}{c.vocab:>9}  {c.mlp:<7}{c.param_count() / 1e9:>9.2f}B")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shardscope", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="compile and estimate an experiment config")
+    r.add_argument("config")
+    r.add_argument("--backend", default="auto", choices=["auto", "cpu", "tpu", "gpu"])
+    r.add_argument("--json", metavar="OUT")
+    r.add_argument("--html", metavar="OUT")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set parallelism.fsdp=8")
+    r.set_defaults(fn=cmd_run)
+    i = sub.add_parser("inspect", help="collectives and estimate of any HLO text dump")
+    i.add_argument("hlo")
+    i.add_argument("--system", required=True)
+    i.add_argument("--mesh", help="mesh axes of the program, e.g. data=2,fsdp=4,tensor=2")
+    i.add_argument("--json", metavar="OUT")
+    i.set_defaults(fn=cmd_inspect)
+    sub.add_parser("systems", help="the system catalog").set_defaults(fn=cmd_systems)
+    sub.add_parser("models", help="the model presets").set_defaults(fn=cmd_models)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    _quiet_libraries()
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, tomllib.TOMLDecodeError) as e:
+        print(f"shardscope: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as e:
+        # Parse errors in HLO, unknown systems and other bad input: one line, no traceback.
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"shardscope: error: {first}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:
+        print(f"shardscope: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

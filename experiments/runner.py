@@ -1,0 +1,54 @@
+"""Turn an Experiment into model + system + mesh -> sharding.analyze -> Report."""
+
+from __future__ import annotations
+
+import time
+
+from experiments.config import ConfigError, Experiment
+from meshes import get_system
+from sharding.report import Report
+
+BACKENDS = ("auto", "cpu", "tpu", "gpu")
+
+
+def run(exp: Experiment, *, backend: str = "auto") -> Report:
+    """Compile the experiment's step on fake CPU devices and estimate it on its system."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend in ("tpu", "gpu"):
+        raise ConfigError(f"--backend {backend} (deviceless {backend.upper()} compilation) is "
+                          f"not supported yet; use --backend cpu")
+    system = get_system(exp.system)
+
+    # Imported here so that the fake device count is set before JAX starts its backend.
+    import sharding
+    from models import TrainSettings, build_train_program
+
+    t0 = time.perf_counter()
+    try:
+        sharding.ensure_cpu_devices(system.num_devices)
+    except ValueError as e:
+        raise ConfigError(f"system.name={exp.system!r}: {e}") from None
+    mesh = sharding.make_mesh(system, exp.parallelism.sizes())
+    settings = TrainSettings(
+        seq_len=exp.workload.seq_len,
+        global_batch=exp.workload.global_batch,
+        microbatches=exp.workload.microbatches,
+        param_dtype=exp.precision.params,
+        compute_dtype=exp.precision.compute,
+        remat=exp.train.remat,
+        learning_rate=exp.train.learning_rate,
+        weight_decay=exp.train.weight_decay,
+    )
+    try:
+        program = build_train_program(exp.model, settings, mesh, sharding.default_rules())
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    build_s = time.perf_counter() - t0
+    report = sharding.analyze(
+        program.step, *program.args, mesh=mesh, system=system,
+        model_flops_per_step=program.model_flops_per_step,
+        tokens_per_step=program.tokens_per_step, name=exp.name,
+    )
+    report.timings["build_s"] = build_s
+    return report
