@@ -134,10 +134,9 @@ def apply_override(raw: dict, item: str) -> None:
 def _check_keys(raw: Mapping, where: str, valid: set[str]) -> None:
     for k in raw:
         if k not in valid:
-            raise ConfigError(
-                f"unknown key {where}{k!r}; valid keys{' in [' + where.rstrip('.') + ']' if where else ''}: "
-                f"{', '.join(sorted(valid))}"
-            )
+            section = f" in [{where.rstrip('.')}]" if where else ""
+            raise ConfigError(f"unknown key '{where}{k}'; valid keys{section}: "
+                              f"{', '.join(sorted(valid))}")
 
 
 def _typed(section: str, raw: Mapping, cls):

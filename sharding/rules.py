@@ -116,11 +116,9 @@ def resolve(
                 f"{what}: logical axis {name!r} has no rule; known: {', '.join(sorted(table))}. "
                 f"Add it to the rule table"
             )
+        # Mesh axes of size 1, or absent from this mesh, shard nothing.
         mesh_axes = tuple(m for m in table[name] if mesh_shape.get(m, 1) > 1)
         for m in mesh_axes:
-            if m not in mesh_shape:
-                raise ValueError(f"{what}: rule {name!r} -> {m!r} names a mesh axis the mesh "
-                                 f"lacks; mesh axes: {', '.join(mesh_shape)}")
             if m in used:
                 raise ValueError(
                     f"{what}: mesh axis {m!r} would shard both {used[m]!r} and {name!r}; "

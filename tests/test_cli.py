@@ -1,0 +1,118 @@
+"""The command line: reports, JSON, and one clear line for every mistake."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments import cli
+from tests.conftest import DATA, REPO
+
+TINY = """
+name = "t"
+[model]
+preset = "tiny"
+[system]
+name = "h100:8"
+[parallelism]
+data = 2
+fsdp = 4
+[workload]
+seq_len = 32
+global_batch = 16
+"""
+
+
+def write(tmp_path, text, name="exp.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def run_cli(args, capsys):
+    code = cli.main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_run_prints_report_and_writes_json(tmp_path, capsys, cpu_devices):
+    out_json = tmp_path / "r.json"
+    code, out, err = run_cli(["run", write(tmp_path, TINY), "--json", str(out_json)], capsys)
+    assert code == 0, err
+    assert "all-gather" in out and "fsdp" in out and "bottleneck" in out
+    d = json.loads(out_json.read_text())
+    assert d["fits"] is True and d["by_kind"]["all-gather"] > 0
+    assert set(d["timings"]) >= {"lower_s", "compile_s", "parse_s", "estimate_s"}
+
+
+def test_set_overrides_a_key(tmp_path, capsys, cpu_devices):
+    code, out, _ = run_cli(["run", write(tmp_path, TINY), "--set", "parallelism.data=8",
+                            "--set", "parallelism.fsdp=1"], capsys)
+    assert code == 0
+    assert "reduce-scatter" not in out and "all-reduce" in out
+
+
+BAD = {
+    "unknown key": (TINY.replace("seq_len = 32", "seq_len = 32\nseqlen = 3"),
+                    "unknown key 'workload.seqlen'; valid keys in [workload]"),
+    "product": (TINY.replace("fsdp = 4", "fsdp = 2"),
+                "= 4 devices, but system.name='h100:8' has 8"),
+    "indivisible": (TINY.replace("data = 2\nfsdp = 4", "data = 2\ntensor = 4"),
+                    "parallelism.tensor=4 does not divide model.n_kv_heads=2; choose one of 1, 2"),
+    "system": (TINY.replace('"h100:8"', '"h900:8"'), "unknown system family 'h900' in 'h900:8'; valid: a100:8"),
+    "preset": (TINY.replace('"tiny"', '"llama5"'), "model.preset='llama5' is unknown; valid:"),
+    "dtype": (TINY + '[precision]\ncompute = "fp16"\n',
+              "precision.compute='fp16' is not one of 'bfloat16'"),
+    "missing": (TINY.replace("seq_len = 32\n", ""), "missing required key workload.seq_len"),
+    "syntax": (TINY.replace("[workload]", "[workload"), "not valid TOML"),
+    "batch": (TINY.replace("global_batch = 16", "global_batch = 12"),
+              "not divisible by parallelism.data x parallelism.fsdp = 8"),
+    "type": (TINY.replace("data = 2", 'data = "two"'), "parallelism.data='two' must be an integer"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_config_is_one_clear_line(tmp_path, capsys, case):
+    text, message = BAD[case]
+    code, out, err = run_cli(["run", write(tmp_path, text)], capsys)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_file_and_bad_override(tmp_path, capsys):
+    code, _, err = run_cli(["run", str(tmp_path / "nope.toml")], capsys)
+    assert code == 2 and "not found" in err
+    code, _, err = run_cli(["run", write(tmp_path, TINY), "--set", "parallelism"], capsys)
+    assert code == 2 and "expected key=value" in err
+
+
+def test_bad_config_in_a_real_process_has_no_traceback(tmp_path):
+    cfg = write(tmp_path, TINY.replace('"h100:8"', '"h100:7x"'))
+    p = subprocess.run([sys.executable, "-m", "experiments.cli", "run", cfg], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.startswith("shardscope: error: system.name:")
+    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_inspect_any_hlo_dump(capsys):
+    code, out, err = run_cli(["inspect", str(DATA / "collectives.gpu-h100.hlo"), "--system",
+                              "h100:16", "--mesh", "data=2,fsdp=4,tensor=2"], capsys)
+    assert code == 0, err
+    assert "collective-permute" in out and "tensor" in out
+
+
+def test_inspect_truncated_dump_is_one_line(tmp_path, capsys):
+    text = (DATA / "collectives.gpu-h100.hlo").read_text()
+    bad = write(tmp_path, text[: len(text) // 2], "bad.hlo")
+    code, _, err = run_cli(["inspect", bad, "--system", "h100:16"], capsys)
+    assert code == 2 and "HLO line" in err and err.count("\n") == 1
+
+
+def test_systems_and_models_list_the_catalog(capsys):
+    code, out, _ = run_cli(["systems"], capsys)
+    assert code == 0 and "gb200-nvl72:72" in out and "tpu7x" in out and "nvlink" in out
+    code, out, _ = run_cli(["models"], capsys)
+    assert code == 0 and "llama3-405b" in out

@@ -1,0 +1,168 @@
+"""The HLO parser on real compiler output and on generated replica groups."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sharding
+from sharding.collectives import extract_collectives
+from sharding.hlo import HloParseError, parse_hlo, parse_replica_groups, parse_shape
+from tests.conftest import DATA
+
+MESH = ((2, 4, 2), ("data", "fsdp", "tensor"))
+
+# tests/data/collectives.*.hlo: shard_map over mesh (data 2, fsdp 4, tensor 2), per-device
+# bf16[32,128,128] = 1 MiB, inside a scan of length 3 (README in shared/reference/hlo):
+PER_DEVICE = 32 * 128 * 128 * 2
+EXPECTED = {
+    # kind: (mesh axes, bytes per execution per the design.md convention)
+    "all-reduce": (("tensor",), PER_DEVICE),  # psum over tensor: the buffer
+    "all-gather": (("fsdp",), 4 * PER_DEVICE),  # gathered output over 4 devices
+    "reduce-scatter": (("fsdp",), 4 * PER_DEVICE),  # its input: the gathered 4 MiB
+    "all-to-all": (("data",), PER_DEVICE),  # input buffer
+    "collective-permute": (("fsdp",), PER_DEVICE),  # what each device sends
+}
+
+
+@pytest.mark.parametrize("backend", ["cpu-after-spmd", "gpu-h100", "tpu-v5e", "tpu7x"])
+def test_collectives_program_on_every_backend(backend):
+    module = parse_hlo((DATA / f"collectives.{backend}.hlo").read_text())
+    cols, unknown = extract_collectives(module, mesh_shape=MESH[0], axis_names=MESH[1])
+    assert unknown == []
+    by_kind = {c.kind: c for c in cols}
+    assert sorted(by_kind) == sorted(EXPECTED)
+    assert len(cols) == 5  # async -start/-done pairs counted once
+    for kind, (axes, nbytes) in EXPECTED.items():
+        c = by_kind[kind]
+        assert c.dtype == "bfloat16", kind
+        assert c.bytes == nbytes, kind
+        assert c.count == 3, kind  # the scan's trip count
+        if backend != "tpu7x":  # TPU7x numbers its 16 devices differently (2 per chip)
+            assert c.mesh_axes == axes, kind
+
+
+def test_cpu_final_hlo_shows_the_f32_upcast_that_post_spmd_avoids():
+    final = parse_hlo((DATA / "collectives.cpu.hlo").read_text())
+    cols, _ = extract_collectives(final)
+    assert {c.dtype for c in cols} == {"float32"}
+    assert sum(c.bytes for c in cols if c.kind == "all-reduce") == 2 * PER_DEVICE
+
+
+def test_train_step_fixture_trip_counts_and_no_unknown_ops():
+    module = parse_hlo((DATA / "train_step.cpu-after-spmd.hlo").read_text())
+    trips = sorted(n for n, _ in module.trip_counts.values())
+    assert trips == [4, 4]  # forward and backward scans over 4 layers
+    cols, unknown = extract_collectives(module, mesh_shape=MESH[0], axis_names=MESH[1])
+    assert unknown == []
+    assert any(c.count == 4 and c.kind == "all-gather" and c.mesh_axes == ("fsdp",) for c in cols)
+
+
+def test_analyze_hlo_maps_groups_and_times_them():
+    rep = sharding.analyze_hlo((DATA / "collectives.tpu-v5e.hlo").read_text(),
+                               system="tpu-v5e:4x4", mesh_shape=MESH[0], axis_names=MESH[1])
+    assert rep.by_kind()["all-gather"] == 3 * 4 * PER_DEVICE
+    assert all(c.link == "ici" and c.time_s > 0 for c in rep.collectives)
+
+
+@pytest.mark.parametrize("text, dtype, dims, nbytes", [
+    ("bf16[32,128,128]{2,1,0:T(8,128)(2,1)S(1)}", "bf16", (32, 128, 128), 32 * 128 * 128 * 2),
+    ("f8e4m3fn[16,16]{1,0}", "f8e4m3fn", (16, 16), 256),
+    ("s4[3]", "s4", (3,), 2),
+    ("f4e2m1fn[8]", "f4e2m1fn", (8,), 4),
+    ("pred[]", "pred", (), 1),
+])
+def test_shapes(text, dtype, dims, nbytes):
+    (a,) = parse_shape(text)
+    assert (a.dtype, a.dims, a.nbytes) == (dtype, dims, nbytes)
+
+
+def test_tuple_shape():
+    arrays = parse_shape("(bf16[32,128]{1,0}, (f32[4]{0}, u32[]))")
+    assert [a.dtype for a in arrays] == ["bf16", "f32", "u32"]
+
+
+def test_truncated_hlo_names_the_line():
+    text = (DATA / "collectives.cpu-after-spmd.hlo").read_text()
+    cut = text[: len(text) * 2 // 3]
+    cut = cut[: cut.rfind("\n")]
+    with pytest.raises(HloParseError, match=r"HLO line \d+"):
+        parse_hlo(cut)
+
+
+def test_corrupted_instruction_names_the_line():
+    bad = "HloModule m\n\nENTRY %main (p: f32[2]) -> f32[2] {\n  %p = f32[2] parameter(0)\n" \
+          "  ROOT %x = f32[2] add(%p, %p\n}\n"
+    with pytest.raises(HloParseError, match="HLO line 5"):
+        parse_hlo(bad)
+
+
+def test_not_hlo_at_all():
+    with pytest.raises(HloParseError, match="no HLO computations"):
+        parse_hlo("hello world\n")
+
+
+def test_replica_group_forms():
+    assert parse_replica_groups("{{0,1},{2,3}}") == [[0, 1], [2, 3]]
+    assert parse_replica_groups("{}", 4) == [[0, 1, 2, 3]]
+    assert parse_replica_groups("[2,2]<=[4]") == [[0, 1], [2, 3]]
+    assert parse_replica_groups("[2,2]<=[2,2]T(1,0)") == [[0, 2], [1, 3]]
+    # XLA's mesh-axes form: mesh (a=2, b=2), groups over b -> rows of the iota mesh.
+    assert parse_replica_groups("mesh['a'=2,'b'=2] {'b'}") == [[0, 1], [2, 3]]
+    assert parse_replica_groups("mesh['a'=2,'b'=2] {'a'}") == [[0, 2], [1, 3]]
+    assert parse_replica_groups("mesh['a'=1,'b'=4]", None, "([2,2]T(1,0)) {'b'}") == [[0, 2, 1, 3]]
+
+
+@st.composite
+def iota_case(draw):
+    dims = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    perm = draw(st.permutations(range(len(dims))))
+    n = math.prod(dims)
+    group = draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0]))
+    return dims, list(perm), n // group, group
+
+
+@settings(max_examples=200, deadline=None)
+@given(iota_case())
+def test_iota_groups_partition_the_devices(case):
+    dims, perm, g, s = case
+    text = f"[{g},{s}]<=[{','.join(map(str, dims))}]T({','.join(map(str, perm))})"
+    groups = parse_replica_groups(text)
+    assert len(groups) == g and all(len(x) == s for x in groups)
+    assert sorted(i for x in groups for i in x) == list(range(g * s))
+    expected = np.arange(g * s).reshape(dims).transpose(perm).reshape(g, s).tolist()
+    assert groups == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 4095), min_size=1, max_size=6), min_size=1, max_size=6))
+def test_explicit_groups_round_trip(groups):
+    text = "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
+    assert parse_replica_groups(text) == groups
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=4), st.data())
+def test_mesh_axes_groups_vary_only_along_their_axes(sizes, data):
+    names = [f"axis_{i}" for i in range(len(sizes))]
+    chosen = data.draw(st.lists(st.sampled_from(names), min_size=1, unique=True))
+    text = "mesh[" + ",".join(f"'{n}'={s}" for n, s in zip(names, sizes)) + "] {" + \
+        ",".join(f"'{c}'" for c in chosen) + "}"
+    groups = parse_replica_groups(text)
+    assert sorted(i for g in groups for i in g) == list(range(math.prod(sizes)))
+    for g in groups:
+        coords = np.stack(np.unravel_index(g, sizes), axis=1)
+        fixed = [i for i, n in enumerate(names) if n not in chosen]
+        assert (coords[:, fixed] == coords[0, fixed]).all()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.binary(min_size=0, max_size=400))
+def test_garbage_never_raises_anything_but_a_parse_error(blob):
+    text = "HloModule x\n\nENTRY %m () -> f32[] {\n  " + blob.decode("latin-1") + "\n}\n"
+    try:
+        parse_hlo(text)
+    except HloParseError:
+        pass

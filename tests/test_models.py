@@ -1,0 +1,74 @@
+"""The Transformer: presets, parameter counts, and a sharded step that computes the same loss
+as an unsharded one."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import meshes
+import models
+import sharding
+
+
+@pytest.mark.parametrize("name, billions", [
+    ("llama2-7b", 6.74), ("llama3-8b", 8.03), ("llama3-70b", 70.6), ("llama3-405b", 405.9),
+    ("gpt3-175b", 174.6),
+])
+def test_preset_parameter_counts_match_the_model_cards(name, billions):
+    assert models.preset(name).param_count() / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_analytic_count_equals_the_built_model():
+    for cfg in (models.preset("tiny"), models.preset("tiny", mlp="gelu", norm="layernorm",
+                                                     positions="learned", tie_embeddings=True)):
+        settings = models.TrainSettings(seq_len=8, global_batch=2)
+        model = nnx.eval_shape(lambda cfg=cfg: models.make_model(cfg, settings))
+        state = nnx.state(model, nnx.Param)
+        assert sum(x.size for x in jax.tree.leaves(state)) == cfg.param_count()
+
+
+def test_abstract_405b_costs_no_memory():
+    cfg = models.preset("llama3-405b")
+    settings = models.TrainSettings(seq_len=8192, global_batch=8)
+    model = nnx.eval_shape(lambda: models.make_model(cfg, settings))
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+
+
+def test_preset_overrides_and_bad_fields():
+    assert models.preset("llama3-8b", n_layers=2).n_layers == 2
+    with pytest.raises(ValueError, match="model.preset='llama9'"):
+        models.preset("llama9")
+    with pytest.raises(ValueError, match="model.n_heads=6 is not a multiple of model.n_kv_heads=4"):
+        models.ModelConfig(n_layers=1, d_model=8, n_heads=6, n_kv_heads=4, head_dim=2, d_ff=8,
+                           vocab=8)
+
+
+@pytest.mark.parametrize("par, remat", [({"data": 2, "fsdp": 2, "tensor": 2}, "full"),
+                                        ({"fsdp": 8}, "minimal"), ({"data": 8}, "none")])
+def test_sharded_train_step_matches_unsharded(cpu_devices, par, remat):
+    cfg = models.preset("tiny", n_heads=4, n_kv_heads=2)
+    settings = models.TrainSettings(seq_len=16, global_batch=16, microbatches=2, remat=remat,
+                                    compute_dtype="float32")
+    model = models.make_model(cfg, settings, seed=1)
+    graphdef, state = nnx.split(model, nnx.Param)
+    params = nnx.to_pure_dict(state)
+    tx = models.make_optimizer(settings)
+    opt = tx.init(params)
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab, (16, 16)), jnp.int32)
+    batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
+
+    plain = jax.jit(models.make_train_step(graphdef, tx, settings))
+    p1, _, loss1 = plain(params, opt, batch)
+
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), par)
+    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+    shard = jax.tree.map(lambda a: a.sharding, prog.args)
+    args = jax.device_put((params, opt, batch), shard)
+    p2, _, loss2 = prog.step(*args)
+    assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
+    np.testing.assert_allclose(np.asarray(p2["embed"]), np.asarray(p1["embed"]), rtol=1e-4,
+                               atol=1e-6)

@@ -1,0 +1,172 @@
+"""Collectives of real compiled programs on 8 fake CPU devices, with the expected bytes
+derived here from the model's shapes."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax import shard_map
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import meshes
+import models
+import sharding
+
+H100 = meshes.get_system("h100:8")
+F32 = 4
+
+
+def tiny(**kw):
+    return models.preset("tiny", **kw)
+
+
+def train_report(cfg, par, *, dtype="float32", batch=16, seq=32, remat="full"):
+    mesh = sharding.make_mesh(H100, par)
+    settings = models.TrainSettings(seq_len=seq, global_batch=batch, param_dtype=dtype,
+                                    compute_dtype=dtype, remat=remat)
+    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+    return sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100), prog
+
+
+def layer_matmul_params(cfg):
+    d, e = cfg.d_model, cfg.head_dim
+    attn = d * e * (cfg.n_heads + 2 * cfg.n_kv_heads) + cfg.n_heads * e * d
+    return attn + 3 * d * cfg.d_ff  # SwiGLU: gate, up, down
+
+
+def test_pure_data_parallelism_all_reduces_exactly_the_gradients(cpu_devices):
+    cfg = tiny()
+    rep, _ = train_report(cfg, {"data": 8})
+    kinds = {c.kind for c in rep.collectives}
+    assert kinds == {"all-reduce"}
+    assert all(c.mesh_axes == ("data",) for c in rep.collectives)
+    # Every f32 gradient is all-reduced once per step; the only other all-reduce is the
+    # 4-byte scalar loss mean.
+    grads = F32 * cfg.param_count()
+    total = rep.by_kind()["all-reduce"]
+    assert total == grads + F32
+    assert rep.collectives[0].link == "nvlink"
+
+
+def test_fsdp_gathers_parameters_and_reduce_scatters_gradients(cpu_devices):
+    cfg = tiny()
+    rep, _ = train_report(cfg, {"fsdp": 8})
+    in_loop = [c for c in rep.collectives if c.count == cfg.n_layers]
+    # Each layer's matmul weights are gathered twice: in the forward pass and again when
+    # full remat recomputes the forward inside the backward pass.
+    gathered = sum(c.bytes * c.count for c in in_loop if c.kind == "all-gather" and len(c.shape) >= 2)
+    assert gathered == 2 * cfg.n_layers * F32 * layer_matmul_params(cfg)
+    # Gradients are reduce-scattered over fsdp: all parameters but the embedding table, whose
+    # gradient is a scatter-add the partitioner keeps shard-local behind an all-to-all.
+    embedding = F32 * cfg.padded_vocab * cfg.d_model
+    assert rep.by_kind()["reduce-scatter"] == F32 * cfg.param_count() - embedding
+    assert all(c.mesh_axes == ("fsdp",) for c in rep.collectives)
+
+
+def test_tensor_parallel_layers_all_reduce_activations(cpu_devices):
+    # Forward only, so that each all-reduce is one of Megatron's two per layer.
+    cfg = tiny(n_heads=8, n_kv_heads=8, n_layers=3)
+    mesh = sharding.make_mesh(H100, {"data": 2, "tensor": 4})
+    rules = sharding.default_rules()
+    settings = models.TrainSettings(seq_len=32, global_batch=8, compute_dtype="bfloat16")
+    model = nnx.eval_shape(lambda: models.make_model(cfg, settings))
+    graphdef, state = nnx.split(model, nnx.Param)
+    params = nnx.to_pure_dict(state)
+    shard = models.train.param_shardings(models.logical_axes(state), params, rules, mesh)
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          params, shard)
+    tokens = jax.ShapeDtypeStruct((8, 32), jnp.int32, sharding=NamedSharding(mesh, P("data")))
+
+    def forward(p, t):
+        with sharding.use_rules(rules, mesh):
+            return nnx.merge(graphdef, p)(t)
+
+    rep = sharding.analyze(forward, params, tokens, mesh=mesh, system=H100)
+    layer_ars = [c for c in rep.collectives
+                 if c.kind == "all-reduce" and c.mesh_axes == ("tensor",) and c.count == 3]
+    # Attention output and MLP output: batch/data x seq x d_model bf16 activations each.
+    per_ar = (8 // 2) * 32 * cfg.d_model * 2
+    assert sorted(c.bytes for c in layer_ars) == [per_ar, per_ar]
+    assert all(c.dtype == "bfloat16" and c.shape == (4, 32, cfg.d_model) for c in layer_ars)
+
+
+def test_scanned_layers_multiply_per_layer_collectives(cpu_devices):
+    two, _ = train_report(tiny(n_layers=2), {"fsdp": 8})
+    four, _ = train_report(tiny(n_layers=4), {"fsdp": 8})
+    loop2 = sum(c.total_bytes for c in two.collectives if c.count == 2)
+    loop4 = sum(c.total_bytes for c in four.collectives if c.count == 4)
+    assert loop4 == 2 * loop2
+    assert {c.count for c in four.collectives} == {1, 4}
+
+
+def test_analyze_plain_shard_map_function(cpu_devices):
+    mesh = sharding.make_mesh(H100, {"data": 2, "fsdp": 2, "tensor": 2})
+
+    def body(x):  # per device [16, 64, 32] bf16
+        def step(c, _):
+            c = jax.lax.psum(c, "tensor") * 0.5
+            g = jax.lax.all_gather(c, "fsdp", axis=0, tiled=True)
+            c = jax.lax.psum_scatter(g, "fsdp", scatter_dimension=0, tiled=True)
+            c = jax.lax.all_to_all(c, "data", 1, 1, tiled=True)
+            c = jax.lax.ppermute(c, "fsdp", [(0, 1), (1, 0)])
+            return c, None
+
+        def outer(c, _):
+            return jax.lax.scan(step, c, None, length=3)[0], None
+
+        return jax.lax.scan(outer, x, None, length=2)[0]
+
+    f = shard_map(body, mesh=mesh, in_specs=P("data", "fsdp", "tensor"),
+                  out_specs=P("data", "fsdp", "tensor"), check_vma=False)
+    x = jax.ShapeDtypeStruct((32, 128, 64), jnp.bfloat16,
+                             sharding=NamedSharding(mesh, P("data", "fsdp", "tensor")))
+    rep = sharding.analyze(f, x, mesh=mesh, system=H100)
+    local = 16 * 64 * 32 * 2  # bytes of the per-device block
+    expect = {  # kind: (bytes per execution, mesh axes); nested scans: 2 x 3 = 6 runs
+        "all-reduce": (local, ("tensor",)),
+        "all-gather": (2 * local, ("fsdp",)),
+        "reduce-scatter": (2 * local, ("fsdp",)),
+        "all-to-all": (local, ("data",)),
+        "collective-permute": (local, ("fsdp",)),
+    }
+    got = {c.kind: c for c in rep.collectives}
+    assert set(got) == set(expect)
+    for kind, (nbytes, axes) in expect.items():
+        assert (got[kind].bytes, got[kind].mesh_axes, got[kind].count) == (nbytes, axes, 6), kind
+    assert got["all-reduce"].wire_bytes == pytest.approx(local)  # 2 * S * (2-1)/2
+
+
+def test_mesh_axes_follow_a_permuted_device_order(cpu_devices):
+    devs = np.array(cpu_devices)[[0, 2, 4, 6, 1, 3, 5, 7]].reshape(2, 4)
+    mesh = jax.sharding.Mesh(devs, ("data", "tensor"),
+                             axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def f(x):
+        return shard_map(lambda b: jax.lax.psum(b, "tensor"), mesh=mesh,
+                         in_specs=P("data", "tensor"), out_specs=P("data"), check_vma=False)(x)
+
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32,
+                             sharding=NamedSharding(mesh, P("data", "tensor")))
+    rep = sharding.analyze(f, x, mesh=mesh, system=H100)
+    (c,) = rep.collectives
+    assert c.mesh_axes == ("tensor",)
+    # Partition ids are mesh positions; the links are found from the devices behind them.
+    assert sorted(sorted(mesh.devices.flat[p].id for p in g) for g in c.groups) == \
+        [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def test_report_keys_and_json_contract(cpu_devices):
+    rep, prog = train_report(tiny(), {"data": 2, "fsdp": 4})
+    d = rep.to_dict()
+    for key in ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "mfu", "compute_s",
+                "comm_s", "exposed_comm_s", "memory_per_device_bytes", "hbm_bytes", "fits",
+                "collectives", "by_kind", "by_link", "bottleneck", "timings"):
+        assert key in d, key
+    fields = {f.name for f in dataclasses.fields(sharding.Collective)}
+    assert fields <= set(d["collectives"][0])
+    assert d["step_time_s"] == pytest.approx(d["compute_s"] + d["exposed_comm_s"])
+    assert rep.memory.state_bytes >= prog.state_bytes_per_device
