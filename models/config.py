@@ -12,6 +12,7 @@ from collections.abc import Callable
 MLP_KINDS = ("swiglu", "gelu", "relu")
 NORM_KINDS = ("rmsnorm", "layernorm")
 POSITION_KINDS = ("rope", "learned")
+ATTENTION_KINDS = ("flash", "dense")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -28,6 +29,8 @@ class ModelConfig:
         max_seq_len: length of the learned position table.
         rope_theta: RoPE base.
         n_experts, experts_per_token: mixture of experts (1 = dense).
+        attention: "flash" (block-wise, scores never in HBM, as every production stack
+            trains) or "dense" (scores materialised).
         vocab_multiple: the embedding is padded to a multiple of this, as Megatron does
             (`--make-vocab-size-divisible-by 128`) so that it shards evenly.
     """
@@ -49,6 +52,7 @@ class ModelConfig:
     n_experts: int = 1
     experts_per_token: int = 1
     vocab_multiple: int = 128
+    attention: str = "flash"
 
     def __post_init__(self):
         for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab",
@@ -59,6 +63,7 @@ class ModelConfig:
         _choice("model.mlp", self.mlp, MLP_KINDS)
         _choice("model.norm", self.norm, NORM_KINDS)
         _choice("model.positions", self.positions, POSITION_KINDS)
+        _choice("model.attention", self.attention, ATTENTION_KINDS)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads="

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
 from sharding.rules import constrain
 
@@ -88,11 +89,8 @@ class Attention(nnx.Module):
         b, seq, h, e = q_BLHE.shape
         kv = cfg.n_kv_heads
         q_BLKGE = q_BLHE.reshape(b, seq, kv, h // kv, e)
-        scores_BKGLL = jnp.einsum("blkge,bmke->bkglm", q_BLKGE, k_BLKE) * (e**-0.5)
-        causal_LL = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-        scores_BKGLL = jnp.where(causal_LL, scores_BKGLL.astype(jnp.float32), -1e30)
-        probs_BKGLL = jax.nn.softmax(scores_BKGLL, axis=-1).astype(dt)
-        out_BLKGE = jnp.einsum("bkglm,bmke->blkge", probs_BKGLL, v_BLKE)
+        attend = flash_attention if cfg.attention == "flash" else dense_attention
+        out_BLKGE = attend(q_BLKGE, k_BLKE, v_BLKE)
         out_BLHE = constrain(out_BLKGE.reshape(b, seq, h, e), ("batch", "seq", "heads", "head_dim"))
         out_BLD = jnp.einsum("blhe,hed->bld", out_BLHE, self.wo[...].astype(dt))
         return constrain(out_BLD, ("batch", "seq", "embed"))

@@ -10,6 +10,11 @@ First-order model (the estimate issue refines it):
   read by each consumer. This stands in for the target compiler's fusion decisions, which
   the CPU compiler does not share.
 
+- Ops under a named scope `flash_attention` (jax.named_scope) stand for a fused attention
+  kernel: their matmul FLOPs count, but their intermediates (the S x S scores) stay in
+  on-chip memory. The kernel's HBM traffic -- q, k, v in, the output and log-sum-exp out --
+  is produced and consumed by ops outside the scope and counted there.
+
 Counts apply every enclosing loop's trip count.
 """
 
@@ -28,6 +33,7 @@ _FREE = frozenset({
     "opt-barrier", "custom-call", "domain", "add-dependency", "copy-start", "copy-done",
 })
 _MATMUL = frozenset({"dot", "convolution"})
+FUSED_KERNEL_SCOPE = "flash_attention"
 _MATERIALIZE_CONSUMERS = frozenset({"dot", "convolution", "tuple", "while", "call",
                                     "conditional", "fusion"})
 
@@ -114,6 +120,8 @@ def compute_cost(module: HloModule, chip: Chip, *, compute_dtype: str | None = N
             op = inst.opcode
             if op in _MATMUL:
                 f, dt, io = dot_flops(inst, comp)
+                if FUSED_KERNEL_SCOPE in inst.op_name:
+                    io = 0  # operands stream through on-chip memory inside the kernel
                 dt = compute_dtype or dt
                 peak = chip.peak_for(dt) * chip.matmul_efficiency
                 flops += n * f
@@ -123,6 +131,8 @@ def compute_cost(module: HloModule, chip: Chip, *, compute_dtype: str | None = N
                 matmul_s += n * max(f / peak, io / hbm_bw)
                 continue
             if comp.name in fused or op in _FREE or op.endswith("-done"):
+                continue
+            if FUSED_KERNEL_SCOPE in inst.attr_text and FUSED_KERNEL_SCOPE in inst.op_name:
                 continue
             out = inst.shapes
             if not out:
