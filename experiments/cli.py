@@ -12,15 +12,14 @@ import sys
 import tomllib
 from pathlib import Path
 
-from experiments.config import ConfigError
+# Before JAX is imported: compile on fake CPU devices, never probe for accelerators. XLA's
+# C++ log lines are captured around each compile (sharding.api.capture_stderr) and the
+# useful ones shown in the report.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from experiments.config import ConfigError  # noqa: E402
 
 EXIT_USAGE = 2
-
-
-def _quiet_libraries() -> None:
-    # TPU/CUDA plugin probing and TF-style C++ logs are not the user's business.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -128,7 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _quiet_libraries()
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
@@ -140,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"shardscope: error: {first}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # output piped into `head` and closed early
+        sys.stderr.close()
+        return 0
     except OSError as e:
         print(f"shardscope: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -49,14 +49,25 @@ def capture_stderr():
             lines.extend(tmp.read().decode(errors="replace").splitlines())
 
 
+_REMAT = re.compile(r"cannot go from sharding (.+?) to (.+?) efficiently for HLO operation "
+                    r"%?([\w.\-]+) = (\S+)")
+
+
 def xla_warnings(lines: Sequence[str]) -> list[str]:
     """XLA's SPMD warnings from captured stderr, one line each, de-duplicated."""
     out: list[str] = []
     for line in lines:
-        if any(w in line for w in _XLA_WARNINGS):
+        if not any(w in line for w in _XLA_WARNINGS):
+            continue
+        m = _REMAT.search(line)
+        if m:
+            src, dst, op, shape = m.groups()
+            msg = (f"involuntary full rematerialization of {op} {shape.split('{')[0]}: XLA "
+                   f"replicates it to go from sharding {src} to {dst}")
+        else:
             msg = re.sub(r"^.*?\] ", "", line).strip()
-            if msg not in out:
-                out.append(msg)
+        if msg not in out:
+            out.append(msg)
     return out
 
 

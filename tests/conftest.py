@@ -3,7 +3,6 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # noqa: E402
 

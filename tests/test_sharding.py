@@ -170,3 +170,14 @@ def test_report_keys_and_json_contract(cpu_devices):
     assert fields <= set(d["collectives"][0])
     assert d["step_time_s"] == pytest.approx(d["compute_s"] + d["exposed_comm_s"])
     assert rep.memory.state_bytes >= prog.state_bytes_per_device
+
+
+def test_spmd_rematerialization_warnings_reach_the_report(cpu_devices):
+    # The embedding gradient's scatter-add wants its updates sharded like the table's
+    # `embed` dim (fsdp) while they arrive sharded by batch over data x fsdp: XLA's SPMD
+    # partitioner replicates them and says so on stderr. The report carries it instead.
+    rep, _ = train_report(tiny(), {"data": 2, "fsdp": 4})
+    assert any("involuntary full rematerialization" in w for w in rep.warnings)
+    assert "involuntary" in rep.format_table()
+    clean, _ = train_report(tiny(), {"data": 8})
+    assert clean.warnings == ()
