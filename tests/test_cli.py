@@ -116,3 +116,13 @@ def test_systems_and_models_list_the_catalog(capsys):
     assert code == 0 and "gb200-nvl72:72" in out and "tpu7x" in out and "nvlink" in out
     code, out, _ = run_cli(["models"], capsys)
     assert code == 0 and "llama3-405b" in out
+
+
+def test_every_shipped_config_is_valid():
+    from experiments import config
+
+    paths = sorted((REPO / "experiments" / "configs").glob("*.toml"))
+    assert len(paths) >= 5
+    for p in paths:
+        exp = config.load(p)
+        assert exp.name == p.stem, f"{p.name}: name should match the file name"
