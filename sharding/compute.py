@@ -1,15 +1,21 @@
 """Compute cost of an HLO module: FLOPs of matmuls and HBM bytes, per device, per step.
 
-First-order model (the estimate issue refines it):
 - A dot or convolution does 2 x (output elements) x (contracted elements) FLOPs at the
   chip's peak for its operand dtype times the chip's measured matmul efficiency, and moves
   its operands and output through HBM; its time is the larger of the two.
-- Other ops are memory-bound. XLA fuses single-use elementwise chains, so a value reaches
-  HBM only when fusion cannot keep it in registers: when it feeds a matmul, a collective,
-  a loop boundary (tuple), or more than one consumer. Each such value is written once and
-  read by each consumer. This stands in for the target compiler's fusion decisions, which
-  the CPU compiler does not share.
-
+- Everything else is memory-bound, and what reaches HBM depends on fusion. The HLO read on
+  the CPU path is the module right after SPMD partitioning, before any fusion, and XLA:CPU's
+  own fusion decisions are not the TPU's or GPU's; so the model fuses as those compilers
+  do, to first order: connected producer-consumer regions of elementwise, convert,
+  transpose and data-movement ops form one kernel each; a reduction ends a kernel (its
+  consumers start a new one, as XLA's GPU and TPU emitters do); matmuls, collectives and
+  loop boundaries are kernel boundaries. A kernel reads each distinct value entering it
+  once and writes each value leaving it once. Slices read only what they keep, and
+  dynamic-update-slice / scatter write only their update (they work in place).
+  Broadcasts, reshapes and bitcasts are views: they cost nothing, and a broadcast's input
+  is what is read.
+- Already-fused HLO (TPU/GPU final modules): each `fusion` instruction is a kernel; its
+  operands and outputs are its HBM traffic; matmuls inside count their FLOPs.
 - Ops under a named scope `flash_attention` (jax.named_scope) stand for a fused attention
   kernel: their matmul FLOPs count, but their intermediates (the S x S scores) stay in
   on-chip memory. The kernel's HBM traffic -- q, k, v in, the output and log-sum-exp out --
@@ -34,8 +40,6 @@ _FREE = frozenset({
 })
 _MATMUL = frozenset({"dot", "convolution"})
 FUSED_KERNEL_SCOPE = "flash_attention"
-_MATERIALIZE_CONSUMERS = frozenset({"dot", "convolution", "tuple", "while", "call",
-                                    "conditional", "fusion"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +99,9 @@ def _operand_shape(comp: Computation, inst: Instruction, i: int) -> ArrayShape |
     return shapes[0] if len(shapes) == 1 else None
 
 
-def compute_cost(module: HloModule, chip: Chip, *, compute_dtype: str | None = None) -> ComputeCost:
+def compute_cost(
+    module: HloModule, chip: Chip, *, compute_dtype: str | None = None
+) -> ComputeCost:
     """FLOPs, HBM bytes and time of every computation, weighted by execution count.
 
     Args:
@@ -115,40 +121,141 @@ def compute_cost(module: HloModule, chip: Chip, *, compute_dtype: str | None = N
         n = counts.get(comp.name, 0)
         if n == 0:
             continue
-        consumers = comp.users
+        inside_fusion = comp.name in fused
         for inst in comp.instructions:
-            op = inst.opcode
-            if op in _MATMUL:
-                f, dt, io = dot_flops(inst, comp)
-                if FUSED_KERNEL_SCOPE in inst.op_name:
-                    io = 0  # operands stream through on-chip memory inside the kernel
-                dt = compute_dtype or dt
-                peak = chip.peak_for(dt) * chip.matmul_efficiency
-                flops += n * f
-                matmul_flops += n * f
-                by_dtype[dt] = by_dtype.get(dt, 0.0) + n * f
-                hbm += n * io
-                matmul_s += n * max(f / peak, io / hbm_bw)
+            if inst.opcode not in _MATMUL:
                 continue
-            if comp.name in fused or op in _FREE or op.endswith("-done"):
-                continue
-            if FUSED_KERNEL_SCOPE in inst.attr_text and FUSED_KERNEL_SCOPE in inst.op_name:
-                continue
-            out = inst.shapes
-            if not out:
-                continue
-            uses = [u.opcode for u in consumers.get(inst.name, [])]
-            if inst.is_root or len(uses) != 1 or uses[0] in _MATERIALIZE_CONSUMERS \
-                    or op == "fusion" or _is_collective(uses[0]):
-                nbytes = sum(a.nbytes for a in out) * (1 + max(len(uses), 1))
-                hbm += n * nbytes
-                mem_s += n * nbytes / hbm_bw
-            flops += n * sum(a.num_elements for a in out)  # ~1 FLOP per element
+            f, dt, io = dot_flops(inst, comp)
+            if inside_fusion or FUSED_KERNEL_SCOPE in inst.op_name:
+                io = 0  # operands stream through on-chip memory inside the kernel
+            dt = compute_dtype or dt
+            peak = chip.peak_for(dt) * chip.matmul_efficiency
+            flops += n * f
+            matmul_flops += n * f
+            by_dtype[dt] = by_dtype.get(dt, 0.0) + n * f
+            hbm += n * io
+            matmul_s += n * max(f / peak, io / hbm_bw)
+        if inside_fusion:
+            continue
+        for kernel_bytes, kernel_elems in _kernels(comp):
+            hbm += n * kernel_bytes
+            mem_s += n * kernel_bytes / hbm_bw
+            flops += n * kernel_elems  # ~1 FLOP per element written
     return ComputeCost(flops, matmul_flops, hbm, matmul_s, mem_s, by_dtype)
 
 
 def _is_collective(op: str) -> bool:
-    return op.startswith(("all-", "reduce-scatter", "collective-"))
+    return op.startswith(("all-", "reduce-scatter", "collective-", "ragged-all-to-all"))
+
+
+_VIEWS = frozenset({"reshape", "bitcast"})
+_SLICES = frozenset({"slice", "dynamic-slice", "gather"})
+_IN_PLACE = frozenset({"dynamic-update-slice", "scatter"})
+_REDUCTIONS = frozenset({"reduce", "reduce-window"})
+
+
+def _is_memory_op(inst: Instruction) -> bool:
+    op = inst.opcode
+    if op in _FREE or op in _MATMUL or _is_collective(op) or op.endswith(("-start", "-done")):
+        return False
+    if FUSED_KERNEL_SCOPE in inst.attr_text and FUSED_KERNEL_SCOPE in inst.op_name:
+        return False
+    return True
+
+
+def _kernels(comp: Computation) -> list[tuple[float, float]]:
+    """(HBM bytes, elements written) of each fused kernel the target compiler would form."""
+    by_name = comp.by_name
+    members = [i for i in comp.instructions if _is_memory_op(i)]
+    if not members:
+        return []
+    is_member = {i.name for i in members}
+    parent = {name: name for name in is_member}
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for inst in members:
+        if inst.opcode == "fusion":
+            continue  # a compiler-made kernel stays on its own
+        for o in inst.operands:
+            src = by_name.get(_through_views(comp, o))
+            if src is None or src.name not in is_member or src.opcode == "fusion":
+                continue
+            if src.opcode in _REDUCTIONS:
+                continue  # a reduction ends its kernel; its consumers start another
+            a, b = find(src.name), find(inst.name)
+            if a != b:
+                parent[a] = b
+
+    regions: dict[str, list[Instruction]] = {}
+    for inst in members:
+        regions.setdefault(find(inst.name), []).append(inst)
+    return [_kernel_traffic(comp, region) for region in regions.values()]
+
+
+def _through_views(comp: Computation, name: str) -> str:
+    inst = comp.by_name.get(name)
+    while inst is not None and inst.opcode in _VIEWS and inst.operands:
+        name = inst.operands[0]
+        inst = comp.by_name.get(name)
+    return name
+
+
+def _read_bytes(comp: Computation, name: str) -> float:
+    """Bytes actually read from HBM for value `name` (a broadcast reads its small input)."""
+    inst = comp.by_name.get(name)
+    while inst is not None and inst.opcode in (_VIEWS | {"broadcast"}) and inst.operands:
+        inst = comp.by_name.get(inst.operands[0])
+    if inst is None or inst.opcode in ("constant", "iota"):
+        return 0.0
+    return float(sum(a.nbytes for a in inst.shapes))
+
+
+def _kernel_traffic(comp: Computation, region: list[Instruction]) -> tuple[float, float]:
+    inside = {i.name for i in region}
+    read: dict[str, float] = {}
+    written = 0.0
+    elems = 0.0
+    for inst in region:
+        out_bytes = float(sum(a.nbytes for a in inst.shapes))
+        elems += sum(a.num_elements for a in inst.shapes)
+        for k, o in enumerate(inst.operands):
+            if o in inside or _through_views(comp, o) in inside:
+                continue
+            if inst.opcode in _SLICES and k == 0:
+                read[f"{o}@{inst.name}"] = out_bytes  # only the kept part is read
+            elif inst.opcode in _IN_PLACE and k == 0:
+                continue  # updated in place: the untouched part is neither read nor written
+            elif o not in read:
+                read[o] = _read_bytes(comp, o)
+        users = comp.users.get(inst.name, [])
+        leaves = inst.is_root or any(_leaves_region(comp, u, inside) for u in users)
+        if leaves:
+            if inst.opcode in _IN_PLACE and len(inst.operands) > 1:
+                update = inst.operands[-1 if inst.opcode == "scatter" else 1]
+                written += float(sum(a.nbytes for a in _shapes_of(comp, update)))
+            else:
+                written += out_bytes
+    return sum(read.values()) + written, elems
+
+
+def _leaves_region(comp: Computation, user: Instruction, inside: set[str]) -> bool:
+    """Whether a value used by `user` must be written to HBM (a view passes it on)."""
+    if user.name in inside:
+        return False
+    if user.opcode in _VIEWS:
+        return user.is_root or any(_leaves_region(comp, u, inside)
+                                   for u in comp.users.get(user.name, []))
+    return True
+
+
+def _shapes_of(comp: Computation, name: str) -> list[ArrayShape]:
+    inst = comp.by_name.get(name)
+    return inst.shapes if inst is not None else []
 
 
 def matmul_time_s(flops: float, dtype: str, chip: Chip) -> float:

@@ -33,7 +33,7 @@ DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "f
                "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2", "f4e2m1fn": "float4_e2m1fn"}
 
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s({]+)\s*[({]")
 
 
 class HloParseError(ValueError):

@@ -1,0 +1,59 @@
+"""The compute model against hand calculations."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import meshes
+from sharding.compute import compute_cost
+from sharding.hlo import parse_hlo
+
+H100 = meshes.get_system("h100:8").chip
+
+
+def cost_of(fn, *args):
+    return compute_cost(parse_hlo(jax.jit(fn).lower(*args).as_text(dialect="hlo")), H100)
+
+
+def test_single_large_matmul_is_compute_bound():
+    a = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((8192, 2048), jnp.bfloat16)
+    c = cost_of(lambda a, b: a @ b, a, b)
+    flops = 2 * 4096 * 8192 * 2048
+    assert c.matmul_flops == flops
+    # 989 TFLOP/s bf16 x 0.80 measured-class efficiency; bytes (~109 MB) take less time.
+    assert c.matmul_s == pytest.approx(flops / (989e12 * 0.80))
+    assert c.memory_bound_s == 0
+
+
+def test_skinny_matmul_is_memory_bound():
+    a = jax.ShapeDtypeStruct((8, 8192), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)
+    c = cost_of(lambda a, b: a @ b, a, b)
+    io = (8 * 8192 + 8192 * 8192 + 8 * 8192) * 2
+    assert c.matmul_s == pytest.approx(io / (3.35e12 * 2.97 / 3.35))
+
+
+def test_elementwise_chain_is_one_kernel():
+    # exp(x) * 2 + 1 over 256 MiB of f32: one fused kernel reads x once and writes once,
+    # whatever the chain's length, at the measured STREAM bandwidth (2.97 TB/s).
+    x = jax.ShapeDtypeStruct((64 * 2**20,), jnp.float32)
+    c = cost_of(lambda x: jnp.exp(x) * 2 + 1, x)
+    nbytes = 64 * 2**20 * 4
+    assert c.hbm_bytes == 2 * nbytes
+    assert c.memory_bound_s == pytest.approx(2 * nbytes / 2.97e12)
+
+
+def test_reduction_ends_a_kernel():
+    # x / sum(x): one kernel reduces (reads x), another divides (reads x, writes out).
+    x = jax.ShapeDtypeStruct((4096, 4096), jnp.float32)
+    c = cost_of(lambda x: x / jnp.sum(x, axis=-1, keepdims=True), x)
+    nbytes = 4096 * 4096 * 4
+    small = 4096 * 4
+    assert c.hbm_bytes == pytest.approx(3 * nbytes + 2 * small)
+
+
+def test_slices_read_only_what_they_keep():
+    x = jax.ShapeDtypeStruct((64, 1024, 1024), jnp.float32)
+    c = cost_of(lambda x: x[3] * 2.0, x)
+    assert c.hbm_bytes == 2 * 1024 * 1024 * 4
