@@ -24,6 +24,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_stages.py $(DEFAULT_EXPERIMENT)
+	$(PY) benchmarks/bench_parse.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

@@ -59,9 +59,10 @@ def make_model(cfg: ModelConfig, settings: TrainSettings, *, seed: int = 0) -> T
 
 def loss_fn(model: Transformer, inputs_BL, targets_BL):
     logits_BLV = model(inputs_BL)
-    logp_BLV = jax.nn.log_softmax(logits_BLV, axis=-1)
-    nll_BL = -jnp.take_along_axis(logp_BLV, targets_BL[..., None], axis=-1)[..., 0]
-    return jnp.mean(nll_BL)
+    with jax.named_scope("loss"):
+        logp_BLV = jax.nn.log_softmax(logits_BLV, axis=-1)
+        nll_BL = -jnp.take_along_axis(logp_BLV, targets_BL[..., None], axis=-1)[..., 0]
+        return jnp.mean(nll_BL)
 
 
 def make_optimizer(settings: TrainSettings) -> optax.GradientTransformation:
@@ -94,8 +95,9 @@ def make_train_step(graphdef, tx, settings: TrainSettings, rules=None, mesh=None
             zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
             (loss, grads), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), micro)
             loss, grads = loss / k, jax.tree.map(lambda g: g / k, grads)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        with jax.named_scope("optimizer"):
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
 
     if rules is None:
         return step

@@ -77,12 +77,13 @@ class Attention(nnx.Module):
 
     def __call__(self, x_BLD, positions_BL):
         cfg, dt = self.cfg, x_BLD.dtype
-        q_BLHE = jnp.einsum("bld,dhe->blhe", x_BLD, self.wq[...].astype(dt))
-        k_BLKE = jnp.einsum("bld,dke->blke", x_BLD, self.wk[...].astype(dt))
-        v_BLKE = jnp.einsum("bld,dke->blke", x_BLD, self.wv[...].astype(dt))
-        q_BLHE = constrain(q_BLHE, ("batch", "seq", "heads", "head_dim"))
-        k_BLKE = constrain(k_BLKE, ("batch", "seq", "kv_heads", "head_dim"))
-        v_BLKE = constrain(v_BLKE, ("batch", "seq", "kv_heads", "head_dim"))
+        with jax.named_scope("qkv_proj"):
+            q_BLHE = jnp.einsum("bld,dhe->blhe", x_BLD, self.wq[...].astype(dt))
+            k_BLKE = jnp.einsum("bld,dke->blke", x_BLD, self.wk[...].astype(dt))
+            v_BLKE = jnp.einsum("bld,dke->blke", x_BLD, self.wv[...].astype(dt))
+            q_BLHE = constrain(q_BLHE, ("batch", "seq", "heads", "head_dim"))
+            k_BLKE = constrain(k_BLKE, ("batch", "seq", "kv_heads", "head_dim"))
+            v_BLKE = constrain(v_BLKE, ("batch", "seq", "kv_heads", "head_dim"))
         if cfg.positions == "rope":
             q_BLHE = rope(q_BLHE, positions_BL, cfg.rope_theta)
             k_BLKE = rope(k_BLKE, positions_BL, cfg.rope_theta)
@@ -92,8 +93,9 @@ class Attention(nnx.Module):
         attend = flash_attention if cfg.attention == "flash" else dense_attention
         out_BLKGE = attend(q_BLKGE, k_BLKE, v_BLKE)
         out_BLHE = constrain(out_BLKGE.reshape(b, seq, h, e), ("batch", "seq", "heads", "head_dim"))
-        out_BLD = jnp.einsum("blhe,hed->bld", out_BLHE, self.wo[...].astype(dt))
-        return constrain(out_BLD, ("batch", "seq", "embed"))
+        with jax.named_scope("out_proj"):
+            out_BLD = jnp.einsum("blhe,hed->bld", out_BLHE, self.wo[...].astype(dt))
+            return constrain(out_BLD, ("batch", "seq", "embed"))
 
 
 class Mlp(nnx.Module):
@@ -107,17 +109,19 @@ class Mlp(nnx.Module):
 
     def __call__(self, x_BLD):
         dt = x_BLD.dtype
-        up_BLF = jnp.einsum("bld,df->blf", x_BLD, self.w_up[...].astype(dt))
-        if self.kind == "swiglu":
-            gate_BLF = jnp.einsum("bld,df->blf", x_BLD, self.w_gate[...].astype(dt))
-            h_BLF = jax.nn.silu(gate_BLF) * up_BLF
-        elif self.kind == "gelu":
-            h_BLF = jax.nn.gelu(up_BLF)
-        else:
-            h_BLF = jax.nn.relu(up_BLF)
-        h_BLF = constrain(h_BLF, ("batch", "seq", "mlp"))
-        out_BLD = jnp.einsum("blf,fd->bld", h_BLF, self.w_down[...].astype(dt))
-        return constrain(out_BLD, ("batch", "seq", "embed"))
+        with jax.named_scope("up_proj"):
+            up_BLF = jnp.einsum("bld,df->blf", x_BLD, self.w_up[...].astype(dt))
+            if self.kind == "swiglu":
+                gate_BLF = jnp.einsum("bld,df->blf", x_BLD, self.w_gate[...].astype(dt))
+                h_BLF = jax.nn.silu(gate_BLF) * up_BLF
+            elif self.kind == "gelu":
+                h_BLF = jax.nn.gelu(up_BLF)
+            else:
+                h_BLF = jax.nn.relu(up_BLF)
+            h_BLF = constrain(h_BLF, ("batch", "seq", "mlp"))
+        with jax.named_scope("down_proj"):
+            out_BLD = jnp.einsum("blf,fd->bld", h_BLF, self.w_down[...].astype(dt))
+            return constrain(out_BLD, ("batch", "seq", "embed"))
 
 
 class Block(nnx.Module):
@@ -128,8 +132,10 @@ class Block(nnx.Module):
         self.mlp = Mlp(cfg, rngs=rngs, param_dtype=param_dtype)
 
     def __call__(self, x_BLD, positions_BL):
-        x_BLD = x_BLD + self.attn(self.attn_norm(x_BLD), positions_BL)
-        return x_BLD + self.mlp(self.mlp_norm(x_BLD))
+        with jax.named_scope("attention"):
+            x_BLD = x_BLD + self.attn(self.attn_norm(x_BLD), positions_BL)
+        with jax.named_scope("mlp"):
+            return x_BLD + self.mlp(self.mlp_norm(x_BLD))
 
 
 class Transformer(nnx.Module):
@@ -162,10 +168,11 @@ class Transformer(nnx.Module):
         cfg, dt = self.cfg, self.compute_dtype
         b, seq = tokens_BL.shape
         positions_BL = jnp.broadcast_to(jnp.arange(seq), (b, seq))
-        x_BLD = jnp.take(self.embed[...], tokens_BL, axis=0).astype(dt)
-        if cfg.positions == "learned":
-            x_BLD = x_BLD + self.pos_embed[...][:seq].astype(dt)
-        x_BLD = constrain(x_BLD, ("batch", "seq", "embed"))
+        with jax.named_scope("embedding"):
+            x_BLD = jnp.take(self.embed[...], tokens_BL, axis=0).astype(dt)
+            if cfg.positions == "learned":
+                x_BLD = x_BLD + self.pos_embed[...][:seq].astype(dt)
+            x_BLD = constrain(x_BLD, ("batch", "seq", "embed"))
 
         graphdef, layers = nnx.split(self.blocks)
 
@@ -181,10 +188,11 @@ class Transformer(nnx.Module):
                 layer, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
         x_BLD, _ = jax.lax.scan(layer, x_BLD, layers)
 
-        x_BLD = self.final_norm(x_BLD)
-        head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-        logits_BLV = jnp.einsum("bld,dv->blv", x_BLD, head_DV.astype(dt))
-        return constrain(logits_BLV, ("batch", "seq", "vocab")).astype(jnp.float32)
+        with jax.named_scope("lm_head"):
+            x_BLD = self.final_norm(x_BLD)
+            head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
+            logits_BLV = jnp.einsum("bld,dv->blv", x_BLD, head_DV.astype(dt))
+            return constrain(logits_BLV, ("batch", "seq", "vocab")).astype(jnp.float32)
 
 
 def logical_axes(state: nnx.State) -> dict:

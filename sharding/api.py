@@ -165,7 +165,7 @@ def analyze_module(
         model_flops_per_step=model_flops_per_step,
         tokens_per_step=tokens_per_step,
         timings=timings,
-        warnings=tuple(warnings),
+        warnings=tuple(warnings) + tuple(module.notes),
         unknown_ops=tuple(unknown),
     )
 

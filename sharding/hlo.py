@@ -231,12 +231,26 @@ class HloModule:
                     out[f"{comp.name}/{inst.name}"] = self._trip_count(comp, inst)
         return out
 
+    @property
+    def notes(self) -> list[str]:
+        """Assumptions made while counting executions, for the report."""
+        out = []
+        for key, (n, how) in self.trip_counts.items():
+            if how.startswith("unknown"):
+                out.append(f"while loop {key}: trip count not found; its body is counted once")
+        for callee, sites in self.call_sites.items():
+            for caller, inst, role in sites:
+                if role in ("branch", "true_computation", "false_computation"):
+                    out.append(f"conditional {caller}/{inst.name}: branch {callee} counted as "
+                               f"taken on every execution (an upper bound)")
+        return out
+
     @cached_property
     def execution_counts(self) -> dict[str, int]:
         """How many times each computation runs per execution of the entry.
 
         While bodies multiply by their trip count; every branch of a conditional is counted
-        as if taken once per execution (an upper bound; the report says so).
+        as if taken once per execution (an upper bound; `notes` says so).
         """
         counts: dict[str, int] = {}
         visiting: set[str] = set()

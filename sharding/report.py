@@ -8,6 +8,7 @@ would land between: max(compute, comm) <= step <= compute + comm.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import defaultdict
 
 from sharding.collectives import Collective
@@ -136,7 +137,20 @@ class Report:
             r["count"] += c.count
             r["time_s"] += c.total_time_s
             if c.op_name:
-                r["ops"].add(_short_op(c.op_name))
+                r["ops"].add(operation_of(c.op_name))
+        return sorted(rows.values(), key=lambda r: -r["time_s"])
+
+    def by_operation(self) -> list[dict]:
+        """Collectives by the model operation that caused them, slowest first."""
+        rows: dict[tuple, dict] = {}
+        for c in self.collectives:
+            key = (operation_of(c.op_name), c.kind, c.mesh_axes, c.link)
+            r = rows.setdefault(key, {"operation": key[0], "kind": c.kind,
+                                      "mesh_axes": list(c.mesh_axes), "link": c.link,
+                                      "bytes": 0, "count": 0, "time_s": 0.0})
+            r["bytes"] += c.total_bytes
+            r["count"] += c.count
+            r["time_s"] += c.total_time_s
         return sorted(rows.values(), key=lambda r: -r["time_s"])
 
     def bottleneck(self) -> str:
@@ -187,6 +201,7 @@ class Report:
             "collectives": [_collective_dict(c) for c in self.collectives],
             "by_kind": self.by_kind(),
             "by_link": self.by_link(),
+            "by_operation": self.by_operation(),
             "bottleneck": self.bottleneck(),
             "slowest_link": self.slowest_link(),
             "timings": dict(self.timings),
@@ -207,11 +222,37 @@ def _collective_dict(c: Collective) -> dict:
     return d
 
 
-def _short_op(op_name: str) -> str:
-    """`jit(step)/transpose(jvp())/while/body/attn/out_proj/dot_general` -> the tail."""
-    parts = [p for p in op_name.split("/") if p and not p.startswith(("jit(", "while", "body",
-                                                                        "closed_call", "cond"))]
-    return "/".join(parts[-3:]) if parts else op_name
+_PLUMBING = frozenset({"while", "body", "cond", "closed_call", "checkpoint",
+                       "rematted_computation", "shard_map", "remat", "pjit", ""})
+_WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|jit|pjit|remat|checkpoint)\((.*)\)$")
+
+
+def operation_of(op_name: str) -> str:
+    """The model operation behind an HLO op_name, with its phase.
+
+    `jit(step)/transpose(jvp())/while/body/closed_call/checkpoint/attention/out_proj/
+    blhe,hed->bld/dot_general` -> "attention/out_proj (backward)". Named scopes survive;
+    transform wrappers, loop plumbing, einsum specs and the primitive name do not.
+    """
+    if not op_name:
+        return "?"
+    parts = op_name.split("/")
+    phase = "forward"
+    if "rematted_computation" in parts:
+        phase = "recomputed"
+    elif "transpose(" in op_name:
+        phase = "backward"
+    kept = []
+    for i, part in enumerate(parts[:-1]):  # the last part is the primitive
+        while (m := _WRAPPER.match(part)) is not None:
+            part = m.group(1)
+        if i == 0 and op_name.startswith("jit("):
+            continue  # the jitted function's own name
+        if part in _PLUMBING or "->" in part or part.startswith("_"):
+            continue
+        kept.append(part)
+    name = "/".join(kept) if kept else parts[-1]
+    return f"{name} ({phase})"
 
 
 def _fmt_bytes(n: float) -> str:
@@ -249,6 +290,14 @@ def format_report(r: Report) -> str:
     lines.append("-" * len(header))
     lines.append(f"{'total':<66}{_fmt_bytes(sum(r.by_kind().values())):>12}"
                  f"{sum(c.count for c in r.collectives):>8}{_fmt_s(r.comm_s):>12}")
+    ops = r.by_operation()
+    if ops:
+        lines.append("")
+        lines.append("slowest collectives by model operation:")
+        for o in ops[:6]:
+            what = f"{o['kind']} over {','.join(o['mesh_axes']) or '-'}"
+            lines.append(f"  {o['operation'][:44]:<46}{what:<30}"
+                         f"{_fmt_bytes(o['bytes']):>12}{_fmt_s(o['time_s']):>12}")
     lines.append("")
     c = r.compute
     lines.append(f"compute        {_fmt_s(r.compute_s)}  (matmul {_fmt_s(c.matmul_s)}, "

@@ -166,3 +166,53 @@ def test_garbage_never_raises_anything_but_a_parse_error(blob):
         parse_hlo(text)
     except HloParseError:
         pass
+
+
+RARE = """HloModule rare, num_partitions=4
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: bf16[16,8], o: bf16[64,8], off: s64[4], sz: s64[4]) -> bf16[64,8] {
+  %p = bf16[16,8]{1,0} parameter(0)
+  %o = bf16[64,8]{1,0} parameter(1)
+  %off = s64[4]{0} parameter(2)
+  %sz = s64[4]{0} parameter(3)
+  %cb = bf16[16,8]{1,0} collective-broadcast(%p), replica_groups={{0,1,2,3}}, metadata={op_name="bcast"}
+  %r = bf16[64,8]{1,0} ragged-all-to-all(%cb, %o, %off, %sz, %off, %sz), replica_groups={{0,1,2,3}}
+  %t = (bf16[16,8]{1,0}, bf16[16,8]{1,0}) all-to-all(%p, %p), replica_groups={{0,1},{2,3}}
+  %w = bf16[16,8]{1,0} collective-frobnicate(%p), replica_groups={{0,1,2,3}}
+  ROOT %x = bf16[64,8]{1,0} copy(%r)
+}
+"""
+
+
+def test_rare_collectives_and_unknown_ops_are_reported():
+    cols, unknown = extract_collectives(parse_hlo(RARE))
+    got = {c.kind: c for c in cols}
+    assert got["collective-broadcast"].bytes == 16 * 8 * 2
+    assert got["collective-broadcast"].op_name == "bcast"
+    assert got["ragged-all-to-all"].bytes == 64 * 8 * 2
+    assert got["all-to-all"].bytes == 2 * 16 * 8 * 2  # tuple form: both buffers
+    assert got["all-to-all"].group_size == 2
+    assert len(unknown) == 1 and "collective-frobnicate" in unknown[0]
+
+
+@pytest.mark.parametrize("op_name, operation", [
+    ("jit(step)/transpose(jvp())/while/body/closed_call/checkpoint/attention/out_proj/"
+     "blhe,hed->bld/dot_general", "attention/out_proj (backward)"),
+    ("jit(step)/jvp()/while/body/closed_call/mlp/up_proj/bld,df->blf/dot_general",
+     "mlp/up_proj (forward)"),
+    ("jit(step)/transpose(jvp())/while/body/closed_call/checkpoint/rematted_computation/"
+     "attention/qkv_proj/bld,dke->blke/dot_general", "attention/qkv_proj (recomputed)"),
+    ("jit(step)/jvp(embedding)/jit(_take)/gather", "embedding (forward)"),
+    ("jit(step)/transpose(jvp(lm_head))/bld,dv->blv/dot_general", "lm_head (backward)"),
+    ("jit(coll)/shard_map/while/body/closed_call/psum", "psum (forward)"),
+])
+def test_operation_of(op_name, operation):
+    from sharding.report import operation_of
+
+    assert operation_of(op_name) == operation

@@ -181,3 +181,26 @@ def test_spmd_rematerialization_warnings_reach_the_report(cpu_devices):
     assert "involuntary" in rep.format_table()
     clean, _ = train_report(tiny(), {"data": 8})
     assert clean.warnings == ()
+
+
+def test_conditional_branches_are_counted_and_the_assumption_reported(cpu_devices):
+    mesh = sharding.make_mesh(H100, {"data": 8})
+
+    def body(x, flag):
+        return jax.lax.cond(flag[0] > 0, lambda v: jax.lax.psum(v, "data"), lambda v: v * 2, x)
+
+    f = shard_map(body, mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P("data"),
+                  check_vma=False)
+    x = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    flag = jax.ShapeDtypeStruct((8,), jnp.int32, sharding=NamedSharding(mesh, P("data")))
+    rep = sharding.analyze(f, x, flag, mesh=mesh, system=H100)
+    (c,) = rep.collectives
+    assert (c.kind, c.bytes, c.count) == ("all-reduce", 8 * 128 * 4, 1)
+    assert any("conditional" in w and "upper bound" in w for w in rep.warnings)
+
+
+def test_by_operation_names_the_model_operation(cpu_devices):
+    rep, _ = train_report(tiny(n_kv_heads=4), {"data": 2, "tensor": 4})
+    ops = {(o["operation"], o["kind"]) for o in rep.by_operation()}
+    assert ("attention/out_proj (forward)", "all-reduce") in ops
+    assert ("mlp/down_proj (forward)", "all-reduce") in ops
