@@ -21,7 +21,8 @@ from jax.sharding import Mesh
 
 from meshes import System, get_system
 from sharding.collectives import Collective, extract_collectives
-from sharding.compute import compute_cost
+from sharding.compute import computation_costs, compute_cost
+from sharding.schedule import Scheduler
 from sharding.hlo import HloModule, parse_hlo
 from sharding.report import Memory, Report
 
@@ -150,6 +151,12 @@ def analyze_module(
     ids = list(device_ids) if device_ids is not None else list(range(n))
     collectives = _time_collectives(collectives, system, ids)
     cost = compute_cost(module, system.chip, compute_dtype=compute_dtype)
+    per_comp = computation_costs(module, system.chip, compute_dtype=compute_dtype)
+    schedule = Scheduler(
+        module,
+        {name: c.times for name, c in per_comp.items()},
+        {(c.computation, c.name): (c.time_s, c.link) for c in collectives},
+    ).run()
     timings["estimate_s"] = time.perf_counter() - t0
     dtype = compute_dtype or "bfloat16"
     return Report(
@@ -167,6 +174,7 @@ def analyze_module(
         timings=timings,
         warnings=tuple(warnings) + tuple(module.notes),
         unknown_ops=tuple(unknown),
+        scheduled_step_s=schedule.step_s,
     )
 
 

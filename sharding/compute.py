@@ -99,6 +99,73 @@ def _operand_shape(comp: Computation, inst: Instruction, i: int) -> ArrayShape |
     return shapes[0] if len(shapes) == 1 else None
 
 
+@dataclasses.dataclass
+class ComputationCost:
+    """One execution of one computation: totals and the time of each instruction.
+
+    `times` gives every instruction that occupies the compute stream its seconds: a matmul
+    its own; a fused kernel's time goes to its last member (it can start only when all of
+    its inputs exist); a `fusion` instruction the larger of its traffic and its matmuls.
+    """
+
+    flops: float = 0.0
+    matmul_flops: float = 0.0
+    hbm_bytes: float = 0.0
+    matmul_s: float = 0.0
+    memory_bound_s: float = 0.0
+    flops_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
+    times: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def computation_costs(
+    module: HloModule, chip: Chip, *, compute_dtype: str | None = None
+) -> dict[str, ComputationCost]:
+    """Cost of one execution of each computation that runs."""
+    hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
+    fused = {callee for callee, sites in module.call_sites.items()
+             if any(inst.opcode == "fusion" for _, inst, _ in sites)}
+    out: dict[str, ComputationCost] = {}
+    for comp in module.computations.values():
+        if module.execution_counts.get(comp.name, 0) == 0:
+            continue
+        c = ComputationCost()
+        inside_fusion = comp.name in fused
+        for inst in comp.instructions:
+            if inst.opcode not in _MATMUL:
+                continue
+            f, dt, io = dot_flops(inst, comp)
+            if inside_fusion or FUSED_KERNEL_SCOPE in inst.op_name:
+                io = 0  # operands stream through on-chip memory inside the kernel
+            dt = compute_dtype or dt
+            t = max(f / (chip.peak_for(dt) * chip.matmul_efficiency), io / hbm_bw)
+            c.flops += f
+            c.matmul_flops += f
+            c.flops_by_dtype[dt] = c.flops_by_dtype.get(dt, 0.0) + f
+            c.hbm_bytes += io
+            c.matmul_s += t
+            c.times[inst.name] = t
+        if not inside_fusion:
+            for kernel_bytes, kernel_elems, members in _kernels(comp):
+                t = kernel_bytes / hbm_bw
+                c.hbm_bytes += kernel_bytes
+                c.memory_bound_s += t
+                c.flops += kernel_elems  # ~1 FLOP per element written
+                last = members[-1].name
+                c.times[last] = c.times.get(last, 0.0) + t
+        out[comp.name] = c
+    # A fusion instruction runs its fused matmuls and its traffic as one kernel.
+    for comp in module.computations.values():
+        c = out.get(comp.name)
+        if c is None:
+            continue
+        for inst in comp.instructions:
+            if inst.opcode == "fusion":
+                inner = sum(out[callee].matmul_s for _, callee in inst.called_computations()
+                            if callee in out)
+                c.times[inst.name] = max(c.times.get(inst.name, 0.0), inner)
+    return out
+
+
 def compute_cost(
     module: HloModule, chip: Chip, *, compute_dtype: str | None = None
 ) -> ComputeCost:
@@ -112,36 +179,18 @@ def compute_cost(
             but the run uses low-precision matmul kernels).
     """
     counts = module.execution_counts
-    hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
-    flops = matmul_flops = hbm = matmul_s = mem_s = 0.0
-    by_dtype: dict[str, float] = {}
-    fused = {callee for callee, sites in module.call_sites.items()
-             if any(inst.opcode == "fusion" for _, inst, _ in sites)}
-    for comp in module.computations.values():
-        n = counts.get(comp.name, 0)
-        if n == 0:
-            continue
-        inside_fusion = comp.name in fused
-        for inst in comp.instructions:
-            if inst.opcode not in _MATMUL:
-                continue
-            f, dt, io = dot_flops(inst, comp)
-            if inside_fusion or FUSED_KERNEL_SCOPE in inst.op_name:
-                io = 0  # operands stream through on-chip memory inside the kernel
-            dt = compute_dtype or dt
-            peak = chip.peak_for(dt) * chip.matmul_efficiency
-            flops += n * f
-            matmul_flops += n * f
-            by_dtype[dt] = by_dtype.get(dt, 0.0) + n * f
-            hbm += n * io
-            matmul_s += n * max(f / peak, io / hbm_bw)
-        if inside_fusion:
-            continue
-        for kernel_bytes, kernel_elems in _kernels(comp):
-            hbm += n * kernel_bytes
-            mem_s += n * kernel_bytes / hbm_bw
-            flops += n * kernel_elems  # ~1 FLOP per element written
-    return ComputeCost(flops, matmul_flops, hbm, matmul_s, mem_s, by_dtype)
+    total = ComputationCost()
+    for name, c in computation_costs(module, chip, compute_dtype=compute_dtype).items():
+        n = counts[name]
+        total.flops += n * c.flops
+        total.matmul_flops += n * c.matmul_flops
+        total.hbm_bytes += n * c.hbm_bytes
+        total.matmul_s += n * c.matmul_s
+        total.memory_bound_s += n * c.memory_bound_s
+        for dt, f in c.flops_by_dtype.items():
+            total.flops_by_dtype[dt] = total.flops_by_dtype.get(dt, 0.0) + n * f
+    return ComputeCost(total.flops, total.matmul_flops, total.hbm_bytes, total.matmul_s,
+                       total.memory_bound_s, total.flops_by_dtype)
 
 
 def _is_collective(op: str) -> bool:
@@ -163,8 +212,9 @@ def _is_memory_op(inst: Instruction) -> bool:
     return True
 
 
-def _kernels(comp: Computation) -> list[tuple[float, float]]:
-    """(HBM bytes, elements written) of each fused kernel the target compiler would form."""
+def _kernels(comp: Computation) -> list[tuple[float, float, list[Instruction]]]:
+    """(HBM bytes, elements written, member instructions) of each fused kernel the target
+    compiler would form."""
     by_name = comp.by_name
     members = [i for i in comp.instructions if _is_memory_op(i)]
     if not members:
@@ -194,7 +244,7 @@ def _kernels(comp: Computation) -> list[tuple[float, float]]:
     regions: dict[str, list[Instruction]] = {}
     for inst in members:
         regions.setdefault(find(inst.name), []).append(inst)
-    return [_kernel_traffic(comp, region) for region in regions.values()]
+    return [(*_kernel_traffic(comp, region), region) for region in regions.values()]
 
 
 def _through_views(comp: Computation, name: str) -> str:
