@@ -97,3 +97,24 @@ GB200_72GPU = BusBandwidthCurve(
 TPU_ICI_EFFICIENCY = 0.95
 # ICI hop latency (scaling book tpus.md).
 TPU_ICI_HOP_LATENCY_S = 1e-6
+
+
+# NCCL's own latency model (src/graph/tuning.cc, `baseLat` and `hwLat`, microseconds): a
+# base cost per algorithm and protocol plus a cost per ring step or tree level on each
+# hardware class. LL ("low latency") trades bandwidth (1/4 on a ring, 1/3.8 on a tree) for
+# latency; Simple runs at full bandwidth. NCCL picks the fastest for each size.
+NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
+NCCL_BASE_LATENCY_US = {("ring", "LL"): 3.6, ("ring", "LL128"): 10.0, ("ring", "Simple"): 8.4,
+                        ("tree", "LL"): 4.4, ("tree", "LL128"): 4.4, ("tree", "Simple"): 0.0}
+NCCL_HW_LATENCY_US = {
+    "nvlink": {("ring", "LL"): 0.47, ("ring", "LL128"): 1.9, ("ring", "Simple"): 3.4,
+               ("tree", "LL"): 0.52, ("tree", "LL128"): 1.2, ("tree", "Simple"): 28.0},
+    "net": {("ring", "LL"): 2.7, ("ring", "LL128"): 4.0, ("ring", "Simple"): 9.6,
+            ("tree", "LL"): 5.0, ("tree", "LL128"): 8.5, ("tree", "Simple"): 50.0},
+}
+# Share of the Simple protocol's bus bandwidth each protocol reaches (tuning.cc).
+NCCL_PROTOCOL_BANDWIDTH_SHARE = {("ring", "LL"): 1 / 4, ("ring", "LL128"): 0.92,
+                                 ("ring", "Simple"): 1.0, ("tree", "LL"): 1 / 3.8,
+                                 ("tree", "LL128"): 0.915, ("tree", "Simple"): 1.0}
+# Tree all-reduce moves data at ~0.9 of the ring's bus bandwidth (tuning.cc: busBw * .9).
+NCCL_TREE_BANDWIDTH_SHARE = 0.9

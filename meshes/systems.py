@@ -22,6 +22,11 @@ from collections.abc import Sequence
 
 from meshes.chips import CHIPS, Chip
 from meshes.links import (
+    NCCL_BASE_LATENCY_US,
+    NCCL_HW_LATENCY_US,
+    NCCL_PROTOCOL_BANDWIDTH_SHARE,
+    NCCL_PROTOCOLS,
+    NCCL_TREE_BANDWIDTH_SHARE,
     GB200_4GPU_RING,
     GB200_72GPU,
     H100_NVLS_ALL_REDUCE,
@@ -246,14 +251,24 @@ class GpuSystem(System):
             return busbw, "nvls" if curve is H100_NVLS_ALL_REDUCE else "ring"
         return min(busbw, f.ring_cap_bytes_per_s), "ring"
 
-    def _in_domain_time(self, kind: str, nbytes: float, n: int) -> tuple[float, str]:
+    def _in_domain_time(
+        self, kind: str, nbytes: float, n: int, *, latency_floor: bool = True
+    ) -> tuple[float, str]:
         if n <= 1 or nbytes <= 0:
             return 0.0, "none"
         if kind in ("collective-permute", "collective-broadcast"):
             link = self.links["nvlink"]
             return nbytes / (link.bytes_per_s * link.efficiency), "p2p"
         busbw, algo = self._domain_busbw(kind, nbytes, n)
-        return nbytes * bus_factor(kind, n) / busbw, algo
+        t = nbytes * bus_factor(kind, n) / busbw
+        # Below the smallest measured size the curve keeps the 1 MB bandwidth; NCCL's LL
+        # ring latency is the floor a tiny collective cannot beat.
+        steps = 2 * (n - 1) if kind == "all-reduce" else n - 1
+        floor = 1e-6 * (NCCL_BASE_LATENCY_US[("ring", "LL")]
+                        + steps * NCCL_HW_LATENCY_US["nvlink"][("ring", "LL")])
+        if latency_floor and floor > t:
+            return floor, "ring (LL, latency-bound)"
+        return t, algo
 
     def collective_timing(self, kind, nbytes, groups):
         if not groups:
@@ -290,14 +305,39 @@ class GpuSystem(System):
             return CollectiveTiming(t_out + t_in, "infiniband", "hierarchical all-to-all")
         # Hierarchical as NCCL does: reduce-scatter (or gather) inside the domain, the
         # collective across domains on 1/m of the data per GPU (each GPU on its own rail),
-        # then all-gather inside the domain.
+        # then all-gather inside the domain. Ring or tree, LL or Simple: the fastest wins,
+        # with NCCL's own latencies.
         inner_kind = "reduce-scatter" if kind in ("all-reduce", "reduce-scatter") else "all-gather"
-        t_inner, _ = self._in_domain_time(inner_kind, nbytes, m)
+        # (The inner stages' latency is inside NCCL's whole-collective latency below.)
+        t_inner, _ = self._in_domain_time(inner_kind, nbytes, m, latency_floor=False)
         if kind == "all-reduce":
             t_inner *= 2  # reduce-scatter before, all-gather after
         t_outer = (nbytes / m) * bus_factor(kind, d) / nic_bw
-        algo = "hierarchical ring" if m > 1 else "ring"
-        return CollectiveTiming(t_inner + t_outer, "infiniband", algo)
+        best = None
+        algos = ("ring", "tree") if kind == "all-reduce" else ("ring",)
+        for algo in algos:
+            for proto in NCCL_PROTOCOLS:
+                share = NCCL_PROTOCOL_BANDWIDTH_SHARE[(algo, proto)]
+                if algo == "tree":
+                    share *= NCCL_TREE_BANDWIDTH_SHARE
+                t = t_inner + t_outer / share + _nccl_latency_s(kind, algo, proto, n, d, m)
+                if best is None or t < best[0]:
+                    best = (t, algo, proto)
+        t, algo, proto = best
+        name = f"hierarchical {algo} ({proto})" if m > 1 else f"{algo} ({proto})"
+        return CollectiveTiming(t, "infiniband", name)
+
+
+def _nccl_latency_s(kind: str, algo: str, proto: str, n: int, nodes: int, ppn: int) -> float:
+    """NCCL's latency model (tuning.cc) for n ranks on `nodes` domains of `ppn` GPUs."""
+    base = NCCL_BASE_LATENCY_US[(algo, proto)]
+    intra = NCCL_HW_LATENCY_US["nvlink"][(algo, proto)] * (1.8 if proto == "LL" else 1.0)
+    inter = NCCL_HW_LATENCY_US["net"][(algo, proto)]
+    if algo == "tree":
+        return 1e-6 * (base + 2 * ((ppn - 1) * intra + math.log2(nodes) * inter))
+    steps = 2 * (n - 1) if kind == "all-reduce" else n - 1
+    inter_steps = 2 * (nodes - 1) if kind == "all-reduce" else nodes - 1
+    return 1e-6 * (base + (steps - inter_steps) * intra + inter_steps * inter)
 
 
 def _distinct_shapes(groups, key):
