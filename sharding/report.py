@@ -173,6 +173,20 @@ class Report:
         return (f"exposed {worst['kind']} over {worst['link']} on axis {axes}: "
                 f"{worst['time_s'] / step:.0%} of the step")
 
+    def slowest_hop(self) -> str | None:
+        """The link class that moves this program's bytes slowest: the lowest achieved
+        bandwidth per device (wire bytes / time, over all its collectives), with the
+        collective group that spends the most time on it."""
+        links = self.by_link()
+        rates = {k: d["wire_bytes"] / d["time_s"] for k, d in links.items() if d["time_s"] > 0}
+        if not rates:
+            return None
+        link = min(rates, key=rates.get)
+        top = next(g for g in self.groups() if g["link"] == link)
+        axes = ",".join(top["mesh_axes"]) or "?"
+        return (f"{link} at {rates[link] / 1e9:.1f} GB/s per device; most of its time: "
+                f"{top['kind']} over {axes} ({top['algorithm']})")
+
     def slowest_link(self) -> str | None:
         links = self.by_link()
         return max(links, key=lambda k: links[k]["time_s"]) if links else None
@@ -208,6 +222,7 @@ class Report:
             "by_operation": self.by_operation(),
             "bottleneck": self.bottleneck(),
             "slowest_link": self.slowest_link(),
+            "slowest_hop": self.slowest_hop(),
             "timings": dict(self.timings),
             "warnings": list(self.warnings),
             "unknown_ops": list(self.unknown_ops),
@@ -279,20 +294,20 @@ def format_report(r: Report) -> str:
     title = f"{r.name}  " if r.name else ""
     lines.append(f"{title}on {r.system} ({r.num_devices} devices), HLO from {r.compiler}")
     lines.append("")
-    header = f"{'collective':<16}{'mesh axes':<16}{'link':<12}{'algorithm':<22}" \
+    header = f"{'collective':<20}{'mesh axes':<14}{'link':<12}{'algorithm':<26}" \
              f"{'bytes/step':>12}{'count':>8}{'time/step':>12}"
     lines.append(header)
     lines.append("-" * len(header))
     for g in r.groups():
         lines.append(
-            f"{g['kind']:<16}{','.join(g['mesh_axes']) or '-':<16}{g['link']:<12}"
-            f"{g['algorithm'][:21]:<22}{_fmt_bytes(g['bytes']):>12}{g['count']:>8}"
+            f"{g['kind']:<20}{','.join(g['mesh_axes']) or '-':<14}{g['link']:<12}"
+            f"{g['algorithm'][:25]:<26}{_fmt_bytes(g['bytes']):>12}{g['count']:>8}"
             f"{_fmt_s(g['time_s']):>12}"
         )
     if not r.collectives:
         lines.append("(no collectives)")
     lines.append("-" * len(header))
-    lines.append(f"{'total':<66}{_fmt_bytes(sum(r.by_kind().values())):>12}"
+    lines.append(f"{'total':<72}{_fmt_bytes(sum(r.by_kind().values())):>12}"
                  f"{sum(c.count for c in r.collectives):>8}{_fmt_s(r.comm_s):>12}")
     ops = r.by_operation()
     if ops:
@@ -326,7 +341,11 @@ def format_report(r: Report) -> str:
     lines.append(f"bottleneck     {r.bottleneck()}")
     slow = r.slowest_link()
     if slow:
-        lines.append(f"slowest link   {slow}")
+        lines.append(f"busiest link   {slow} ({_fmt_s(r.by_link()[slow]['time_s'])} of "
+                     f"collectives)")
+    hop = r.slowest_hop()
+    if hop:
+        lines.append(f"slowest hop    {hop}")
     for w in r.warnings:
         lines.append(f"warning        {w}")
     for u in r.unknown_ops:

@@ -164,7 +164,8 @@ def test_report_keys_and_json_contract(cpu_devices):
     d = rep.to_dict()
     for key in ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "mfu", "compute_s",
                 "comm_s", "exposed_comm_s", "memory_per_device_bytes", "hbm_bytes", "fits",
-                "collectives", "by_kind", "by_link", "bottleneck", "timings"):
+                "collectives", "by_kind", "by_link", "bottleneck", "timings", "slowest_hop",
+                "by_operation"):
         assert key in d, key
     fields = {f.name for f in dataclasses.fields(sharding.Collective)}
     assert fields <= set(d["collectives"][0])
@@ -204,3 +205,30 @@ def test_by_operation_names_the_model_operation(cpu_devices):
     ops = {(o["operation"], o["kind"]) for o in rep.by_operation()}
     assert ("attention/out_proj (forward)", "all-reduce") in ops
     assert ("mlp/down_proj (forward)", "all-reduce") in ops
+
+
+def test_report_shows_link_algorithm_and_slowest_hop_across_nodes():
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    # 16 GPUs in two HGX nodes: FSDP 16 spans InfiniBand, which must be named the slowest hop.
+    code = """
+import jax
+jax.config.update("jax_num_cpu_devices", 16)
+import meshes, models, sharding
+s = meshes.get_system("h100:16")
+mesh = sharding.make_mesh(s, {"fsdp": 16})
+prog = models.build_train_program(models.preset("tiny"), models.TrainSettings(seq_len=32,
+    global_batch=16), mesh, sharding.default_rules())
+rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=s)
+print(rep.slowest_hop())
+print(sorted({(c.link, bool(c.algorithm)) for c in rep.collectives}))
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    hop, links = p.stdout.strip().splitlines()
+    assert hop.startswith("infiniband at")
+    assert links == "[('infiniband', True)]"
