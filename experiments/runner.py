@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from experiments.config import ConfigError, Experiment
 from meshes import get_system
-from sharding.report import Report
+from sharding.report import Memory, Report
 
 BACKENDS = ("auto", "cpu", "tpu", "gpu")
 
@@ -51,4 +52,26 @@ def run(exp: Experiment, *, backend: str = "auto") -> Report:
         tokens_per_step=program.tokens_per_step, name=exp.name,
     )
     report.timings["build_s"] = build_s
-    return report
+    return dataclasses.replace(report, memory=_training_memory(exp, program, report.memory,
+                                                               mesh))
+
+
+def _training_memory(exp: Experiment, program, compiled: Memory, mesh) -> Memory:
+    """Analytic memory of the training step (models/memory.py) with exact state."""
+    from models.memory import activation_components
+    from sharding.rules import mesh_shape_of
+
+    w = exp.workload
+    components = [
+        ("parameters", float(program.param_bytes_per_device)),
+        ("optimizer state", float(program.optimizer_bytes_per_device)),
+        ("gradients", float(program.param_bytes_per_device)),
+        ("batch", float(program.batch_bytes_per_device)),
+        *activation_components(exp.model, micro_batch=w.global_batch // w.microbatches,
+                               seq_len=w.seq_len, compute_dtype=exp.precision.compute,
+                               remat=exp.train.remat, mesh_shape=mesh_shape_of(mesh)),
+    ]
+    return Memory(components=tuple(components),
+                  source="state exact from shardings; activations analytic "
+                         "(models/memory.py)",
+                  compiler_bytes=compiled.total_bytes or None)

@@ -49,7 +49,14 @@ class TrainProgram:
     param_count: int
     model_flops_per_step: float
     tokens_per_step: int
-    state_bytes_per_device: int
+    param_bytes_per_device: int
+    optimizer_bytes_per_device: int
+    batch_bytes_per_device: int
+
+    @property
+    def state_bytes_per_device(self) -> int:
+        return (self.param_bytes_per_device + self.optimizer_bytes_per_device
+                + self.batch_bytes_per_device)
 
 
 def make_model(cfg: ModelConfig, settings: TrainSettings, *, seed: int = 0) -> Transformer:
@@ -179,5 +186,7 @@ def build_train_program(
         param_count=cfg.param_count(),
         model_flops_per_step=cfg.train_flops_per_token(settings.seq_len) * settings.tokens_per_step,
         tokens_per_step=settings.tokens_per_step,
-        state_bytes_per_device=per_device_bytes((params, opt_state, batch)),
+        param_bytes_per_device=per_device_bytes(params),
+        optimizer_bytes_per_device=per_device_bytes(opt_state),
+        batch_bytes_per_device=per_device_bytes(batch),
     )

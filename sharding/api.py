@@ -166,7 +166,7 @@ def analyze_module(
         compiler=compiler,
         collectives=collectives,
         compute=cost,
-        memory=memory or Memory(state_bytes=0, temp_bytes=0, source="unknown (HLO only)"),
+        memory=memory or Memory(components=(), source="unknown (HLO text only)"),
         hbm_capacity_bytes=system.chip.hbm_bytes,
         peak_flops_per_device=system.chip.peak_for(dtype),
         model_flops_per_step=model_flops_per_step,
@@ -178,27 +178,24 @@ def analyze_module(
     )
 
 
-def compiled_memory(compiled, state_bytes: float | None = None) -> Memory:
-    """Memory per device from the compiler's buffer assignment.
-
-    `state_bytes` (exact, from argument shardings) replaces the compiler's argument size
-    when given. XLA:CPU upcasts bf16 temporaries to f32, so its temp figure is an upper
-    bound for a bf16 program on TPU/GPU; the source says so.
-    """
+def compiled_memory(compiled) -> Memory:
+    """Memory per device from the compiler's buffer assignment (arguments, outputs that do
+    not alias them, temporaries). On XLA:CPU the temporaries are an upper bound for a bf16
+    program: the CPU upcasts bf16 to f32."""
     try:
         ma = compiled.memory_analysis()
-    except Exception:  # some backends do not implement it
+    except Exception:  # noqa: BLE001 -- backends without it raise assorted errors
         ma = None
     if ma is None:
-        return Memory(state_bytes=state_bytes or 0, temp_bytes=0,
-                      source="arguments only (no compiler memory analysis)")
-    args = ma.argument_size_in_bytes if state_bytes is None else state_bytes
-    out_extra = max(0, ma.output_size_in_bytes - ma.alias_size_in_bytes)
+        return Memory(components=(), source="no compiler memory analysis")
     return Memory(
-        state_bytes=args + out_extra,
-        temp_bytes=ma.temp_size_in_bytes,
-        source="state exact from shardings; temporaries from XLA:CPU buffer assignment "
-               "(f32 upcasts make it an upper bound)",
+        components=(
+            ("arguments", float(ma.argument_size_in_bytes)),
+            ("outputs not aliasing arguments",
+             float(max(0, ma.output_size_in_bytes - ma.alias_size_in_bytes))),
+            ("temporaries", float(ma.temp_size_in_bytes)),
+        ),
+        source="XLA:CPU buffer assignment (bf16 temporaries upcast to f32: an upper bound)",
     )
 
 

@@ -17,24 +17,29 @@ from sharding.compute import ComputeCost
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Memory:
-    """Bytes per device.
+    """Bytes per device, by component.
 
     Attributes:
-        state_bytes: parameters, optimizer state and inputs held across the step (exact,
-            from the shardings of the arguments).
-        temp_bytes: activations and temporaries (from the compiler's memory analysis).
-        source: how each figure was obtained.
-        largest: the largest per-device arrays, (name, bytes).
+        components: (what, bytes per device), e.g. ("parameters", 4.0e9).
+        source: how the figures were obtained.
+        compiler_bytes: the compiling backend's own peak figure, for reference, when it is
+            not the one used (XLA:CPU upcasts bf16 temporaries to f32).
     """
 
-    state_bytes: float
-    temp_bytes: float
+    components: tuple[tuple[str, float], ...]
     source: str
-    largest: tuple[tuple[str, float], ...] = ()
+    compiler_bytes: float | None = None
 
     @property
     def total_bytes(self) -> float:
-        return self.state_bytes + self.temp_bytes
+        return sum(b for _, b in self.components)
+
+    def largest(self, n: int = 4) -> list[tuple[str, float]]:
+        return sorted(self.components, key=lambda c: -c[1])[:n]
+
+    def to_dict(self) -> dict:
+        return {"components": dict(self.components), "source": self.source,
+                "compiler_bytes": self.compiler_bytes, "total_bytes": self.total_bytes}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -212,7 +217,7 @@ class Report:
             "flops_per_device": self.compute.flops,
             "model_flops_per_step": self.model_flops_per_step,
             "memory_per_device_bytes": self.memory_per_device_bytes,
-            "memory": dataclasses.asdict(self.memory),
+            "memory": self.memory.to_dict(),
             "hbm_capacity_bytes": self.hbm_capacity_bytes,
             "hbm_bytes": self.compute.hbm_bytes,
             "fits": self.fits,
@@ -335,9 +340,12 @@ def format_report(r: Report) -> str:
         lines.append(f"MFU            {r.mfu:.1%}  ({what})")
     m = r.memory
     lines.append(f"memory/device  {_fmt_bytes(m.total_bytes)} of {_fmt_bytes(r.hbm_capacity_bytes)}"
-                 f" HBM: {'fits' if r.fits else 'DOES NOT FIT'}  (state "
-                 f"{_fmt_bytes(m.state_bytes)}, temporaries {_fmt_bytes(m.temp_bytes)}; "
-                 f"{m.source})")
+                 f" HBM: {'fits' if r.fits else 'DOES NOT FIT'}  ({m.source})")
+    for what, nbytes in m.largest(6):
+        lines.append(f"  {_fmt_bytes(nbytes):>10}  {what}")
+    if m.compiler_bytes is not None:
+        lines.append(f"  (XLA:CPU's own buffer assignment: {_fmt_bytes(m.compiler_bytes)}, with bf16 "
+                     f"temporaries upcast to f32)")
     lines.append(f"bottleneck     {r.bottleneck()}")
     slow = r.slowest_link()
     if slow:

@@ -126,3 +126,19 @@ def test_every_shipped_config_is_valid():
     for p in paths:
         exp = config.load(p)
         assert exp.name == p.stem, f"{p.name}: name should match the file name"
+
+
+def test_a_model_too_big_for_its_devices_does_not_fit(tmp_path, capsys, cpu_devices):
+    # Llama 2 7B in pure data parallelism on 8 H100s: every GPU holds the whole model in f32,
+    # its AdamW moments and gradients: 16 bytes x 6.7e9 parameters = 108 GB > 80 GB.
+    text = TINY.replace('"tiny"', '"llama2-7b"\nn_layers = 32').replace(
+        "data = 2\nfsdp = 4", "data = 8").replace("seq_len = 32", "seq_len = 256").replace(
+        "global_batch = 16", "global_batch = 8")
+    out_json = tmp_path / "r.json"
+    code, out, err = run_cli(["run", write(tmp_path, text), "--json", str(out_json)], capsys)
+    assert code == 0, err
+    d = json.loads(out_json.read_text())
+    parts = d["memory"]["components"]
+    assert parts["parameters"] == pytest.approx(4 * 6.74e9, rel=0.01)
+    assert parts["optimizer state"] == pytest.approx(8 * 6.74e9, rel=0.01)
+    assert d["fits"] is False and "DOES NOT FIT" in out

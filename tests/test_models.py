@@ -106,3 +106,34 @@ def test_flash_attention_skips_the_masked_half(cpu_devices):
         flops[name] = compute_cost(parse_hlo(text), chip).matmul_flops
     assert flops["dense"] == 2 * 2 * 256 * 256 * 64
     assert flops["flash"] == flops["dense"] * 10 / 16
+
+
+def test_activation_memory_by_hand():
+    from models.memory import activation_components
+
+    cfg = models.preset("llama3-8b")
+    # 36 sequences per micro-batch over data 9 x fsdp 1: 4 sequences of 8192 per device.
+    parts = dict(activation_components(cfg, micro_batch=36, seq_len=8192,
+                                       compute_dtype="bfloat16", remat="full",
+                                       mesh_shape={"data": 9, "fsdp": 1, "tensor": 1}))
+    tokens = 4 * 8192
+    assert parts["saved activations (full remat, 32 layers)"] == 32 * tokens * 4096 * 2
+    assert parts["logits and their gradient (f32)"] == 2 * tokens * 128256 * 4
+    minimal = dict(activation_components(cfg, micro_batch=36, seq_len=8192,
+                                         compute_dtype="bfloat16", remat="minimal",
+                                         mesh_shape={"data": 9}))
+    assert minimal["saved activations (minimal remat, 32 layers)"] > \
+        4 * parts["saved activations (full remat, 32 layers)"]
+
+
+def test_tensor_parallelism_shards_head_and_mlp_activations_only():
+    from models.memory import activation_components
+
+    cfg = models.preset("llama3-8b")
+    kw = dict(micro_batch=8, seq_len=4096, compute_dtype="bfloat16", remat="full")
+    one = dict(activation_components(cfg, mesh_shape={"tensor": 1}, **kw))
+    eight = dict(activation_components(cfg, mesh_shape={"tensor": 8}, **kw))
+    key = "saved activations (full remat, 32 layers)"
+    assert one[key] == eight[key]  # the residual stream is not sharded over tensor
+    logits = "logits and their gradient (f32)"
+    assert eight[logits] == one[logits] / 8

@@ -1,0 +1,64 @@
+"""Memory per device of a training step, analytically.
+
+The CPU compiler's buffer assignment is not the target's: it upcasts bf16 activations to
+f32 and schedules for a CPU. So the estimate counts what a TPU/GPU step holds at its peak
+(the end of the forward pass / start of the backward pass of one micro-batch):
+
+- parameters, optimizer state and the batch: exact, from their shardings;
+- gradients: one parameter-sized buffer in the parameter dtype (accumulated across
+  micro-batches), sharded like the parameters;
+- saved activations, per layer, by remat policy, for one micro-batch:
+  - full: the layer input x (B x L x D);
+  - minimal (matmul outputs saved): x, q, k, v, the attention output projection, the MLP's
+    up/gate outputs and its down projection;
+  - none: also the norms, the attention output before projection, the MLP activation and
+    the residual sums;
+- one layer's working set during its backward pass: every intermediate of the layer and
+  its gradient (the "none" set, twice);
+- the logits and their gradient, f32 (B x L x V), sharded over the vocab's mesh axes.
+
+Batch dimensions are sharded over data x fsdp, heads and the MLP hidden over tensor; the
+residual stream is not sharded over tensor (no sequence parallelism yet). Flash attention
+keeps no S x S scores; its log-sum-exp (f32, B x H x L) is saved with the output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax.numpy as jnp
+
+from models.config import ModelConfig
+
+_F32 = 4
+
+
+def activation_components(
+    cfg: ModelConfig,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    compute_dtype: str,
+    remat: str,
+    mesh_shape: Mapping[str, int],
+) -> list[tuple[str, float]]:
+    """(name, bytes per device) of the activation memory of one micro-batch."""
+    dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
+    tp = mesh_shape.get("tensor", 1)
+    c = jnp.dtype(compute_dtype).itemsize
+    tokens = micro_batch // dp * seq_len  # per device
+    d, f, e = cfg.d_model, cfg.d_ff / tp, cfg.head_dim
+    h, k = cfg.n_heads / tp, cfg.n_kv_heads / tp
+    mlp_in = (2 if cfg.mlp == "swiglu" else 1) * f
+
+    x = d * c
+    minimal = x + (h + 2 * k) * e * c + d * c + mlp_in * c + d * c
+    everything = minimal + 2 * d * c + h * e * c + h * _F32 + f * c + 2 * d * c
+    per_layer = {"full": x, "minimal": minimal, "none": everything}[remat]
+    vocab = cfg.padded_vocab / tp
+    return [
+        (f"saved activations ({remat} remat, {cfg.n_layers} layers)",
+         cfg.n_layers * tokens * per_layer),
+        ("one layer's backward working set", 2 * tokens * everything),
+        ("logits and their gradient (f32)", 2 * tokens * vocab * _F32),
+    ]
