@@ -47,9 +47,13 @@ def cmd_run(args) -> int:
         _write_json(args.json, report.to_dict())
         print(f"\nwrote {args.json}")
     if args.html:
+        from meshes import get_system
         from sharding.html import write_html
 
-        write_html(report, args.html)
+        chip = get_system(exp.system).chip
+        write_html(report, args.html,
+                   peak_flops=chip.peak_for(exp.precision.compute) * chip.matmul_efficiency,
+                   hbm_bw=chip.hbm_bytes_per_s * chip.hbm_efficiency)
         print(f"wrote {args.html}")
     return 0
 

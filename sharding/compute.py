@@ -30,7 +30,14 @@ import dataclasses
 import re
 
 from meshes import Chip
-from sharding.hlo import DTYPE_NAMES, ArrayShape, Computation, HloModule, Instruction
+from sharding.hlo import (
+    DTYPE_NAMES,
+    ArrayShape,
+    Computation,
+    HloModule,
+    Instruction,
+    operation_of,
+)
 
 # Ops that move no data of their own (views, bookkeeping, control).
 _FREE = frozenset({
@@ -52,6 +59,8 @@ class ComputeCost:
     matmul_s: float
     memory_bound_s: float
     flops_by_dtype: dict[str, float]
+    # (model operation, "matmul" | "memory") -> {"flops", "bytes", "time_s"} per step
+    ops: dict[tuple[str, str], dict[str, float]] = dataclasses.field(default_factory=dict)
 
     @property
     def compute_s(self) -> float:
@@ -115,6 +124,13 @@ class ComputationCost:
     memory_bound_s: float = 0.0
     flops_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
     times: dict[str, float] = dataclasses.field(default_factory=dict)
+    ops: dict[tuple[str, str], dict[str, float]] = dataclasses.field(default_factory=dict)
+
+    def add_op(self, key: tuple[str, str], flops: float, nbytes: float, t: float) -> None:
+        d = self.ops.setdefault(key, {"flops": 0.0, "bytes": 0.0, "time_s": 0.0})
+        d["flops"] += flops
+        d["bytes"] += nbytes
+        d["time_s"] += t
 
 
 def computation_costs(
@@ -144,6 +160,7 @@ def computation_costs(
             c.hbm_bytes += io
             c.matmul_s += t
             c.times[inst.name] = t
+            c.add_op((operation_of(inst.op_name), "matmul"), f, io, t)
         if not inside_fusion:
             for kernel_bytes, kernel_elems, members in _kernels(comp):
                 t = kernel_bytes / hbm_bw
@@ -152,6 +169,8 @@ def computation_costs(
                 c.flops += kernel_elems  # ~1 FLOP per element written
                 last = members[-1].name
                 c.times[last] = c.times.get(last, 0.0) + t
+                c.add_op((operation_of(members[-1].op_name), "memory"), kernel_elems,
+                         kernel_bytes, t)
         out[comp.name] = c
     # A fusion instruction runs its fused matmuls and its traffic as one kernel.
     for comp in module.computations.values():
@@ -189,8 +208,10 @@ def compute_cost(
         total.memory_bound_s += n * c.memory_bound_s
         for dt, f in c.flops_by_dtype.items():
             total.flops_by_dtype[dt] = total.flops_by_dtype.get(dt, 0.0) + n * f
+        for key, d in c.ops.items():
+            total.add_op(key, n * d["flops"], n * d["bytes"], n * d["time_s"])
     return ComputeCost(total.flops, total.matmul_flops, total.hbm_bytes, total.matmul_s,
-                       total.memory_bound_s, total.flops_by_dtype)
+                       total.memory_bound_s, total.flops_by_dtype, total.ops)
 
 
 def _is_collective(op: str) -> bool:

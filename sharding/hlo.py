@@ -361,6 +361,42 @@ def _constant_int(inst: Instruction) -> int | None:
 
 
 # -----------------------------------------------------------------------------
+# Source attribution.
+
+_PLUMBING = frozenset({"while", "body", "cond", "closed_call", "checkpoint",
+                       "rematted_computation", "shard_map", "remat", "pjit", ""})
+_WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|jit|pjit|remat|checkpoint)\((.*)\)$")
+
+
+def operation_of(op_name: str) -> str:
+    """The model operation behind an HLO op_name, with its phase.
+
+    `jit(step)/transpose(jvp())/while/body/closed_call/checkpoint/attention/out_proj/
+    blhe,hed->bld/dot_general` -> "attention/out_proj (backward)". Named scopes survive;
+    transform wrappers, loop plumbing, einsum specs and the primitive name do not.
+    """
+    if not op_name:
+        return "?"
+    parts = op_name.split("/")
+    phase = "forward"
+    if "rematted_computation" in parts:
+        phase = "recomputed"
+    elif "transpose(" in op_name:
+        phase = "backward"
+    kept = []
+    for i, part in enumerate(parts[:-1]):  # the last part is the primitive
+        while (m := _WRAPPER.match(part)) is not None:
+            part = m.group(1)
+        if i == 0 and op_name.startswith("jit("):
+            continue  # the jitted function's own name
+        if part in _PLUMBING or "->" in part or part.startswith("_"):
+            continue
+        kept.append(part)
+    name = "/".join(kept) if kept else parts[-1]
+    return f"{name} ({phase})"
+
+
+# -----------------------------------------------------------------------------
 # Replica groups.
 
 

@@ -8,11 +8,11 @@ would land between: max(compute, comm) <= step <= compute + comm.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import defaultdict
 
 from sharding.collectives import Collective
 from sharding.compute import ComputeCost
+from sharding.hlo import operation_of
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -244,39 +244,6 @@ def _collective_dict(c: Collective) -> dict:
     # Groups can be thousands of ids; keep them, as lists, for tools that map placement.
     d["groups"] = [list(g) for g in c.groups]
     return d
-
-
-_PLUMBING = frozenset({"while", "body", "cond", "closed_call", "checkpoint",
-                       "rematted_computation", "shard_map", "remat", "pjit", ""})
-_WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|jit|pjit|remat|checkpoint)\((.*)\)$")
-
-
-def operation_of(op_name: str) -> str:
-    """The model operation behind an HLO op_name, with its phase.
-
-    `jit(step)/transpose(jvp())/while/body/closed_call/checkpoint/attention/out_proj/
-    blhe,hed->bld/dot_general` -> "attention/out_proj (backward)". Named scopes survive;
-    transform wrappers, loop plumbing, einsum specs and the primitive name do not.
-    """
-    if not op_name:
-        return "?"
-    parts = op_name.split("/")
-    phase = "forward"
-    if "rematted_computation" in parts:
-        phase = "recomputed"
-    elif "transpose(" in op_name:
-        phase = "backward"
-    kept = []
-    for i, part in enumerate(parts[:-1]):  # the last part is the primitive
-        while (m := _WRAPPER.match(part)) is not None:
-            part = m.group(1)
-        if i == 0 and op_name.startswith("jit("):
-            continue  # the jitted function's own name
-        if part in _PLUMBING or "->" in part or part.startswith("_"):
-            continue
-        kept.append(part)
-    name = "/".join(kept) if kept else parts[-1]
-    return f"{name} ({phase})"
 
 
 def _fmt_bytes(n: float) -> str:

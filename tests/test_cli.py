@@ -142,3 +142,14 @@ def test_a_model_too_big_for_its_devices_does_not_fit(tmp_path, capsys, cpu_devi
     assert parts["parameters"] == pytest.approx(4 * 6.74e9, rel=0.01)
     assert parts["optimizer state"] == pytest.approx(8 * 6.74e9, rel=0.01)
     assert d["fits"] is False and "DOES NOT FIT" in out
+
+
+def test_html_report_is_one_file_with_its_plots(tmp_path, capsys, cpu_devices):
+    out = tmp_path / "r.html"
+    code, _, err = run_cli(["run", write(tmp_path, TINY), "--html", str(out)], capsys)
+    assert code == 0, err
+    page = out.read_text()
+    assert page.count("<svg") == 3  # step breakdown, bytes per link, roofline
+    assert "Roofline" in page and "<circle" in page and "polyline" in page
+    assert "<script" not in page and "http://" not in page.replace(
+        'xmlns="http://www.w3.org/2000/svg"', "")

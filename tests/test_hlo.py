@@ -213,6 +213,6 @@ def test_rare_collectives_and_unknown_ops_are_reported():
     ("jit(coll)/shard_map/while/body/closed_call/psum", "psum (forward)"),
 ])
 def test_operation_of(op_name, operation):
-    from sharding.report import operation_of
+    from sharding.hlo import operation_of
 
     assert operation_of(op_name) == operation
