@@ -85,17 +85,58 @@ def dot_flops(inst: Instruction, comp: Computation) -> tuple[float, str, float]:
                 if d.strip():
                     contract *= lhs.dims[int(d)]
         return 2.0 * out_elems * contract, dtype, io_bytes
-    # convolution: each output element sums over kernel elements / output features.
-    if rhs is None:
+    if lhs is None or rhs is None:
         return 0.0, dtype, io_bytes
+    return convolution_flops(inst, lhs, rhs, out[0]), dtype, io_bytes
+
+
+def convolution_flops(inst: Instruction, lhs: ArrayShape, rhs: ArrayShape,
+                      out: ArrayShape) -> float:
+    """FLOPs of an HLO convolution, counting only window positions that land on real input
+    (not padding or dilation holes), as XLA's HloCostAnalysis does. The TPU compiler writes
+    many einsums as convolutions whose padded windows are mostly empty."""
     labels = inst.attr("dim_labels") or ""
-    m = re.search(r"_([0-9a-z]+)->", labels)
-    kernel_out = 1
-    if m and "o" in m.group(1):
-        kernel_out = rhs.dims[m.group(1).index("o")]
-    # The kernel already holds input_features / feature_group_count per output feature.
-    per_out = rhs.num_elements / max(kernel_out, 1)
-    return 2.0 * out_elems * per_out, dtype, io_bytes
+    m = re.match(r"([^_]+)_([^-]+)->(.+)", labels)
+    if not m:
+        return 2.0 * out.num_elements
+    lhs_l, rhs_l, out_l = m.groups()
+    window = _window(inst.attr("window") or "")
+    spatial = sorted({ch for ch in lhs_l if ch.isdigit()})
+    positions = 1
+    for k, ch in enumerate(spatial):
+        size_in = lhs.dims[lhs_l.index(ch)]
+        size_out = out.dims[out_l.index(ch)]
+        w = window.get("size", [1] * len(spatial))[k]
+        stride = window.get("stride", [1] * len(spatial))[k]
+        lhs_dil = window.get("lhs_dilate", [1] * len(spatial))[k]
+        rhs_dil = window.get("rhs_dilate", [1] * len(spatial))[k]
+        pad_lo = window.get("pad_lo", [0] * len(spatial))[k]
+        valid = 0
+        for o in range(size_out):
+            for j in range(w):
+                pos = o * stride + j * rhs_dil - pad_lo
+                if pos >= 0 and pos % lhs_dil == 0 and pos // lhs_dil < size_in:
+                    valid += 1
+        positions *= valid
+    in_features = lhs.dims[lhs_l.index("f")]
+    out_features = rhs.dims[rhs_l.index("o")]
+    batch = lhs.dims[lhs_l.index("b")]
+    fgc = int(inst.attr("feature_group_count") or 1)
+    bgc = int(inst.attr("batch_group_count") or 1)
+    return 2.0 * (in_features / fgc) * out_features * (batch / bgc) * positions
+
+
+def _window(text: str) -> dict[str, list[int]]:
+    """`size=1x4 pad=0_0x3_3 stride=1x3 lhs_dilate=2x4` -> lists per spatial dim."""
+    out: dict[str, list[int]] = {}
+    for part in text.strip("{}").split():
+        key, _, value = part.partition("=")
+        if key == "pad":
+            pads = [p.split("_") for p in value.split("x")]
+            out["pad_lo"] = [int(p[0]) for p in pads]
+        elif key in ("size", "stride", "lhs_dilate", "rhs_dilate"):
+            out[key] = [int(v) for v in value.split("x")]
+    return out
 
 
 def _operand_shape(comp: Computation, inst: Instruction, i: int) -> ArrayShape | None:

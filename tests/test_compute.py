@@ -57,3 +57,15 @@ def test_slices_read_only_what_they_keep():
     x = jax.ShapeDtypeStruct((64, 1024, 1024), jnp.float32)
     c = cost_of(lambda x: x[3] * 2.0, x)
     assert c.hbm_bytes == 2 * 1024 * 1024 * 4
+
+
+def test_matmul_flops_agree_across_compilers():
+    # The same 4-layer train step compiled by XLA:CPU (post-SPMD), the TPU compiler (which
+    # writes einsums as padded convolutions) and XLA:GPU: the same FLOPs per device.
+    from tests.conftest import DATA
+
+    flops = {}
+    for name in ("cpu-after-spmd", "tpu-v5e", "gpu-h100"):
+        module = parse_hlo((DATA / f"train_step.{name}.hlo").read_text())
+        flops[name] = compute_cost(module, H100).matmul_flops
+    assert flops["tpu-v5e"] == flops["cpu-after-spmd"] == flops["gpu-h100"]
