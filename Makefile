@@ -10,7 +10,7 @@ DEFAULT_EXPERIMENT := experiments/configs/llama3-8b-nvl72.toml
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,tpu]'
 	touch $(STAMP)
 
 run: $(STAMP)

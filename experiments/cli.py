@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="compile and estimate an experiment config")
     r.add_argument("config")
-    r.add_argument("--backend", default="auto", choices=["auto", "cpu", "tpu", "gpu"])
+    r.add_argument("--backend", default="auto",
+                   help="auto (TPU compiler when installed, for TPU systems), cpu, tpu, gpu")
     r.add_argument("--json", metavar="OUT")
     r.add_argument("--html", metavar="OUT")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",

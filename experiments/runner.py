@@ -9,28 +9,31 @@ from experiments.config import ConfigError, Experiment
 from meshes import get_system
 from sharding.report import Memory, Report
 
-BACKENDS = ("auto", "cpu", "tpu", "gpu")
-
-
 def run(exp: Experiment, *, backend: str = "auto") -> Report:
-    """Compile the experiment's step on fake CPU devices and estimate it on its system."""
-    if backend not in BACKENDS:
-        raise ConfigError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    if backend in ("tpu", "gpu"):
-        raise ConfigError(f"--backend {backend} (deviceless {backend.upper()} compilation) is "
-                          f"not supported yet; use --backend cpu")
+    """Compile the experiment's step (fake CPU devices or the deviceless TPU compiler) and
+    estimate it on its system."""
     system = get_system(exp.system)
 
     # Imported here so that the fake device count is set before JAX starts its backend.
     import sharding
     from models import TrainSettings, build_train_program
+    from sharding import backends
 
-    t0 = time.perf_counter()
     try:
-        sharding.ensure_cpu_devices(system.num_devices)
+        backend = backends.resolve_backend(backend, system)
     except ValueError as e:
-        raise ConfigError(f"system.name={exp.system!r}: {e}") from None
-    mesh = sharding.make_mesh(system, exp.parallelism.sizes())
+        raise ConfigError(str(e)) from None
+    t0 = time.perf_counter()
+    devices, compiler = None, None
+    if backend == "tpu":
+        devices = backends.tpu_devices(system)
+        compiler = f"the TPU compiler (libtpu, deviceless {backends.topology_name(system)})"
+    else:
+        try:
+            sharding.ensure_cpu_devices(system.num_devices)
+        except ValueError as e:
+            raise ConfigError(f"system.name={exp.system!r}: {e}") from None
+    mesh = sharding.make_mesh(system, exp.parallelism.sizes(), devices=devices)
     settings = TrainSettings(
         seq_len=exp.workload.seq_len,
         global_batch=exp.workload.global_batch,
@@ -49,7 +52,7 @@ def run(exp: Experiment, *, backend: str = "auto") -> Report:
     report = sharding.analyze(
         program.step, *program.args, mesh=mesh, system=system,
         model_flops_per_step=program.model_flops_per_step,
-        tokens_per_step=program.tokens_per_step, name=exp.name,
+        tokens_per_step=program.tokens_per_step, name=exp.name, compiler=compiler,
     )
     report.timings["build_s"] = build_s
     return dataclasses.replace(report, memory=_training_memory(exp, program, report.memory,
@@ -74,4 +77,5 @@ def _training_memory(exp: Experiment, program, compiled: Memory, mesh) -> Memory
     return Memory(components=tuple(components),
                   source="state exact from shardings; activations analytic "
                          "(models/memory.py)",
-                  compiler_bytes=compiled.total_bytes or None)
+                  compiler_bytes=compiled.total_bytes or None,
+                  compiler_source=compiled.source)

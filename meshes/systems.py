@@ -430,6 +430,14 @@ class TpuSystem(System):
             xyz.append(c)
         return (slice_, *xyz, core)
 
+    def device_id(self, slice_index: int, xyz, core: int = 0) -> int:
+        """Inverse of `coords`: the id of the device at torus position `xyz`."""
+        chip = 0
+        for c, s in zip(reversed(list(xyz)), reversed(self.shape)):
+            chip = chip * s + c
+        chip += slice_index * math.prod(self.shape)
+        return chip * self.chip.devices_per_chip + core
+
     def collective_timing(self, kind, nbytes, groups):
         if not groups:
             return CollectiveTiming(0.0, "ici", "none")

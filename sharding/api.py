@@ -72,6 +72,10 @@ def xla_warnings(lines: Sequence[str]) -> list[str]:
     return out
 
 
+class DoesNotFit(ValueError):
+    """The target compiler refused the program: it needs more memory than the device has."""
+
+
 @dataclasses.dataclass
 class Compiled:
     hlo_text: str
@@ -81,23 +85,34 @@ class Compiled:
     warnings: list[str]
 
 
-def compile_to_hlo(fn: Callable, *args, **kwargs) -> Compiled:
-    """Lower and compile; keep the post-SPMD HLO, timings and XLA's SPMD warnings."""
+def compile_to_hlo(fn: Callable, *args, final_hlo: bool = False, **kwargs) -> Compiled:
+    """Lower and compile; keep the post-SPMD HLO (or the final one), timings and XLA's SPMD
+    warnings."""
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="shardscope-dump-") as dump, capture_stderr() as err:
         t0 = time.perf_counter()
         lowered = jitted.lower(*args, **kwargs)
         t1 = time.perf_counter()
-        compiled = lowered.compile(compiler_options={
-            "xla_dump_to": dump,
-            "xla_dump_hlo_pass_re": "spmd-partitioning",
-        })
+        options = {} if final_hlo else {"xla_dump_to": dump,
+                                         "xla_dump_hlo_pass_re": "spmd-partitioning"}
+        try:
+            compiled = lowered.compile(compiler_options=options)
+        except jax.errors.JaxRuntimeError as e:
+            first = str(e).strip().splitlines()[0]
+            if "RESOURCE_EXHAUSTED" in first:
+                raise DoesNotFit(f"the program does not fit: {first.split(': ', 1)[-1]} "
+                                 f"(compile with --backend cpu to see its collectives "
+                                 f"anyway, or shard more / rematerialise more)") from None
+            raise
         t2 = time.perf_counter()
         timings["lower_s"] = t1 - t0
         timings["compile_s"] = t2 - t1
         files = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*.txt")))
-        if files:
+        if final_hlo:
+            text = compiled.as_text()
+            compiler = "the final optimised HLO"
+        elif files:
             with open(files[-1]) as f:
                 text = f.read()
             compiler = "XLA:CPU (after SPMD partitioning)"
@@ -178,7 +193,7 @@ def analyze_module(
     )
 
 
-def compiled_memory(compiled) -> Memory:
+def compiled_memory(compiled, *, on_cpu: bool = True) -> Memory:
     """Memory per device from the compiler's buffer assignment (arguments, outputs that do
     not alias them, temporaries). On XLA:CPU the temporaries are an upper bound for a bf16
     program: the CPU upcasts bf16 to f32."""
@@ -195,7 +210,8 @@ def compiled_memory(compiled) -> Memory:
              float(max(0, ma.output_size_in_bytes - ma.alias_size_in_bytes))),
             ("temporaries", float(ma.temp_size_in_bytes)),
         ),
-        source="XLA:CPU buffer assignment (bf16 temporaries upcast to f32: an upper bound)",
+        source="XLA:CPU buffer assignment (bf16 temporaries upcast to f32: an upper bound)"
+        if on_cpu else "the target compiler's buffer assignment",
     )
 
 
@@ -208,6 +224,7 @@ def analyze(
     model_flops_per_step: float | None = None,
     tokens_per_step: float | None = None,
     name: str = "",
+    compiler: str | None = None,
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -221,14 +238,22 @@ def analyze(
         compute_dtype: time matmuls at this dtype's peak (e.g. "float8").
         model_flops_per_step: for MFU; HLO matmul FLOPs are used when absent.
         tokens_per_step: for tokens/s.
+        compiler: a name for the compiler, e.g. "TPU compiler (deviceless v6e:2x4)"; TPU
+            and GPU devices are compiled for and read from their final HLO, CPU devices
+            from the HLO after SPMD partitioning.
     """
+    from sharding.backends import system_device_id
+
     system = get_system(system) if isinstance(system, str) else system
+    on_cpu = all(d.platform == "cpu" for d in mesh.devices.flat)
     with jax.set_mesh(mesh):
-        c = compile_to_hlo(fn, *args)
+        c = compile_to_hlo(fn, *args, final_hlo=not on_cpu)
+    if compiler:
+        c.compiler = compiler
     t0 = time.perf_counter()
     module = parse_hlo(c.hlo_text)
     c.timings["parse_s"] = time.perf_counter() - t0
-    device_ids = [d.id for d in mesh.devices.flat]
+    device_ids = [system_device_id(system, d) for d in mesh.devices.flat]
     return analyze_module(
         module,
         system=system,
@@ -236,7 +261,7 @@ def analyze(
         axis_names=mesh.axis_names,
         device_ids=device_ids,
         compiler=c.compiler,
-        memory=compiled_memory(c.compiled),
+        memory=compiled_memory(c.compiled, on_cpu=on_cpu),
         compute_dtype=compute_dtype,
         model_flops_per_step=model_flops_per_step,
         tokens_per_step=tokens_per_step,

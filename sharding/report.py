@@ -29,6 +29,7 @@ class Memory:
     components: tuple[tuple[str, float], ...]
     source: str
     compiler_bytes: float | None = None
+    compiler_source: str = ""
 
     @property
     def total_bytes(self) -> float:
@@ -39,7 +40,8 @@ class Memory:
 
     def to_dict(self) -> dict:
         return {"components": dict(self.components), "source": self.source,
-                "compiler_bytes": self.compiler_bytes, "total_bytes": self.total_bytes}
+                "compiler_bytes": self.compiler_bytes, "compiler_source": self.compiler_source,
+                "total_bytes": self.total_bytes}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -71,10 +73,12 @@ class Report:
 
     @property
     def step_time_s(self) -> float:
-        """The simulated schedule's step (sharding.schedule), or compute + comm without one."""
+        """The simulated schedule's step (sharding.schedule) held within its bounds, or
+        compute + comm without one."""
+        lo, hi = self.step_time_bounds_s
         if self.scheduled_step_s is not None:
-            return max(self.scheduled_step_s, self.compute_s)
-        return self.compute_s + self.comm_s
+            return min(max(self.scheduled_step_s, lo), hi)
+        return hi
 
     @property
     def exposed_comm_s(self) -> float:
@@ -83,7 +87,9 @@ class Report:
 
     @property
     def step_time_bounds_s(self) -> tuple[float, float]:
-        return max(self.compute_s, self.comm_s), self.compute_s + self.comm_s
+        """Perfect overlap (compute and every link busy at once) and none at all."""
+        per_link = [d["time_s"] for d in self.by_link().values()]
+        return max([self.compute_s, *per_link]), self.compute_s + self.comm_s
 
     # --- throughput ----------------------------------------------------------------
     @property
@@ -311,8 +317,8 @@ def format_report(r: Report) -> str:
     for what, nbytes in m.largest(6):
         lines.append(f"  {_fmt_bytes(nbytes):>10}  {what}")
     if m.compiler_bytes is not None:
-        lines.append(f"  (XLA:CPU's own buffer assignment: {_fmt_bytes(m.compiler_bytes)}, with bf16 "
-                     f"temporaries upcast to f32)")
+        lines.append(f"  (compiler's own figure: {_fmt_bytes(m.compiler_bytes)}, from "
+                     f"{m.compiler_source})")
     lines.append(f"bottleneck     {r.bottleneck()}")
     slow = r.slowest_link()
     if slow:

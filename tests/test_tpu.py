@@ -1,0 +1,78 @@
+"""The deviceless TPU compiler (libtpu, the `tpu` extra that `make test` installs)."""
+
+import json
+
+import pytest
+
+from experiments import cli
+from meshes import get_system
+from sharding import backends
+from tests.test_cli import TINY, run_cli, write
+
+pytestmark = pytest.mark.tpu
+
+TPU_TINY = TINY.replace('"h100:8"', '"tpu-v5e:2x4"')
+
+
+def test_libtpu_is_installed_by_the_project():
+    assert backends.tpu_compiler_installed(), f"install it: {backends.TPU_EXTRA}"
+
+
+def test_tpu_devices_carry_the_catalog_placement():
+    system = get_system("tpu-v5e:2x4")
+    devices = backends.tpu_devices(system)
+    assert len(devices) == 8
+    for i, d in enumerate(devices):
+        slice_, x, y, core = system.coords(i)
+        assert list(d.coords)[:2] == [x, y] and d.core_on_chip == core
+        assert backends.system_device_id(system, d) == i
+
+
+def test_run_on_the_tpu_compiler_says_so_and_keeps_noise_away(tmp_path, capsys, cpu_devices):
+    out = tmp_path / "r.json"
+    code, stdout, err = run_cli(["run", write(tmp_path, TPU_TINY), "--backend", "tpu",
+                                 "--json", str(out)], capsys)
+    assert code == 0, err
+    assert "HLO from the TPU compiler (libtpu, deviceless v5e:2x4)" in stdout
+    assert err == ""  # libtpu's environment warnings are captured
+    d = json.loads(out.read_text())
+    assert d["compiler"].startswith("the TPU compiler")
+    assert {c["link"] for c in d["collectives"]} == {"ici"}
+    # The program's bf16 weights are gathered in bf16 (no CPU-style f32 upcast).
+    gathers = [c for c in d["collectives"] if c["kind"] == "all-gather" and len(c["shape"]) >= 2
+               and "proj" in c["op_name"]]
+    assert gathers and {c["dtype"] for c in gathers} == {"bfloat16"}
+
+
+def test_auto_picks_the_tpu_compiler_for_tpu_systems():
+    assert backends.resolve_backend("auto", get_system("tpu-v6e:2x4")) == "tpu"
+    assert backends.resolve_backend("auto", get_system("h100:8")) == "cpu"
+
+
+def test_missing_extra_is_one_line_with_the_install_command(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(backends, "tpu_compiler_installed", lambda: False)
+    code, _, err = run_cli(["run", write(tmp_path, TPU_TINY), "--backend", "tpu"], capsys)
+    assert code == 2 and "pip install 'shardscope[tpu]'" in err and err.count("\n") == 1
+
+
+def test_a_program_the_tpu_compiler_cannot_fit_is_one_line(tmp_path, capsys):
+    big = TPU_TINY.replace('"tiny"', '"llama3-8b"\nn_layers = 4').replace(
+        "seq_len = 32", "seq_len = 8192").replace("global_batch = 16", "global_batch = 64")
+    code, _, err = run_cli(["run", write(tmp_path, big), "--backend", "tpu"], capsys)
+    assert code == 2
+    assert "does not fit" in err and "--backend cpu" in err and err.count("\n") == 1
+
+
+def test_cpu_and_tpu_compilers_move_comparable_bytes(tmp_path, capsys, cpu_devices):
+    # The same tiny model and mesh through both compilers. The TPU compiler decomposes
+    # reduce-scatters and some all-gathers into collective-permute rings (collective
+    # matmul) and re-gathers weights per consumer, so kinds differ; the total stays within
+    # the same order. (Per-kind agreement within 10% is not reached yet: see README.)
+    totals = {}
+    for backend in ("cpu", "tpu"):
+        out = tmp_path / f"{backend}.json"
+        code, _, err = run_cli(["run", write(tmp_path, TPU_TINY), "--backend", backend,
+                                "--json", str(out)], capsys)
+        assert code == 0, err
+        totals[backend] = sum(json.loads(out.read_text())["by_kind"].values())
+    assert 0.5 < totals["tpu"] / totals["cpu"] < 4
