@@ -11,7 +11,24 @@ from sharding.report import Memory, Report
 
 def run(exp: Experiment, *, backend: str = "auto") -> Report:
     """Compile the experiment's step (fake CPU devices or the deviceless TPU compiler) and
-    estimate it on its system."""
+    estimate it on its system.
+
+    With `auto`, a program the TPU compiler refuses for lack of HBM is compiled on the CPU
+    path instead, and the report carries the TPU compiler's verdict.
+    """
+    from sharding.api import DoesNotFit
+
+    try:
+        return _run(exp, backend=backend)
+    except DoesNotFit as e:
+        if backend != "auto":
+            raise ConfigError(str(e)) from None
+        report = _run(exp, backend="cpu")
+        return dataclasses.replace(
+            report, warnings=(f"TPU compiler: {e}",) + report.warnings)
+
+
+def _run(exp: Experiment, *, backend: str) -> Report:
     system = get_system(exp.system)
 
     # Imported here so that the fake device count is set before JAX starts its backend.
@@ -25,14 +42,16 @@ def run(exp: Experiment, *, backend: str = "auto") -> Report:
         raise ConfigError(str(e)) from None
     t0 = time.perf_counter()
     devices, compiler = None, None
+    try:
+        # Before anything starts JAX's CPU backend, even on the TPU path: a refused TPU
+        # compile falls back to these fake devices.
+        sharding.ensure_cpu_devices(system.num_devices)
+    except ValueError as e:
+        if backend == "cpu":
+            raise ConfigError(f"system.name={exp.system!r}: {e}") from None
     if backend == "tpu":
         devices = backends.tpu_devices(system)
         compiler = f"the TPU compiler (libtpu, deviceless {backends.topology_name(system)})"
-    else:
-        try:
-            sharding.ensure_cpu_devices(system.num_devices)
-        except ValueError as e:
-            raise ConfigError(f"system.name={exp.system!r}: {e}") from None
     mesh = sharding.make_mesh(system, exp.parallelism.sizes(), devices=devices)
     settings = TrainSettings(
         seq_len=exp.workload.seq_len,

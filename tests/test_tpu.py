@@ -76,3 +76,12 @@ def test_cpu_and_tpu_compilers_move_comparable_bytes(tmp_path, capsys, cpu_devic
         assert code == 0, err
         totals[backend] = sum(json.loads(out.read_text())["by_kind"].values())
     assert 0.5 < totals["tpu"] / totals["cpu"] < 4
+
+
+def test_auto_falls_back_to_the_cpu_path_when_the_tpu_compiler_refuses(tmp_path, capsys,
+                                                                       cpu_devices):
+    big = TPU_TINY.replace('"tiny"', '"llama3-8b"\nn_layers = 2').replace(
+        "seq_len = 32", "seq_len = 8192").replace("global_batch = 16", "global_batch = 64")
+    code, out, err = run_cli(["run", write(tmp_path, big)], capsys)
+    assert code == 0, err
+    assert "HLO from XLA:CPU" in out and "TPU compiler: the program does not fit" in out
