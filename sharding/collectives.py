@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from meshes import bus_factor
+from meshes import COLLECTIVE_KINDS, bus_factor
 from sharding.hlo import (
     DTYPE_NAMES,
     ArrayShape,
@@ -23,15 +23,7 @@ from sharding.hlo import (
     split_top_level,
 )
 
-KINDS = (
-    "all-reduce",
-    "all-gather",
-    "reduce-scatter",
-    "all-to-all",
-    "collective-permute",
-    "collective-broadcast",
-    "ragged-all-to-all",
-)
+KINDS = COLLECTIVE_KINDS
 
 
 @dataclasses.dataclass(frozen=True)
