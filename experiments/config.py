@@ -232,9 +232,9 @@ def validate(exp: Experiment, num_devices: int) -> None:
     _choice("precision.compute", p.compute, COMPUTE_DTYPES)
     _choice("train.remat", exp.train.remat, REMAT_POLICIES)
     _choice("train.optimizer", exp.train.optimizer, OPTIMIZERS)
-    if w.kind != "train":
-        raise ConfigError(f"workload.kind={w.kind!r} is not supported yet (prefill and decode "
-                          f"come with the inference issue); use 'train'")
+    if w.kind != "train" and w.microbatches != 1:
+        raise ConfigError(f"workload.microbatches={w.microbatches} applies to training only; "
+                          f"remove it for workload.kind={w.kind!r}")
     if p.compute in ("float8", "float4"):
         raise ConfigError(f"precision.compute={p.compute!r} is not supported yet (low-precision "
                           f"matmuls come with the precision issue); use 'bfloat16'")

@@ -33,7 +33,6 @@ def _run(exp: Experiment, *, backend: str) -> Report:
 
     # Imported here so that the fake device count is set before JAX starts its backend.
     import sharding
-    from models import TrainSettings, build_train_program
     from sharding import backends
 
     try:
@@ -53,6 +52,31 @@ def _run(exp: Experiment, *, backend: str) -> Report:
         devices = backends.tpu_devices(system)
         compiler = f"the TPU compiler (libtpu, deviceless {backends.topology_name(system)})"
     mesh = sharding.make_mesh(system, exp.parallelism.sizes(), devices=devices)
+    rules = sharding.default_rules()
+    serving = exp.workload.kind != "train"
+    try:
+        program = (_serve_program(exp, mesh, rules) if serving
+                   else _train_program(exp, mesh, rules))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    build_s = time.perf_counter() - t0
+    report = sharding.analyze(
+        program.step, *program.args, mesh=mesh, system=system,
+        model_flops_per_step=program.model_flops_per_step,
+        tokens_per_step=program.tokens_per_step, name=exp.name, compiler=compiler,
+    )
+    report.timings["build_s"] = build_s
+    if serving:
+        return dataclasses.replace(
+            report, sequences_per_step=exp.workload.global_batch,
+            memory=_serving_memory(exp, program, report.memory, mesh))
+    return dataclasses.replace(report, memory=_training_memory(exp, program, report.memory,
+                                                               mesh))
+
+
+def _train_program(exp, mesh, rules):
+    from models import TrainSettings, build_train_program
+
     settings = TrainSettings(
         seq_len=exp.workload.seq_len,
         global_batch=exp.workload.global_batch,
@@ -63,19 +87,38 @@ def _run(exp: Experiment, *, backend: str) -> Report:
         learning_rate=exp.train.learning_rate,
         weight_decay=exp.train.weight_decay,
     )
-    try:
-        program = build_train_program(exp.model, settings, mesh, sharding.default_rules())
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    build_s = time.perf_counter() - t0
-    report = sharding.analyze(
-        program.step, *program.args, mesh=mesh, system=system,
-        model_flops_per_step=program.model_flops_per_step,
-        tokens_per_step=program.tokens_per_step, name=exp.name, compiler=compiler,
+    return build_train_program(exp.model, settings, mesh, rules)
+
+
+def _serve_program(exp, mesh, rules):
+    from models.inference import ServeSettings, build_serve_program
+
+    settings = ServeSettings(kind=exp.workload.kind, seq_len=exp.workload.seq_len,
+                             batch=exp.workload.global_batch, param_dtype=exp.precision.params,
+                             compute_dtype=exp.precision.compute,
+                             cache_dtype=exp.precision.compute)
+    return build_serve_program(exp.model, settings, mesh, rules)
+
+
+def _serving_memory(exp: Experiment, program, compiled: Memory, mesh) -> Memory:
+    """Weights and KV cache exactly from their shardings; one layer's activations."""
+    from models.memory import serving_activation_bytes
+    from sharding.rules import mesh_shape_of
+
+    w = exp.workload
+    tokens = w.seq_len if w.kind == "prefill" else 1
+    components = (
+        ("parameters", float(program.param_bytes_per_device)),
+        ("KV cache", float(program.cache_bytes_per_device)),
+        ("one layer's activations and the logits",
+         serving_activation_bytes(exp.model, batch=w.global_batch, tokens=tokens,
+                                  compute_dtype=exp.precision.compute,
+                                  mesh_shape=mesh_shape_of(mesh))),
     )
-    report.timings["build_s"] = build_s
-    return dataclasses.replace(report, memory=_training_memory(exp, program, report.memory,
-                                                               mesh))
+    return Memory(components=components,
+                  source="weights and KV cache exact from shardings; activations analytic",
+                  compiler_bytes=compiled.total_bytes or None,
+                  compiler_source=compiled.source)
 
 
 def _training_memory(exp: Experiment, program, compiled: Memory, mesh) -> Memory:

@@ -62,3 +62,19 @@ def activation_components(
         ("one layer's backward working set", 2 * tokens * everything),
         ("logits and their gradient (f32)", 2 * tokens * vocab * _F32),
     ]
+
+
+def serving_activation_bytes(
+    cfg: ModelConfig, *, batch: int, tokens: int, compute_dtype: str,
+    mesh_shape: Mapping[str, int],
+) -> float:
+    """Peak activations of a forward pass with nothing saved for a backward pass: one
+    layer's intermediates, and the f32 logits of the last position of each sequence."""
+    dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
+    tp = mesh_shape.get("tensor", 1)
+    c = jnp.dtype(compute_dtype).itemsize
+    per_device_tokens = batch // dp * tokens
+    d, f, e = cfg.d_model, cfg.d_ff / tp, cfg.head_dim
+    h, k = cfg.n_heads / tp, cfg.n_kv_heads / tp
+    layer = (4 * d + (2 * h + 2 * k) * e + 3 * f) * c
+    return per_device_tokens * layer + batch // dp * cfg.padded_vocab / tp * _F32

@@ -75,7 +75,13 @@ class Attention(nnx.Module):
         self.wo = _param(rngs, (h, e, d), ("heads", "head_dim", "embed"), param_dtype,
                          scale=(h * e) ** -0.5)
 
-    def __call__(self, x_BLD, positions_BL):
+    def __call__(self, x_BLD, positions_BL, cache=None):
+        """Attention over the sequence (training, prefill) or, with `cache` = (k_BSKE,
+        v_BSKE, index), one new position per sequence over its KV cache (decode).
+
+        Returns (output, (k, v)): the keys and values computed here (the whole sequence's
+        for prefill, the new position's for decode), in the cache's layout.
+        """
         cfg, dt = self.cfg, x_BLD.dtype
         with jax.named_scope("qkv_proj"):
             q_BLHE = jnp.einsum("bld,dhe->blhe", x_BLD, self.wq[...].astype(dt))
@@ -90,12 +96,39 @@ class Attention(nnx.Module):
         b, seq, h, e = q_BLHE.shape
         kv = cfg.n_kv_heads
         q_BLKGE = q_BLHE.reshape(b, seq, kv, h // kv, e)
-        attend = flash_attention if cfg.attention == "flash" else dense_attention
-        out_BLKGE = attend(q_BLKGE, k_BLKE, v_BLKE)
+        if cache is None:
+            attend = flash_attention if cfg.attention == "flash" else dense_attention
+            out_BLKGE = attend(q_BLKGE, k_BLKE, v_BLKE)
+        else:
+            out_BLKGE = decode_attention(q_BLKGE, k_BLKE, v_BLKE, *cache)
         out_BLHE = constrain(out_BLKGE.reshape(b, seq, h, e), ("batch", "seq", "heads", "head_dim"))
         with jax.named_scope("out_proj"):
             out_BLD = jnp.einsum("blhe,hed->bld", out_BLHE, self.wo[...].astype(dt))
-            return constrain(out_BLD, ("batch", "seq", "embed"))
+            return constrain(out_BLD, ("batch", "seq", "embed")), (k_BLKE, v_BLKE)
+
+
+def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BSKE, v_BSKE, index):
+    """One query per sequence over cache positions [0, index) plus itself.
+
+    The cache is read once and not written here: the caller writes the new keys and values
+    into it in place, so a decode step moves (weights + cache) bytes, as serving does.
+    """
+    e = q_B1KGE.shape[-1]
+    scale = e**-0.5
+    with jax.named_scope("kv_cache_attention"):
+        s_BKGS = jnp.einsum("bqkge,bske->bkgs", q_B1KGE, k_BSKE).astype(jnp.float32) * scale
+        valid_S = jnp.arange(k_BSKE.shape[1]) < index
+        s_BKGS = jnp.where(valid_S, s_BKGS, -1e30)
+        s_self_BKG = jnp.einsum("bqkge,bqke->bkg", q_B1KGE, k_B1KE).astype(jnp.float32) * scale
+        m_BKG = jnp.maximum(jnp.max(s_BKGS, axis=-1), s_self_BKG)
+        p_BKGS = jnp.exp(s_BKGS - m_BKG[..., None])
+        p_self_BKG = jnp.exp(s_self_BKG - m_BKG)
+        denom_BKG = jnp.sum(p_BKGS, axis=-1) + p_self_BKG
+        out_BKGE = jnp.einsum("bkgs,bske->bkge", p_BKGS.astype(v_BSKE.dtype), v_BSKE)
+        out_BKGE = out_BKGE.astype(jnp.float32) + p_self_BKG[..., None] * \
+            v_B1KE[:, 0, :, None, :].astype(jnp.float32)
+        out_BKGE = out_BKGE / denom_BKG[..., None]
+        return out_BKGE[:, None].astype(q_B1KGE.dtype)
 
 
 class Mlp(nnx.Module):
@@ -131,11 +164,12 @@ class Block(nnx.Module):
         self.mlp_norm = Norm(cfg, param_dtype=param_dtype)
         self.mlp = Mlp(cfg, rngs=rngs, param_dtype=param_dtype)
 
-    def __call__(self, x_BLD, positions_BL):
+    def __call__(self, x_BLD, positions_BL, cache=None):
         with jax.named_scope("attention"):
-            x_BLD = x_BLD + self.attn(self.attn_norm(x_BLD), positions_BL)
+            attn_BLD, kv = self.attn(self.attn_norm(x_BLD), positions_BL, cache)
+            x_BLD = x_BLD + attn_BLD
         with jax.named_scope("mlp"):
-            return x_BLD + self.mlp(self.mlp_norm(x_BLD))
+            return x_BLD + self.mlp(self.mlp_norm(x_BLD)), kv
 
 
 class Transformer(nnx.Module):
@@ -165,20 +199,52 @@ class Transformer(nnx.Module):
             self.lm_head = _param(rngs, (d, v), ("embed", "vocab"), param_dtype)
 
     def __call__(self, tokens_BL):
-        cfg, dt = self.cfg, self.compute_dtype
+        """Training forward: logits for every position."""
         b, seq = tokens_BL.shape
         positions_BL = jnp.broadcast_to(jnp.arange(seq), (b, seq))
+        x_BLD, _ = self._layers(self._embed(tokens_BL, positions_BL), positions_BL)
+        return self._head(x_BLD)
+
+    def prefill(self, tokens_BL):
+        """Process prompts: (logits of the last position (B, V), KV cache (N, B, L, K, E) x 2)."""
+        b, seq = tokens_BL.shape
+        positions_BL = jnp.broadcast_to(jnp.arange(seq), (b, seq))
+        x_BLD, (k_NBLKE, v_NBLKE) = self._layers(self._embed(tokens_BL, positions_BL),
+                                                 positions_BL)
+        return self._head(x_BLD[:, -1:])[:, 0], (k_NBLKE, v_NBLKE)
+
+    def decode(self, tokens_B1, cache, index):
+        """One new token per sequence at position `index` over a KV cache of (N, B, S, K, E)
+        keys and values: (logits (B, V), cache with the new keys and values written)."""
+        b = tokens_B1.shape[0]
+        positions_B1 = jnp.full((b, 1), index)
+        k_NBSKE, v_NBSKE = cache
+        x_BLD, (k_NB1KE, v_NB1KE) = self._layers(self._embed(tokens_B1, positions_B1),
+                                                 positions_B1, (k_NBSKE, v_NBSKE, index))
+        with jax.named_scope("kv_cache_write"):  # in place: only the new position is written
+            start = (0, 0, index, 0, 0)
+            k_NBSKE = jax.lax.dynamic_update_slice(k_NBSKE, k_NB1KE.astype(k_NBSKE.dtype), start)
+            v_NBSKE = jax.lax.dynamic_update_slice(v_NBSKE, v_NB1KE.astype(v_NBSKE.dtype), start)
+        return self._head(x_BLD)[:, 0], (k_NBSKE, v_NBSKE)
+
+    def _embed(self, tokens_BL, positions_BL):
+        cfg, dt = self.cfg, self.compute_dtype
         with jax.named_scope("embedding"):
             x_BLD = jnp.take(self.embed[...], tokens_BL, axis=0).astype(dt)
             if cfg.positions == "learned":
-                x_BLD = x_BLD + self.pos_embed[...][:seq].astype(dt)
-            x_BLD = constrain(x_BLD, ("batch", "seq", "embed"))
+                x_BLD = x_BLD + jnp.take(self.pos_embed[...], positions_BL, axis=0).astype(dt)
+            return constrain(x_BLD, ("batch", "seq", "embed"))
 
+    def _layers(self, x_BLD, positions_BL, cache=None):
+        """Run the stacked layers under lax.scan; returns (x, per-layer (k, v) stacked)."""
         graphdef, layers = nnx.split(self.blocks)
 
-        def layer(x_BLD, layer_state):
-            y_BLD = nnx.merge(graphdef, layer_state)(x_BLD, positions_BL)
-            return constrain(y_BLD, ("batch", "seq", "embed")), None
+        def layer(x_BLD, xs):
+            layer_state, layer_cache = xs
+            if layer_cache is not None:
+                layer_cache = (*layer_cache, cache[2])
+            y_BLD, kv = nnx.merge(graphdef, layer_state)(x_BLD, positions_BL, layer_cache)
+            return constrain(y_BLD, ("batch", "seq", "embed")), kv
 
         if self.remat == "full":
             layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
@@ -186,8 +252,11 @@ class Transformer(nnx.Module):
             # Keep the weight matmuls' outputs; recompute the cheap elementwise work.
             layer = jax.checkpoint(
                 layer, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-        x_BLD, _ = jax.lax.scan(layer, x_BLD, layers)
+        per_layer_cache = None if cache is None else (cache[0], cache[1])
+        return jax.lax.scan(layer, x_BLD, (layers, per_layer_cache))
 
+    def _head(self, x_BLD):
+        cfg, dt = self.cfg, self.compute_dtype
         with jax.named_scope("lm_head"):
             x_BLD = self.final_norm(x_BLD)
             head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]

@@ -13,7 +13,9 @@
   once and writes each value leaving it once. Slices read only what they keep, and
   dynamic-update-slice / scatter write only their update (they work in place).
   Broadcasts, reshapes and bitcasts are views: they cost nothing, and a broadcast's input
-  is what is read.
+  is what is read. Before scheduling (the post-SPMD module) a `copy` is a sharding
+  annotation that copy elision removes later: it costs nothing either. A slice of a stacked
+  array that only matmuls read (a layer's weights, its KV cache) is read by the matmul.
 - Already-fused HLO (TPU/GPU final modules): each `fusion` instruction is a kernel; its
   operands and outputs are its HBM traffic; matmuls inside count their FLOPs.
 - Ops under a named scope `flash_attention` (jax.named_scope) stand for a fused attention
@@ -61,6 +63,8 @@ class ComputeCost:
     flops_by_dtype: dict[str, float]
     # (model operation, "matmul" | "memory") -> {"flops", "bytes", "time_s"} per step
     ops: dict[tuple[str, str], dict[str, float]] = dataclasses.field(default_factory=dict)
+    # matmul time of the matmuls that wait on HBM rather than on the math units
+    hbm_bound_matmul_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -166,6 +170,7 @@ class ComputationCost:
     flops_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
     times: dict[str, float] = dataclasses.field(default_factory=dict)
     ops: dict[tuple[str, str], dict[str, float]] = dataclasses.field(default_factory=dict)
+    hbm_bound_matmul_s: float = 0.0
 
     def add_op(self, key: tuple[str, str], flops: float, nbytes: float, t: float) -> None:
         d = self.ops.setdefault(key, {"flops": 0.0, "bytes": 0.0, "time_s": 0.0})
@@ -194,7 +199,10 @@ def computation_costs(
             if inside_fusion or FUSED_KERNEL_SCOPE in inst.op_name:
                 io = 0  # operands stream through on-chip memory inside the kernel
             dt = compute_dtype or dt
-            t = max(f / (chip.peak_for(dt) * chip.matmul_efficiency), io / hbm_bw)
+            t_math = f / (chip.peak_for(dt) * chip.matmul_efficiency)
+            t = max(t_math, io / hbm_bw)
+            if io / hbm_bw > t_math:
+                c.hbm_bound_matmul_s += t
             c.flops += f
             c.matmul_flops += f
             c.flops_by_dtype[dt] = c.flops_by_dtype.get(dt, 0.0) + f
@@ -203,7 +211,8 @@ def computation_costs(
             c.times[inst.name] = t
             c.add_op((operation_of(inst.op_name), "matmul"), f, io, t)
         if not inside_fusion:
-            for kernel_bytes, kernel_elems, members in _kernels(comp, module):
+            for kernel_bytes, kernel_elems, members in _kernels(comp, module,
+                                                                final=module.is_scheduled):
                 t = kernel_bytes / hbm_bw
                 c.hbm_bytes += kernel_bytes
                 c.memory_bound_s += t
@@ -258,12 +267,14 @@ def compute_cost(
         total.hbm_bytes += n * c.hbm_bytes
         total.matmul_s += n * c.matmul_s
         total.memory_bound_s += n * c.memory_bound_s
+        total.hbm_bound_matmul_s += n * c.hbm_bound_matmul_s
         for dt, f in c.flops_by_dtype.items():
             total.flops_by_dtype[dt] = total.flops_by_dtype.get(dt, 0.0) + n * f
         for key, d in c.ops.items():
             total.add_op(key, n * d["flops"], n * d["bytes"], n * d["time_s"])
     return ComputeCost(total.flops, total.matmul_flops, total.hbm_bytes, total.matmul_s,
-                       total.memory_bound_s, total.flops_by_dtype, total.ops)
+                       total.memory_bound_s, total.flops_by_dtype, total.ops,
+                       total.hbm_bound_matmul_s)
 
 
 def _is_collective(op: str) -> bool:
@@ -276,9 +287,13 @@ _IN_PLACE = frozenset({"dynamic-update-slice", "scatter"})
 _REDUCTIONS = frozenset({"reduce", "reduce-window"})
 
 
-def _is_memory_op(inst: Instruction) -> bool:
+def _is_memory_op(inst: Instruction, comp: Computation | None = None) -> bool:
     op = inst.opcode
     if op in _FREE or op in _MATMUL or _is_collective(op) or op.endswith(("-start", "-done")):
+        return False
+    if op in ("slice", "dynamic-slice") and comp is not None and _feeds_only_matmuls(comp, inst):
+        # A layer's weights (or KV cache) sliced out of the stacked array by the loop index
+        # are read by the matmul from where they lie: the matmul's operand bytes count them.
         return False
     if FUSED_KERNEL_SCOPE in inst.attr_text and FUSED_KERNEL_SCOPE in inst.op_name:
         return False
@@ -286,12 +301,13 @@ def _is_memory_op(inst: Instruction) -> bool:
 
 
 def _kernels(
-    comp: Computation, module: HloModule | None = None
+    comp: Computation, module: HloModule | None = None, *, final: bool = True
 ) -> list[tuple[float, float, list[Instruction]]]:
     """(HBM bytes, elements written, member instructions) of each fused kernel the target
     compiler would form."""
     by_name = comp.by_name
-    members = [i for i in comp.instructions if _is_memory_op(i)]
+    members = [i for i in comp.instructions if _is_memory_op(i, comp)
+               and (final or i.opcode != "copy")]
     if not members:
         return []
     is_member = {i.name for i in members}
@@ -320,6 +336,19 @@ def _kernels(
     for inst in members:
         regions.setdefault(find(inst.name), []).append(inst)
     return [(*_kernel_traffic(comp, region, module), region) for region in regions.values()]
+
+
+def _feeds_only_matmuls(comp: Computation, inst: Instruction) -> bool:
+    users = comp.users.get(inst.name, [])
+    if not users:
+        return False
+    for u in users:
+        if u.opcode in _VIEWS:
+            if not _feeds_only_matmuls(comp, u):
+                return False
+        elif u.opcode not in _MATMUL:
+            return False
+    return True
 
 
 def _through_views(comp: Computation, name: str) -> str:

@@ -206,6 +206,12 @@ class HloModule:
     num_partitions: int
     header: str
 
+    @property
+    def is_scheduled(self) -> bool:
+        """A final, scheduled module (not the post-partitioning one, whose copies and
+        layouts later passes still rewrite)."""
+        return "is_scheduled=true" in self.header
+
     # -------------------------------------------------------------------------
     # Execution counts.
 

@@ -56,6 +56,7 @@ class Report:
     peak_flops_per_device: float
     model_flops_per_step: float | None = None
     tokens_per_step: float | None = None
+    sequences_per_step: float | None = None  # for tokens/s per user when serving
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     unknown_ops: tuple[str, ...] = ()
@@ -102,6 +103,11 @@ class Report:
     def tokens_per_s_per_device(self) -> float | None:
         t = self.tokens_per_s
         return None if t is None else t / self.num_devices
+
+    @property
+    def tokens_per_s_per_user(self) -> float | None:
+        t = self.tokens_per_s
+        return None if t is None or not self.sequences_per_step else t / self.sequences_per_step
 
     @property
     def mfu(self) -> float | None:
@@ -176,13 +182,18 @@ class Report:
         groups = self.groups()
         worst = groups[0] if groups else None
         cost = self.compute
-        compute_part = ("matmul", cost.matmul_s) if cost.matmul_s >= cost.memory_bound_s \
-            else ("memory-bound ops (HBM)", cost.memory_bound_s)
-        if worst is None or worst["time_s"] <= compute_part[1]:
-            return f"compute: {compute_part[0]} {compute_part[1] / step:.0%} of the step"
-        axes = ",".join(worst["mesh_axes"]) or "?"
-        return (f"exposed {worst['kind']} over {worst['link']} on axis {axes}: "
-                f"{worst['time_s'] / step:.0%} of the step")
+        hbm_s = cost.hbm_bound_matmul_s + cost.memory_bound_s
+        math_s = cost.matmul_s - cost.hbm_bound_matmul_s
+        if worst is not None and worst["time_s"] > max(hbm_s, math_s) and \
+                self.exposed_comm_s > 0.05 * step:
+            axes = ",".join(worst["mesh_axes"]) or "?"
+            return (f"communication: {worst['kind']} over {worst['link']} on axis {axes} "
+                    f"takes {worst['time_s'] / step:.0%} of the step; "
+                    f"{self.exposed_comm_s / step:.0%} of the step is exposed communication")
+        if hbm_s >= math_s:
+            return (f"HBM bandwidth: bandwidth-bound work (matmuls streaming their weights or "
+                    f"KV cache, and memory-bound kernels) is {hbm_s / step:.0%} of the step")
+        return f"compute: matmuls at the chip's math rate are {math_s / step:.0%} of the step"
 
     def slowest_hop(self) -> str | None:
         """The link class that moves this program's bytes slowest: the lowest achieved
@@ -214,6 +225,7 @@ class Report:
             "step_time_bounds_s": [lo, hi],
             "tokens_per_s": self.tokens_per_s,
             "tokens_per_s_per_device": self.tokens_per_s_per_device,
+            "tokens_per_s_per_user": self.tokens_per_s_per_user,
             "mfu": self.mfu,
             "compute_s": self.compute_s,
             "matmul_s": self.compute.matmul_s,
@@ -306,8 +318,10 @@ def format_report(r: Report) -> str:
     lo, hi = r.step_time_bounds_s
     lines.append(f"step time      {_fmt_s(r.step_time_s)}  (bounds {_fmt_s(lo)} .. {_fmt_s(hi)})")
     if r.tokens_per_s is not None:
+        per_user = ("" if r.tokens_per_s_per_user is None
+                    else f", {r.tokens_per_s_per_user:,.1f} per user")
         lines.append(f"throughput     {r.tokens_per_s:,.0f} tokens/s, "
-                     f"{r.tokens_per_s_per_device:,.0f} per device")
+                     f"{r.tokens_per_s_per_device:,.0f} per device{per_user}")
     if r.mfu is not None:
         what = "model FLOPs" if r.model_flops_per_step else "HLO matmul FLOPs"
         lines.append(f"MFU            {r.mfu:.1%}  ({what})")

@@ -153,3 +153,16 @@ def test_html_report_is_one_file_with_its_plots(tmp_path, capsys, cpu_devices):
     assert "Roofline" in page and "<circle" in page and "polyline" in page
     assert "<script" not in page and "http://" not in page.replace(
         'xmlns="http://www.w3.org/2000/svg"', "")
+
+
+@pytest.mark.parametrize("kind", ["prefill", "decode"])
+def test_serving_workloads_run_from_a_config(tmp_path, capsys, cpu_devices, kind):
+    text = TINY.replace("[workload]", f'[workload]\nkind = "{kind}"')
+    out = tmp_path / "r.json"
+    code, stdout, err = run_cli(["run", write(tmp_path, text), "--json", str(out)], capsys)
+    assert code == 0, err
+    d = json.loads(out.read_text())
+    assert "KV cache" in d["memory"]["components"]
+    assert d["tokens_per_s_per_user"] == pytest.approx(
+        d["tokens_per_s"] / 16)  # 16 sequences in the batch
+    assert "per user" in stdout

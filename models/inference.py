@@ -1,0 +1,113 @@
+"""Serving programs: prefill (prompts -> KV cache) and decode (one token per sequence over
+its KV cache), built abstractly and sharded like the training step.
+
+The KV cache is (layers, batch, seq, kv_heads, head_dim) for keys and for values, sharded
+over the batch's mesh axes and the kv heads' (tensor). A decode step reads every weight and
+the whole cache once and writes one new position in place (the cache is donated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from models.config import ModelConfig
+from models.train import DTYPES, TrainSettings, make_model, param_shardings, per_device_bytes
+from models.transformer import logical_axes
+from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
+
+CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServeSettings:
+    kind: str  # "prefill" | "decode"
+    seq_len: int  # prompt length (prefill) or tokens already in the cache (decode)
+    batch: int
+    param_dtype: str = "bfloat16"
+    compute_dtype: str = "bfloat16"
+    cache_dtype: str = "bfloat16"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeProgram:
+    step: object
+    args: tuple
+    param_count: int
+    model_flops_per_step: float
+    tokens_per_step: int
+    param_bytes_per_device: int
+    cache_bytes_per_device: int
+
+
+def serve_flops(cfg: ModelConfig, s: ServeSettings) -> float:
+    """Model FLOPs of one serving step: 2 x active parameters per token, plus attention
+    (scores and weighted values: 4 x heads x head_dim per attended position)."""
+    per_token = 2 * cfg.active_param_count()
+    if s.kind == "prefill":
+        attn = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * s.seq_len / 2
+        return (per_token + attn) * s.batch * s.seq_len
+    attn = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (s.seq_len + 1)
+    return (per_token + attn) * s.batch
+
+
+def build_serve_program(
+    cfg: ModelConfig, s: ServeSettings, mesh: Mesh, rules: AxisRules
+) -> ServeProgram:
+    mesh_shape = mesh_shape_of(mesh)
+    settings = TrainSettings(seq_len=s.seq_len, global_batch=s.batch, param_dtype=s.param_dtype,
+                             compute_dtype=s.compute_dtype, remat="none")
+    abstract = nnx.eval_shape(lambda: make_model(cfg, settings))
+    graphdef, state = nnx.split(abstract, nnx.Param)
+    params = nnx.to_pure_dict(state)
+    p_shard = param_shardings(logical_axes(state), params, rules, mesh)
+    params = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                          params, p_shard)
+
+    cache_shape = (cfg.n_layers, s.batch, s.seq_len, cfg.n_kv_heads, cfg.head_dim)
+    cache_spec = resolve(CACHE_AXES, cache_shape, rules.activations, mesh_shape, what="KV cache")
+    cache_sharding = NamedSharding(mesh, cache_spec)
+    cache = tuple(jax.ShapeDtypeStruct(cache_shape, DTYPES[s.cache_dtype], sharding=cache_sharding)
+                  for _ in range(2))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    tokens_len = s.seq_len if s.kind == "prefill" else 1
+    tok_spec = resolve(("batch", "seq"), (s.batch, tokens_len), rules.activations, mesh_shape,
+                       what="token batch")
+    tok_sharding = NamedSharding(mesh, tok_spec)
+    tokens = jax.ShapeDtypeStruct((s.batch, tokens_len), jnp.int32, sharding=tok_sharding)
+    out_tokens = NamedSharding(mesh, PartitionSpec(*tok_spec[:1]))
+
+    if s.kind == "prefill":
+        def prefill(p, t):
+            with use_rules(rules, mesh):
+                logits_BV, kv = nnx.merge(graphdef, p).prefill(t)
+                return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), kv
+
+        step = jax.jit(prefill, in_shardings=(p_shard, tok_sharding),
+                       out_shardings=(out_tokens, (cache_sharding, cache_sharding)))
+        args = (params, tokens)
+    elif s.kind == "decode":
+        def decode(p, kv, t, index):
+            with use_rules(rules, mesh):
+                logits_BV, kv = nnx.merge(graphdef, p).decode(t, kv, index)
+                return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), kv
+
+        step = jax.jit(decode, in_shardings=(p_shard, (cache_sharding, cache_sharding),
+                                             tok_sharding, replicated),
+                       out_shardings=(out_tokens, (cache_sharding, cache_sharding)),
+                       donate_argnums=(1,))
+        index = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+        args = (params, cache, tokens, index)
+    else:
+        raise ValueError(f"workload.kind={s.kind!r} is not a serving workload")
+    return ServeProgram(
+        step=step, args=args, param_count=cfg.param_count(),
+        model_flops_per_step=serve_flops(cfg, s),
+        tokens_per_step=s.batch * tokens_len,
+        param_bytes_per_device=per_device_bytes(params),
+        cache_bytes_per_device=per_device_bytes(cache),
+    )
