@@ -52,7 +52,8 @@ def cmd_run(args) -> int:
 
         chip = get_system(exp.system).chip
         write_html(report, args.html,
-                   peak_flops=chip.peak_for(exp.precision.compute) * chip.matmul_efficiency,
+                   peak_flops=chip.peak_for(exp.precision.compute)
+                   * chip.efficiency_for(exp.precision.compute),
                    hbm_bw=chip.hbm_bytes_per_s * chip.hbm_efficiency)
         print(f"wrote {args.html}")
     return 0

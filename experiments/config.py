@@ -235,9 +235,9 @@ def validate(exp: Experiment, num_devices: int) -> None:
     if w.kind != "train" and w.microbatches != 1:
         raise ConfigError(f"workload.microbatches={w.microbatches} applies to training only; "
                           f"remove it for workload.kind={w.kind!r}")
-    if p.compute in ("float8", "float4"):
-        raise ConfigError(f"precision.compute={p.compute!r} is not supported yet (low-precision "
-                          f"matmuls come with the precision issue); use 'bfloat16'")
+    if p.compute == "float4":
+        raise ConfigError("precision.compute='float4' is not supported yet (block-scaled FP4 "
+                          "matmuls); use 'float8' or 'bfloat16'")
     if m.n_experts > 1:
         raise ConfigError(f"model.n_experts={m.n_experts}: mixture of experts is not supported "
                           f"yet; use a dense model (n_experts = 1)")

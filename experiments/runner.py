@@ -96,7 +96,8 @@ def _serve_program(exp, mesh, rules):
     settings = ServeSettings(kind=exp.workload.kind, seq_len=exp.workload.seq_len,
                              batch=exp.workload.global_batch, param_dtype=exp.precision.params,
                              compute_dtype=exp.precision.compute,
-                             cache_dtype=exp.precision.compute)
+                             cache_dtype="bfloat16" if exp.precision.compute == "float8"
+                             else exp.precision.compute)
     return build_serve_program(exp.model, settings, mesh, rules)
 
 

@@ -41,9 +41,15 @@ class Chip:
     tdp_w: float | None
     devices_per_chip: int = 1
     source: str
+    # Measured matmul efficiency for other dtypes (FP8, FP4), where a benchmark exists.
+    low_precision_efficiency: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def efficiency_for(self, dtype: str) -> float:
+        return self.low_precision_efficiency.get(_dtype_class(dtype), self.matmul_efficiency)
 
     def peak_for(self, dtype: str) -> float:
         """Peak FLOP/s for a matmul dtype; float32 runs at the bf16 rate / 2 when absent."""
+        dtype = _dtype_class(dtype)
         if dtype in self.peak_flops_per_s:
             return self.peak_flops_per_s[dtype]
         if dtype == "float32":
@@ -55,6 +61,20 @@ class Chip:
             return self.peak_flops_per_s["float8"]
         return self.peak_flops_per_s["bfloat16"]
 
+
+def _dtype_class(dtype: str) -> str:
+    """"float8_e4m3fn" -> "float8", "float4_e2m1fn" -> "float4", "uint8" -> "int8"."""
+    for prefix in ("float8", "float4"):
+        if dtype.startswith(prefix):
+            return prefix
+    return "int8" if dtype in ("int8", "uint8") else dtype
+
+
+# Measured low-precision GEMMs (shared/reference/collectives.md): H100 FP8 cuBLASLt 1290
+# TFLOP/s at 8192^3 (Azure ND H100 v5); GB200 FP8 2877 and FP4 7536 TFLOP/s at 8192^3
+# (Azure ND GB200 v6). B200 and GB300 share GB200's Blackwell tensor cores: same ratios.
+_H100_LOW = {"float8": 1290 / 1979}
+_BLACKWELL_LOW = {"float8": 2877 / 5000, "float4": 7536 / 10000}
 
 # GPU large-matmul efficiency: the scaling book (roofline.md) says GPUs reach 80-85% of
 # peak on large matmuls; H100 FP8 cuBLASLt measures 1290/1979 = 0.65 at 8192^3 (Azure ND
@@ -76,6 +96,7 @@ CHIPS: dict[str, Chip] = {
     ),
     "h100": Chip(
         name="h100",
+        low_precision_efficiency=_H100_LOW,
         peak_flops_per_s={"bfloat16": 989 * TERA, "float8": 1979 * TERA, "int8": 1979 * TERA},
         hbm_bytes=80 * GB,
         hbm_bytes_per_s=3.35e12,
@@ -86,6 +107,7 @@ CHIPS: dict[str, Chip] = {
     ),
     "h200": Chip(
         name="h200",
+        low_precision_efficiency=_H100_LOW,
         peak_flops_per_s={"bfloat16": 989 * TERA, "float8": 1979 * TERA, "int8": 1979 * TERA},
         hbm_bytes=141 * GB,
         hbm_bytes_per_s=4.8e12,
@@ -96,6 +118,7 @@ CHIPS: dict[str, Chip] = {
     ),
     "b200": Chip(
         name="b200",
+        low_precision_efficiency=_BLACKWELL_LOW,
         # Scaling book gpus.md gives 2.3e15 bf16; NVIDIA HGX B200 (1000 W) 2.25e15: we use
         # the datasheet figure.
         peak_flops_per_s={"bfloat16": 2.25 * PETA, "float8": 4.5 * PETA, "float4": 9 * PETA},
@@ -108,6 +131,7 @@ CHIPS: dict[str, Chip] = {
     ),
     "gb200": Chip(
         name="gb200",
+        low_precision_efficiency=_BLACKWELL_LOW,
         peak_flops_per_s={"bfloat16": 2.5 * PETA, "float8": 5 * PETA, "float4": 10 * PETA},
         hbm_bytes=186 * GB,
         hbm_bytes_per_s=8e12,
@@ -120,6 +144,7 @@ CHIPS: dict[str, Chip] = {
     ),
     "gb300": Chip(
         name="gb300",
+        low_precision_efficiency=_BLACKWELL_LOW,
         peak_flops_per_s={"bfloat16": 2.5 * PETA, "float8": 5 * PETA, "float4": 15 * PETA},
         hbm_bytes=279 * GB,  # 279-288 GB by source.
         hbm_bytes_per_s=8e12,

@@ -33,6 +33,11 @@ from models.config import ModelConfig
 _F32 = 4
 
 
+def _activation_bytes(compute_dtype: str) -> int:
+    # FP8 recipes keep activations in bf16 between matmuls.
+    return 2 if compute_dtype.startswith(("float8", "float4")) else jnp.dtype(compute_dtype).itemsize
+
+
 def activation_components(
     cfg: ModelConfig,
     *,
@@ -45,7 +50,7 @@ def activation_components(
     """(name, bytes per device) of the activation memory of one micro-batch."""
     dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
     tp = mesh_shape.get("tensor", 1)
-    c = jnp.dtype(compute_dtype).itemsize
+    c = _activation_bytes(compute_dtype)
     tokens = micro_batch // dp * seq_len  # per device
     d, f, e = cfg.d_model, cfg.d_ff / tp, cfg.head_dim
     h, k = cfg.n_heads / tp, cfg.n_kv_heads / tp
@@ -72,7 +77,7 @@ def serving_activation_bytes(
     layer's intermediates, and the f32 logits of the last position of each sequence."""
     dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
     tp = mesh_shape.get("tensor", 1)
-    c = jnp.dtype(compute_dtype).itemsize
+    c = _activation_bytes(compute_dtype)
     per_device_tokens = batch // dp * tokens
     d, f, e = cfg.d_model, cfg.d_ff / tp, cfg.head_dim
     h, k = cfg.n_heads / tp, cfg.n_kv_heads / tp

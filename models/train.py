@@ -60,8 +60,11 @@ class TrainProgram:
 
 
 def make_model(cfg: ModelConfig, settings: TrainSettings, *, seed: int = 0) -> Transformer:
+    """compute_dtype "float8": FP8 weight matmuls with bf16 activations."""
+    fp8 = settings.compute_dtype == "float8"
+    compute = jnp.bfloat16 if fp8 else DTYPES[settings.compute_dtype]
     return Transformer(cfg, rngs=nnx.Rngs(seed), param_dtype=DTYPES[settings.param_dtype],
-                       compute_dtype=DTYPES[settings.compute_dtype], remat=settings.remat)
+                       compute_dtype=compute, remat=settings.remat, fp8=fp8)
 
 
 def loss_fn(model: Transformer, inputs_BL, targets_BL):

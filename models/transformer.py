@@ -17,6 +17,7 @@ from flax import nnx
 
 from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
+from models.fp8 import fp8_einsum
 from sharding.rules import constrain
 
 REMAT_POLICIES = ("none", "minimal", "full")
@@ -35,6 +36,12 @@ def _ones(shape, axes, dtype) -> nnx.Param:
 
 def _zeros(shape, axes, dtype) -> nnx.Param:
     return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
+
+
+def project(spec: str, x, w, *, fp8: bool):
+    """A weight matmul: in the activations' dtype, or in FP8 (models/fp8.py)."""
+    w = w.astype(x.dtype)
+    return fp8_einsum(spec, x, w) if fp8 else jnp.einsum(spec, x, w)
 
 
 class Norm(nnx.Module):
@@ -66,9 +73,10 @@ def rope(x_BLHE, positions_BL, theta: float):
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False):
         d, h, k, e = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.cfg = cfg
+        self.fp8 = fp8
         self.wq = _param(rngs, (d, h, e), ("embed", "heads", "head_dim"), param_dtype)
         self.wk = _param(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype)
         self.wv = _param(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype)
@@ -82,11 +90,11 @@ class Attention(nnx.Module):
         Returns (output, (k, v)): the keys and values computed here (the whole sequence's
         for prefill, the new position's for decode), in the cache's layout.
         """
-        cfg, dt = self.cfg, x_BLD.dtype
+        cfg = self.cfg
         with jax.named_scope("qkv_proj"):
-            q_BLHE = jnp.einsum("bld,dhe->blhe", x_BLD, self.wq[...].astype(dt))
-            k_BLKE = jnp.einsum("bld,dke->blke", x_BLD, self.wk[...].astype(dt))
-            v_BLKE = jnp.einsum("bld,dke->blke", x_BLD, self.wv[...].astype(dt))
+            q_BLHE = project("bld,dhe->blhe", x_BLD, self.wq[...], fp8=self.fp8)
+            k_BLKE = project("bld,dke->blke", x_BLD, self.wk[...], fp8=self.fp8)
+            v_BLKE = project("bld,dke->blke", x_BLD, self.wv[...], fp8=self.fp8)
             q_BLHE = constrain(q_BLHE, ("batch", "seq", "heads", "head_dim"))
             k_BLKE = constrain(k_BLKE, ("batch", "seq", "kv_heads", "head_dim"))
             v_BLKE = constrain(v_BLKE, ("batch", "seq", "kv_heads", "head_dim"))
@@ -103,7 +111,7 @@ class Attention(nnx.Module):
             out_BLKGE = decode_attention(q_BLKGE, k_BLKE, v_BLKE, *cache)
         out_BLHE = constrain(out_BLKGE.reshape(b, seq, h, e), ("batch", "seq", "heads", "head_dim"))
         with jax.named_scope("out_proj"):
-            out_BLD = jnp.einsum("blhe,hed->bld", out_BLHE, self.wo[...].astype(dt))
+            out_BLD = project("blhe,hed->bld", out_BLHE, self.wo[...], fp8=self.fp8)
             return constrain(out_BLD, ("batch", "seq", "embed")), (k_BLKE, v_BLKE)
 
 
@@ -132,20 +140,20 @@ def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BSKE, v_BSKE, index):
 
 
 class Mlp(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False):
         d, f = cfg.d_model, cfg.d_ff
         self.kind = cfg.mlp
+        self.fp8 = fp8
         if cfg.mlp == "swiglu":
             self.w_gate = _param(rngs, (d, f), ("embed", "mlp"), param_dtype)
         self.w_up = _param(rngs, (d, f), ("embed", "mlp"), param_dtype)
         self.w_down = _param(rngs, (f, d), ("mlp", "embed"), param_dtype)
 
     def __call__(self, x_BLD):
-        dt = x_BLD.dtype
         with jax.named_scope("up_proj"):
-            up_BLF = jnp.einsum("bld,df->blf", x_BLD, self.w_up[...].astype(dt))
+            up_BLF = project("bld,df->blf", x_BLD, self.w_up[...], fp8=self.fp8)
             if self.kind == "swiglu":
-                gate_BLF = jnp.einsum("bld,df->blf", x_BLD, self.w_gate[...].astype(dt))
+                gate_BLF = project("bld,df->blf", x_BLD, self.w_gate[...], fp8=self.fp8)
                 h_BLF = jax.nn.silu(gate_BLF) * up_BLF
             elif self.kind == "gelu":
                 h_BLF = jax.nn.gelu(up_BLF)
@@ -153,16 +161,16 @@ class Mlp(nnx.Module):
                 h_BLF = jax.nn.relu(up_BLF)
             h_BLF = constrain(h_BLF, ("batch", "seq", "mlp"))
         with jax.named_scope("down_proj"):
-            out_BLD = jnp.einsum("blf,fd->bld", h_BLF, self.w_down[...].astype(dt))
+            out_BLD = project("blf,fd->bld", h_BLF, self.w_down[...], fp8=self.fp8)
             return constrain(out_BLD, ("batch", "seq", "embed"))
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False):
         self.attn_norm = Norm(cfg, param_dtype=param_dtype)
-        self.attn = Attention(cfg, rngs=rngs, param_dtype=param_dtype)
+        self.attn = Attention(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8)
         self.mlp_norm = Norm(cfg, param_dtype=param_dtype)
-        self.mlp = Mlp(cfg, rngs=rngs, param_dtype=param_dtype)
+        self.mlp = Mlp(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8)
 
     def __call__(self, x_BLD, positions_BL, cache=None):
         with jax.named_scope("attention"):
@@ -176,12 +184,14 @@ class Transformer(nnx.Module):
     """Token ids (B, L) -> logits (B, L, V) in float32."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32,
-                 compute_dtype=jnp.bfloat16, remat: str = "full"):
+                 compute_dtype=jnp.bfloat16, remat: str = "full", fp8: bool = False):
+        """`fp8`: weight matmuls in FP8 (models/fp8.py); activations stay in compute_dtype."""
         if remat not in REMAT_POLICIES:
             raise ValueError(f"train.remat={remat!r} is not one of {REMAT_POLICIES}")
         self.cfg = cfg
         self.compute_dtype = compute_dtype
         self.remat = remat
+        self.fp8 = fp8
         v, d = cfg.padded_vocab, cfg.d_model
         self.embed = _param(rngs, (v, d), ("vocab", "embed"), param_dtype, scale=1.0)
         if cfg.positions == "learned":
@@ -191,7 +201,7 @@ class Transformer(nnx.Module):
         @nnx.split_rngs(splits=cfg.n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_blocks(rngs):
-            return Block(cfg, rngs=rngs, param_dtype=param_dtype)
+            return Block(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8)
 
         self.blocks = make_blocks(rngs)  # every parameter gains a leading `layers` dim
         self.final_norm = Norm(cfg, param_dtype=param_dtype)
@@ -256,11 +266,11 @@ class Transformer(nnx.Module):
         return jax.lax.scan(layer, x_BLD, (layers, per_layer_cache))
 
     def _head(self, x_BLD):
-        cfg, dt = self.cfg, self.compute_dtype
+        cfg = self.cfg
         with jax.named_scope("lm_head"):
             x_BLD = self.final_norm(x_BLD)
             head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-            logits_BLV = jnp.einsum("bld,dv->blv", x_BLD, head_DV.astype(dt))
+            logits_BLV = project("bld,dv->blv", x_BLD, head_DV, fp8=self.fp8)
             return constrain(logits_BLV, ("batch", "seq", "vocab")).astype(jnp.float32)
 
 

@@ -199,7 +199,7 @@ def computation_costs(
             if inside_fusion or FUSED_KERNEL_SCOPE in inst.op_name:
                 io = 0  # operands stream through on-chip memory inside the kernel
             dt = compute_dtype or dt
-            t_math = f / (chip.peak_for(dt) * chip.matmul_efficiency)
+            t_math = f / (chip.peak_for(dt) * chip.efficiency_for(dt))
             t = max(t_math, io / hbm_bw)
             if io / hbm_bw > t_math:
                 c.hbm_bound_matmul_s += t
@@ -450,7 +450,7 @@ def _shapes_of(comp: Computation, name: str) -> list[ArrayShape]:
 
 def matmul_time_s(flops: float, dtype: str, chip: Chip) -> float:
     """Seconds for `flops` of large matmuls in `dtype` on `chip`."""
-    return flops / (chip.peak_for(dtype) * chip.matmul_efficiency)
+    return flops / (chip.peak_for(dtype) * chip.efficiency_for(dtype))
 
 
 def hbm_time_s(nbytes: float, chip: Chip) -> float:

@@ -137,3 +137,31 @@ def test_tensor_parallelism_shards_head_and_mlp_activations_only():
     assert one[key] == eight[key]  # the residual stream is not sharded over tensor
     logits = "logits and their gradient (f32)"
     assert eight[logits] == one[logits] / 8
+
+
+def test_fp8_matmuls_follow_the_recipe_and_the_chip_rate(cpu_devices):
+    from sharding.compute import compute_cost
+    from sharding.hlo import parse_hlo
+
+    cfg = models.preset("tiny")
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"data": 8})
+    costs = {}
+    for compute in ("bfloat16", "float8"):
+        settings = models.TrainSettings(seq_len=32, global_batch=16, compute_dtype=compute,
+                                        remat="none")  # no recomputed forward matmuls
+        prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+        with jax.set_mesh(mesh):
+            text = sharding.compile_to_hlo(prog.step, *prog.args).hlo_text
+        costs[compute] = compute_cost(parse_hlo(text), meshes.get_system("h100:8").chip)
+    fp8 = costs["float8"].flops_by_dtype.get("float8_e4m3fn", 0)
+    # Every projection's forward, input-gradient and weight-gradient matmul runs in FP8:
+    # 3 matmuls x 2 x tokens x parameters of the projections (not the attention itself).
+    tokens = 16 * 32 // 8
+    proj_params = cfg.param_count(include_embedding=False) - cfg.n_layers * 2 * cfg.d_model \
+        - cfg.d_model
+    assert fp8 == pytest.approx(3 * 2 * tokens * proj_params, rel=0.01)
+    assert costs["float8"].matmul_flops == pytest.approx(costs["bfloat16"].matmul_flops,
+                                                         rel=0.01)
+    chip = meshes.get_system("h100:8").chip
+    assert chip.peak_for("float8_e4m3fn") == 1979e12
+    assert chip.efficiency_for("float8_e4m3fn") == pytest.approx(1290 / 1979)
