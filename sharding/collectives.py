@@ -167,6 +167,15 @@ def _only_sliced(comp, inst: Instruction, n: int) -> bool:
     return True
 
 
+def _caller_op_name(module: HloModule, comp_name: str) -> str:
+    """A collective the compiler moved into a fusion often loses its metadata; the fusion
+    that calls it keeps the model operation."""
+    for _, inst, _ in module.call_sites.get(comp_name, []):
+        if inst.op_name:
+            return inst.op_name
+    return ""
+
+
 def extract_collectives(
     module: HloModule,
     *,
@@ -213,7 +222,7 @@ def extract_collectives(
                     group_size=n,
                     groups=tuple(tuple(g) for g in groups),
                     mesh_axes=mesh_axes_of(groups, mesh_shape, axis_names),
-                    op_name=inst.op_name,
+                    op_name=inst.op_name or _caller_op_name(module, comp.name),
                     computation=comp.name,
                 )
             )
