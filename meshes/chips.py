@@ -10,6 +10,7 @@ is per TensorCore.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 TERA = 1e12
 PETA = 1e15
@@ -43,9 +44,17 @@ class Chip:
     source: str
     # Measured matmul efficiency for other dtypes (FP8, FP4), where a benchmark exists.
     low_precision_efficiency: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Which measured size curve scales the efficiency with matmul size ("gpu" or "tpu").
+    size_curve: str = "gpu"
 
-    def efficiency_for(self, dtype: str) -> float:
-        return self.low_precision_efficiency.get(_dtype_class(dtype), self.matmul_efficiency)
+    def efficiency_for(self, dtype: str, size: float | None = None) -> float:
+        """Achieved / peak for a matmul in `dtype`; `size` is its cube-equivalent
+        dimension (M*N*K)^(1/3). The chip's figures are for large (~8192^3) matmuls; the
+        measured curve of its family scales them (small matmuls are slower)."""
+        base = self.low_precision_efficiency.get(_dtype_class(dtype), self.matmul_efficiency)
+        if size is None:
+            return base
+        return base * size_factor(self.size_curve, size)
 
     def peak_for(self, dtype: str) -> float:
         """Peak FLOP/s for a matmul dtype; float32 runs at the bf16 rate / 2 when absent."""
@@ -60,6 +69,35 @@ class Chip:
         if dtype in ("int8", "float8") and "float8" in self.peak_flops_per_s:
             return self.peak_flops_per_s["float8"]
         return self.peak_flops_per_s["bfloat16"]
+
+
+# Measured GEMM efficiency against size (cube-equivalent dimension), from
+# shared/reference/collectives.md: H100 FP8 cuBLASLt (Azure ND H100 v5) for GPUs; TPU7x bf16
+# per TensorCore (tpu-recipes ironwood) for TPUs. Only the curve's shape is used: relative
+# to its value at 8192, where each chip's own efficiency was measured.
+MATMUL_SIZE_CURVES = {
+    "gpu": ((1024, 274 / 1979), (4096, 1217 / 1979), (8192, 1290 / 1979), (16384, 1377 / 1979)),
+    "tpu": ((4096, 893 / 1150), (16384, 950 / 1150)),
+}
+_REFERENCE_SIZE = 8192
+
+
+def _interp_log(points, x: float) -> float:
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + t * (y1 - y0)
+    return points[-1][1]
+
+
+def size_factor(curve: str, size: float) -> float:
+    """Efficiency at `size` relative to the efficiency at 8192^3 on the measured curve."""
+    points = MATMUL_SIZE_CURVES[curve]
+    return _interp_log(points, size) / _interp_log(points, _REFERENCE_SIZE)
 
 
 def _dtype_class(dtype: str) -> str:
@@ -156,6 +194,7 @@ CHIPS: dict[str, Chip] = {
     # TPUs: scaling book tpus.md table. TPU power is not public: None.
     "tpu-v4": Chip(
         name="tpu-v4",
+        size_curve="tpu",
         peak_flops_per_s={"bfloat16": 2.75e14, "int8": 2.75e14},
         hbm_bytes=32 * GB,
         hbm_bytes_per_s=1.2e12,
@@ -166,6 +205,7 @@ CHIPS: dict[str, Chip] = {
     ),
     "tpu-v5e": Chip(
         name="tpu-v5e",
+        size_curve="tpu",
         peak_flops_per_s={"bfloat16": 1.97e14, "int8": 3.94e14, "float8": 3.94e14},
         hbm_bytes=16 * GB,
         hbm_bytes_per_s=8.2e11,
@@ -176,6 +216,7 @@ CHIPS: dict[str, Chip] = {
     ),
     "tpu-v5p": Chip(
         name="tpu-v5p",
+        size_curve="tpu",
         peak_flops_per_s={"bfloat16": 4.59e14, "int8": 9.18e14, "float8": 9.18e14},
         hbm_bytes=96 * GB,
         hbm_bytes_per_s=2.8e12,
@@ -186,6 +227,7 @@ CHIPS: dict[str, Chip] = {
     ),
     "tpu-v6e": Chip(
         name="tpu-v6e",
+        size_curve="tpu",
         peak_flops_per_s={"bfloat16": 9.20e14, "int8": 1.84e15, "float8": 1.84e15},
         hbm_bytes=32 * GB,
         hbm_bytes_per_s=1.6e12,
@@ -196,6 +238,7 @@ CHIPS: dict[str, Chip] = {
     ),
     "tpu7x": Chip(
         name="tpu7x",
+        size_curve="tpu",
         # Per TensorCore (one JAX device): the chip's 2.30e15 bf16 / 4.61e15 fp8, 192 GB and
         # 7.4e12 B/s are split over its two TensorCores.
         peak_flops_per_s={"bfloat16": 2.30e15 / 2, "float8": 4.61e15 / 2, "int8": 4.61e15 / 2},

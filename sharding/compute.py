@@ -1,8 +1,9 @@
 """Compute cost of an HLO module: FLOPs of matmuls and HBM bytes, per device, per step.
 
 - A dot or convolution does 2 x (output elements) x (contracted elements) FLOPs at the
-  chip's peak for its operand dtype times the chip's measured matmul efficiency, and moves
-  its operands and output through HBM; its time is the larger of the two.
+  chip's peak for its operand dtype times the chip's measured matmul efficiency, scaled by
+  the measured efficiency-against-size curve (small matmuls are slower), and moves its
+  operands and output through HBM; its time is the larger of the two.
 - Everything else is memory-bound, and what reaches HBM depends on fusion. The HLO read on
   the CPU path is the module right after SPMD partitioning, before any fusion, and XLA:CPU's
   own fusion decisions are not the TPU's or GPU's; so the model fuses as those compilers
@@ -199,7 +200,8 @@ def computation_costs(
             if inside_fusion or FUSED_KERNEL_SCOPE in inst.op_name:
                 io = 0  # operands stream through on-chip memory inside the kernel
             dt = compute_dtype or dt
-            t_math = f / (chip.peak_for(dt) * chip.efficiency_for(dt))
+            size = (f / 2) ** (1 / 3) if f > 0 else None  # cube-equivalent M = N = K
+            t_math = f / (chip.peak_for(dt) * chip.efficiency_for(dt, size)) if f > 0 else 0.0
             t = max(t_math, io / hbm_bw)
             if io / hbm_bw > t_math:
                 c.hbm_bound_matmul_s += t
