@@ -29,7 +29,6 @@ OPTIMIZERS = ("adamw",)
 # Not yet wired end to end; each raises a clear error until its issue lands.
 _LATER = {
     "parallelism.pipeline": "pipeline parallelism",
-    "parallelism.sequence": "sequence (context) parallelism",
     "parallelism.expert": "expert parallelism",
 }
 
@@ -269,6 +268,12 @@ def validate(exp: Experiment, num_devices: int) -> None:
             f"workload.microbatches={w.microbatches}) is not divisible by parallelism.data x "
             f"parallelism.fsdp = {dp}; make global_batch a multiple of {dp * w.microbatches}"
         )
+    if par.sequence > 1 and w.kind == "decode":
+        raise ConfigError(f"parallelism.sequence={par.sequence}: context parallelism applies to "
+                          f"train and prefill; decode one token at a time with sequence = 1")
+    if w.seq_len % par.sequence:
+        raise ConfigError(f"parallelism.sequence={par.sequence} does not divide "
+                          f"workload.seq_len={w.seq_len}; choose one of {_divisors(w.seq_len)}")
     if m.positions == "learned" and w.seq_len > m.max_seq_len:
         raise ConfigError(f"workload.seq_len={w.seq_len} exceeds model.max_seq_len="
                           f"{m.max_seq_len} of the learned position table")

@@ -17,8 +17,9 @@ f32 and schedules for a CPU. So the estimate counts what a TPU/GPU step holds at
   its gradient (the "none" set, twice);
 - the logits and their gradient, f32 (B x L x V), sharded over the vocab's mesh axes.
 
-Batch dimensions are sharded over data x fsdp, heads and the MLP hidden over tensor; the
-residual stream is not sharded over tensor (no sequence parallelism yet). Flash attention
+Batch dimensions are sharded over data x fsdp, the sequence over `sequence` (context
+parallelism), heads and the MLP hidden over tensor; the residual stream is not sharded over
+tensor (no Megatron sequence parallelism). Flash attention
 keeps no S x S scores; its log-sum-exp (f32, B x H x L) is saved with the output.
 """
 
@@ -50,8 +51,9 @@ def activation_components(
     """(name, bytes per device) of the activation memory of one micro-batch."""
     dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
     tp = mesh_shape.get("tensor", 1)
+    sp = mesh_shape.get("sequence", 1)
     c = _activation_bytes(compute_dtype)
-    tokens = micro_batch // dp * seq_len  # per device
+    tokens = micro_batch // dp * seq_len // sp  # per device
     d, f, e = cfg.d_model, cfg.d_ff / tp, cfg.head_dim
     h, k = cfg.n_heads / tp, cfg.n_kv_heads / tp
     mlp_in = (2 if cfg.mlp == "swiglu" else 1) * f
@@ -78,7 +80,7 @@ def serving_activation_bytes(
     dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
     tp = mesh_shape.get("tensor", 1)
     c = _activation_bytes(compute_dtype)
-    per_device_tokens = batch // dp * tokens
+    per_device_tokens = batch // dp * tokens // mesh_shape.get("sequence", 1)
     d, f, e = cfg.d_model, cfg.d_ff / tp, cfg.head_dim
     h, k = cfg.n_heads / tp, cfg.n_kv_heads / tp
     layer = (4 * d + (2 * h + 2 * k) * e + 3 * f) * c

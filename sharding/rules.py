@@ -55,7 +55,9 @@ class AxisRules:
 
 def default_rules() -> AxisRules:
     """FSDP shards the `embed` dimension of weights; tensor parallelism (Megatron) shards
-    heads and the MLP hidden dimension; data and FSDP both shard the batch."""
+    heads and the MLP hidden dimension; data and FSDP both shard the batch; context
+    parallelism shards the sequence of every activation (attention then gathers keys and
+    values over `sequence`, as Megatron's all-gather context parallelism does)."""
     return AxisRules(
         params={
             "embed": ("fsdp",),
@@ -69,7 +71,7 @@ def default_rules() -> AxisRules:
         },
         activations={
             "batch": ("data", "fsdp"),
-            "seq": (),
+            "seq": ("sequence",),
             "embed": (),
             "heads": ("tensor",),
             "kv_heads": ("tensor",),

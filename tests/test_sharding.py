@@ -233,3 +233,21 @@ print(sorted({(c.link, bool(c.algorithm)) for c in rep.collectives}))
     hop, links = p.stdout.strip().splitlines()
     assert hop.startswith("infiniband at")
     assert links == "[('infiniband', True)]"
+
+
+def test_context_parallelism_gathers_keys_and_values(cpu_devices):
+    cfg = tiny()
+    rep, _ = train_report(cfg, {"data": 2, "sequence": 4}, batch=4, seq=256)
+    seq_ag = [c for c in rep.collectives if c.kind == "all-gather" and
+              c.mesh_axes == ("sequence",) and "flash_attention" in c.op_name]
+    # Each layer gathers K and V over the sequence: per device batch 4/2 x the whole
+    # sequence 256 x kv heads 2 x head_dim 16, f32; once forward, once in the recomputed
+    # forward of full remat.
+    full_kv = 2 * 256 * cfg.n_kv_heads * cfg.head_dim * F32
+    assert {c.bytes for c in seq_ag} == {full_kv}
+    assert sum(c.count for c in seq_ag) == 2 * 2 * cfg.n_layers
+    # and reduce-scatters their gradients back to the sequence shards
+    seq_rs = [c for c in rep.collectives if c.kind == "reduce-scatter" and
+              c.mesh_axes == ("sequence",) and "flash_attention" in c.op_name]
+    assert {c.bytes for c in seq_rs} == {full_kv}
+    assert sum(c.count for c in seq_rs) == 2 * cfg.n_layers
