@@ -28,7 +28,6 @@ COMPUTE_DTYPES = ("bfloat16", "float32", "float8", "float4")
 OPTIMIZERS = ("adamw",)
 # Not yet wired end to end; each raises a clear error until its issue lands.
 _LATER = {
-    "parallelism.pipeline": "pipeline parallelism",
     "parallelism.expert": "expert parallelism",
 }
 
@@ -268,6 +267,11 @@ def validate(exp: Experiment, num_devices: int) -> None:
             f"workload.microbatches={w.microbatches}) is not divisible by parallelism.data x "
             f"parallelism.fsdp = {dp}; make global_batch a multiple of {dp * w.microbatches}"
         )
+    if par.pipeline > 1:
+        if w.kind != "train":
+            raise ConfigError(f"parallelism.pipeline={par.pipeline} applies to training; "
+                              f"serve with pipeline = 1")
+        _divides("parallelism.pipeline", par.pipeline, "model.n_layers", m.n_layers)
     if par.sequence > 1 and w.kind == "decode":
         raise ConfigError(f"parallelism.sequence={par.sequence}: context parallelism applies to "
                           f"train and prefill; decode one token at a time with sequence = 1")

@@ -48,6 +48,14 @@ def _run(exp: Experiment, *, backend: str) -> Report:
     except ValueError as e:
         if backend == "cpu":
             raise ConfigError(f"system.name={exp.system!r}: {e}") from None
+    if backend == "cpu" and exp.parallelism.pipeline > 1 and exp.precision.compute != "float32":
+        # XLA:CPU aborts the whole process (a CHECK failure, "Invalid binary instruction
+        # opcode copy") on bf16 collectives inside the pipeline's partially manual shard_map.
+        raise ConfigError(
+            f"parallelism.pipeline={exp.parallelism.pipeline} with precision.compute="
+            f"{exp.precision.compute!r} does not compile on XLA:CPU (it aborts on bf16 "
+            f"collectives inside the pipeline); use --backend tpu on a TPU system, or "
+            f"precision.compute = 'float32' (collectives then count f32 bytes)")
     if backend == "tpu":
         devices = backends.tpu_devices(system)
         compiler = f"the TPU compiler (libtpu, deviceless {backends.topology_name(system)})"
@@ -128,14 +136,18 @@ def _training_memory(exp: Experiment, program, compiled: Memory, mesh) -> Memory
     from sharding.rules import mesh_shape_of
 
     w = exp.workload
+    stages = exp.parallelism.pipeline
     components = [
         ("parameters", float(program.param_bytes_per_device)),
         ("optimizer state", float(program.optimizer_bytes_per_device)),
         ("gradients", float(program.param_bytes_per_device)),
         ("batch", float(program.batch_bytes_per_device)),
-        *activation_components(exp.model, micro_batch=w.global_batch // w.microbatches,
+        # A GPipe stage holds every microbatch's activations for its own layers.
+        *activation_components(exp.model, micro_batch=w.global_batch // w.microbatches
+                               if stages == 1 else w.global_batch,
                                seq_len=w.seq_len, compute_dtype=exp.precision.compute,
-                               remat=exp.train.remat, mesh_shape=mesh_shape_of(mesh)),
+                               remat=exp.train.remat, mesh_shape=mesh_shape_of(mesh),
+                               layers=exp.model.n_layers // stages),
     ]
     return Memory(components=tuple(components),
                   source="state exact from shardings; activations analytic "

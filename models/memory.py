@@ -47,8 +47,10 @@ def activation_components(
     compute_dtype: str,
     remat: str,
     mesh_shape: Mapping[str, int],
+    layers: int | None = None,
 ) -> list[tuple[str, float]]:
-    """(name, bytes per device) of the activation memory of one micro-batch."""
+    """(name, bytes per device) of the activation memory of one micro-batch over `layers`
+    layers (all of them by default; a pipeline stage's share with pipeline parallelism)."""
     dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
     tp = mesh_shape.get("tensor", 1)
     sp = mesh_shape.get("sequence", 1)
@@ -63,9 +65,10 @@ def activation_components(
     everything = minimal + 2 * d * c + h * e * c + h * _F32 + f * c + 2 * d * c
     per_layer = {"full": x, "minimal": minimal, "none": everything}[remat]
     vocab = cfg.padded_vocab / tp
+    layers = cfg.n_layers if layers is None else layers
     return [
-        (f"saved activations ({remat} remat, {cfg.n_layers} layers)",
-         cfg.n_layers * tokens * per_layer),
+        (f"saved activations ({remat} remat, {layers} layers)",
+         layers * tokens * per_layer),
         ("one layer's backward working set", 2 * tokens * everything),
         ("logits and their gradient (f32)", 2 * tokens * vocab * _F32),
     ]

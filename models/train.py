@@ -59,12 +59,15 @@ class TrainProgram:
                 + self.batch_bytes_per_device)
 
 
-def make_model(cfg: ModelConfig, settings: TrainSettings, *, seed: int = 0) -> Transformer:
-    """compute_dtype "float8": FP8 weight matmuls with bf16 activations."""
+def make_model(cfg: ModelConfig, settings: TrainSettings, *, seed: int = 0,
+               pipeline_stages: int = 1) -> Transformer:
+    """compute_dtype "float8": FP8 weight matmuls with bf16 activations. With pipeline
+    stages, `settings.microbatches` are the pipeline's microbatches."""
     fp8 = settings.compute_dtype == "float8"
     compute = jnp.bfloat16 if fp8 else DTYPES[settings.compute_dtype]
     return Transformer(cfg, rngs=nnx.Rngs(seed), param_dtype=DTYPES[settings.param_dtype],
-                       compute_dtype=compute, remat=settings.remat, fp8=fp8)
+                       compute_dtype=compute, remat=settings.remat, fp8=fp8,
+                       pipeline=(pipeline_stages, settings.microbatches))
 
 
 def loss_fn(model: Transformer, inputs_BL, targets_BL):
@@ -79,8 +82,11 @@ def make_optimizer(settings: TrainSettings) -> optax.GradientTransformation:
     return optax.adamw(settings.learning_rate, weight_decay=settings.weight_decay)
 
 
-def make_train_step(graphdef, tx, settings: TrainSettings, rules=None, mesh=None):
-    """step(params, opt_state, batch) -> (params, opt_state, loss); params a pure dict."""
+def make_train_step(graphdef, tx, settings: TrainSettings, rules=None, mesh=None, *,
+                    accumulate: bool = True):
+    """step(params, opt_state, batch) -> (params, opt_state, loss); params a pure dict.
+
+    `accumulate=False`: the microbatches are the pipeline's, not gradient accumulation."""
 
     def grads_of(params, inputs_BL, targets_BL):
         return jax.value_and_grad(
@@ -88,7 +94,7 @@ def make_train_step(graphdef, tx, settings: TrainSettings, rules=None, mesh=None
 
     def step(params, opt_state, batch):
         inputs_BL, targets_BL = batch["inputs"], batch["targets"]
-        k = settings.microbatches
+        k = settings.microbatches if accumulate else 1
         if k == 1:
             loss, grads = grads_of(params, inputs_BL, targets_BL)
         else:
@@ -97,13 +103,13 @@ def make_train_step(graphdef, tx, settings: TrainSettings, rules=None, mesh=None
             # over the data-parallel axes like a full batch of b.
             micro = jax.tree.map(lambda a: a.reshape(k, b, *a.shape[1:]), (inputs_BL, targets_BL))
 
-            def accumulate(carry, mb):
+            def add_microbatch(carry, mb):
                 loss_sum, grad_sum = carry
                 loss, grads = grads_of(params, *mb)
                 return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
 
             zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-            (loss, grads), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), micro)
+            (loss, grads), _ = jax.lax.scan(add_microbatch, (jnp.zeros((), jnp.float32), zeros), micro)
             loss, grads = loss / k, jax.tree.map(lambda g: g / k, grads)
         with jax.named_scope("optimizer"):
             updates, opt_state = tx.update(grads, opt_state, params)
@@ -151,7 +157,11 @@ def build_train_program(
             f"workload.global_batch={settings.global_batch} is not divisible by "
             f"workload.microbatches={k}; choose a number of microbatches that divides it"
         )
-    abstract_model = nnx.eval_shape(lambda: make_model(cfg, settings))
+    stages = mesh_shape.get("pipeline", 1)
+    if cfg.n_layers % stages:
+        raise ValueError(f"parallelism.pipeline={stages} does not divide model.n_layers="
+                         f"{cfg.n_layers}; each stage holds the same number of layers")
+    abstract_model = nnx.eval_shape(lambda: make_model(cfg, settings, pipeline_stages=stages))
     graphdef, state = nnx.split(abstract_model, nnx.Param)
     params = nnx.to_pure_dict(state)
     axes = logical_axes(state)
@@ -178,7 +188,7 @@ def build_train_program(
     batch = {"inputs": tokens, "targets": tokens}
 
     step = jax.jit(
-        make_train_step(graphdef, tx, settings, rules, mesh),
+        make_train_step(graphdef, tx, settings, rules, mesh, accumulate=stages == 1),
         in_shardings=(p_shard, opt_shard, {"inputs": batch_sharding, "targets": batch_sharding}),
         out_shardings=(p_shard, opt_shard, replicated),
         donate_argnums=(0, 1),

@@ -18,7 +18,7 @@ from flax import nnx
 from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
 from models.fp8 import fp8_einsum
-from sharding.rules import constrain
+from sharding.rules import active_mesh, active_rules, constrain, no_rules
 
 REMAT_POLICIES = ("none", "minimal", "full")
 
@@ -184,14 +184,18 @@ class Transformer(nnx.Module):
     """Token ids (B, L) -> logits (B, L, V) in float32."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32,
-                 compute_dtype=jnp.bfloat16, remat: str = "full", fp8: bool = False):
-        """`fp8`: weight matmuls in FP8 (models/fp8.py); activations stay in compute_dtype."""
+                 compute_dtype=jnp.bfloat16, remat: str = "full", fp8: bool = False,
+                 pipeline: tuple[int, int] = (1, 1)):
+        """`fp8`: weight matmuls in FP8 (models/fp8.py); activations stay in compute_dtype.
+        `pipeline`: (stages, microbatches) of a GPipe schedule over the `pipeline` mesh
+        axis (models/pipeline.py); (1, 1) runs the layers directly."""
         if remat not in REMAT_POLICIES:
             raise ValueError(f"train.remat={remat!r} is not one of {REMAT_POLICIES}")
         self.cfg = cfg
         self.compute_dtype = compute_dtype
         self.remat = remat
         self.fp8 = fp8
+        self.pipeline = pipeline
         v, d = cfg.padded_vocab, cfg.d_model
         self.embed = _param(rngs, (v, d), ("vocab", "embed"), param_dtype, scale=1.0)
         if cfg.positions == "learned":
@@ -263,6 +267,32 @@ class Transformer(nnx.Module):
             layer = jax.checkpoint(
                 layer, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
         per_layer_cache = None if cache is None else (cache[0], cache[1])
+        stages, microbatches = self.pipeline
+        if stages > 1:
+            from models.pipeline import gpipe
+
+            if cache is not None:
+                raise ValueError("pipeline parallelism serves no KV cache; use pipeline = 1")
+            run_stage = lambda x, local, pos: jax.lax.scan(  # noqa: E731
+                lambda h, st: (stage_layer(h, st, pos), None), x, local)[0]
+
+            def stage_layer(h, layer_state, pos):
+                return nnx.merge(graphdef, layer_state)(h, pos)[0]
+
+            if self.remat != "none":
+                stage_layer = jax.checkpoint(
+                    stage_layer, policy=jax.checkpoint_policies.nothing_saveable
+                    if self.remat == "full"
+                    else jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+            mesh, rules = active_mesh(), active_rules()
+            if mesh is None:
+                raise ValueError("pipeline parallelism needs sharding rules with a mesh "
+                                 "(sharding.use_rules)")
+            with no_rules():
+                x_BLD = gpipe(run_stage, layers, x_BLD, positions_BL, stages=stages,
+                              microbatches=microbatches, mesh=mesh,
+                              batch_axes=rules.activations.get("batch", ()))
+            return x_BLD, None
         return jax.lax.scan(layer, x_BLD, (layers, per_layer_cache))
 
     def _head(self, x_BLD):

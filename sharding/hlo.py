@@ -314,7 +314,7 @@ class HloModule:
         if root.opcode != "compare" or len(root.operands) != 2:
             return None
         direction = root.attr("direction")
-        a, b = (cond.by_name.get(o) for o in root.operands)
+        a, b = (self._resolve(cond, o) for o in root.operands)
         if a is None or b is None:
             return None
         if a.opcode == "constant" and b.opcode == "get-tuple-element":

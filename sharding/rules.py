@@ -66,7 +66,7 @@ def default_rules() -> AxisRules:
             "mlp": ("tensor",),
             "vocab": ("tensor",),
             "head_dim": (),
-            "layers": (),
+            "layers": ("pipeline",),  # stage s holds consecutive layers
             "experts": ("expert",),
         },
         activations={
@@ -157,6 +157,28 @@ _ACTIVE: contextvars.ContextVar[tuple[AxisRules, Mesh] | None] = contextvars.Con
 def use_rules(rules: AxisRules, mesh: Mesh):
     """Make `constrain` shard activations over `mesh` with `rules` while tracing."""
     token = _ACTIVE.set((rules, mesh))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_mesh() -> Mesh | None:
+    """The mesh of the rules in force (inside `use_rules`), else None."""
+    active = _ACTIVE.get()
+    return None if active is None else active[1]
+
+
+def active_rules() -> AxisRules | None:
+    active = _ACTIVE.get()
+    return None if active is None else active[0]
+
+
+@contextlib.contextmanager
+def no_rules():
+    """Turn activation constraints off (inside a shard_map whose manual axes the rules'
+    NamedShardings cannot name); sharding there propagates from the inputs."""
+    token = _ACTIVE.set(None)
     try:
         yield
     finally:

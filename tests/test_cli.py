@@ -166,3 +166,14 @@ def test_serving_workloads_run_from_a_config(tmp_path, capsys, cpu_devices, kind
     assert d["tokens_per_s_per_user"] == pytest.approx(
         d["tokens_per_s"] / 16)  # 16 sequences in the batch
     assert "per user" in stdout
+
+
+def test_pipeline_in_bf16_on_the_cpu_compiler_is_refused_in_one_line(tmp_path, capsys):
+    text = TINY.replace("data = 2\nfsdp = 4", "data = 4\npipeline = 2").replace(
+        "[workload]", "[workload]\nmicrobatches = 2")
+    code, _, err = run_cli(["run", write(tmp_path, text), "--backend", "cpu"], capsys)
+    assert code == 2 and "does not compile on XLA:CPU" in err and err.count("\n") == 1
+    f32 = text + '[precision]\ncompute = "float32"\n'
+    code, out, err = run_cli(["run", write(tmp_path, f32), "--backend", "cpu"], capsys)
+    assert code == 0, err
+    assert "collective-permute" in out and "pipeline" in out

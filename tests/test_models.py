@@ -48,7 +48,8 @@ def test_preset_overrides_and_bad_fields():
 
 @pytest.mark.parametrize("par, remat", [({"data": 2, "fsdp": 2, "tensor": 2}, "full"),
                                         ({"fsdp": 8}, "minimal"), ({"data": 8}, "none"),
-                                        ({"data": 2, "sequence": 4}, "full")])
+                                        ({"data": 2, "sequence": 4}, "full"),
+                                        ({"data": 4, "pipeline": 2}, "full")])
 def test_sharded_train_step_matches_unsharded(cpu_devices, par, remat):
     cfg = models.preset("tiny", n_heads=4, n_kv_heads=2)
     settings = models.TrainSettings(seq_len=16, global_batch=16, microbatches=2, remat=remat,

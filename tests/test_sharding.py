@@ -251,3 +251,27 @@ def test_context_parallelism_gathers_keys_and_values(cpu_devices):
               c.mesh_axes == ("sequence",) and "flash_attention" in c.op_name]
     assert {c.bytes for c in seq_rs} == {full_kv}
     assert sum(c.count for c in seq_rs) == 2 * cfg.n_layers
+
+
+def test_pipeline_stages_pass_microbatch_activations_to_their_neighbours(cpu_devices):
+    cfg = tiny(n_layers=4)
+    mesh = sharding.make_mesh(H100, {"data": 2, "pipeline": 4})
+    settings = models.TrainSettings(seq_len=16, global_batch=16, microbatches=4,
+                                    compute_dtype="float32")
+    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    permutes = [c for c in rep.collectives if c.kind == "collective-permute"]
+    assert permutes and all(c.mesh_axes == ("pipeline",) for c in permutes)
+    # One transfer per tick between neighbouring stages: microbatch (16 / 4 sequences, over
+    # data 2) x seq 16 x d_model 64 f32, for M + S - 2 = 6 ticks forward and 6 backward.
+    per_transfer = (16 // 4 // 2) * 16 * cfg.d_model * F32
+    ticks = [c for c in permutes if c.bytes == per_transfer]
+    assert sum(c.count for c in ticks) == 2 * (4 + 4 - 2)
+    # Besides the ticks, only the last stage's collected outputs (all M microbatches) move.
+    assert {c.bytes for c in permutes} <= {per_transfer, 4 * per_transfer}
+    # Mesh axes run (pipeline, data): a partition id's stage is id // 2.
+    for c in ticks:
+        assert all((b // 2 - a // 2) % 4 in (1, 3) and a % 2 == b % 2 for a, b in c.groups)
+    # The bubble is in the program: every stage runs its layer on M + S - 1 = 7 ticks.
+    layer_dots = [c for c in rep.compute.ops if c[0].startswith("mlp/down_proj")]
+    assert layer_dots

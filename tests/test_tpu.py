@@ -85,3 +85,15 @@ def test_auto_falls_back_to_the_cpu_path_when_the_tpu_compiler_refuses(tmp_path,
     code, out, err = run_cli(["run", write(tmp_path, big)], capsys)
     assert code == 0, err
     assert "HLO from XLA:CPU" in out and "TPU compiler: the program does not fit" in out
+
+
+def test_pipeline_in_bf16_compiles_on_the_tpu_compiler(tmp_path, capsys, cpu_devices):
+    text = TPU_TINY.replace("data = 2\nfsdp = 4", "data = 2\npipeline = 2\ntensor = 2").replace(
+        "[workload]", "[workload]\nmicrobatches = 4").replace('"tiny"', '"tiny"\nn_kv_heads = 4')
+    out = tmp_path / "r.json"
+    code, _, err = run_cli(["run", write(tmp_path, text), "--backend", "tpu", "--json",
+                            str(out)], capsys)
+    assert code == 0, err
+    d = json.loads(out.read_text())
+    assert any(c["kind"] == "collective-permute" and c["mesh_axes"] == ["pipeline"]
+               for c in d["collectives"])
