@@ -14,6 +14,7 @@ Device id order (the order the fake CPU mesh and the reports use):
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import itertools
 import math
@@ -74,7 +75,7 @@ def bus_factor(kind: str, n: int) -> float:
     return (n - 1) / n
 
 
-class System:
+class System(abc.ABC):
     """A machine: `num_devices` devices of one `chip`, with links between them."""
 
     name: str
@@ -83,8 +84,9 @@ class System:
     num_devices: int
     links: dict[str, Link]
 
+    @abc.abstractmethod
     def coords(self, device_id: int) -> tuple[int, ...]:
-        raise NotImplementedError  # abstract: each system kind places its devices
+        """Physical coordinates of a device id (see `coord_names`)."""
 
     def place(self, device_id: int) -> dict[str, int]:
         """Named physical place of a device, e.g. {"rack": 0, "tray": 3, "gpu": 1}."""
@@ -101,10 +103,11 @@ class System:
                     f"replica groups"
                 )
 
+    @abc.abstractmethod
     def collective_timing(
         self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]
     ) -> CollectiveTiming:
-        raise NotImplementedError  # abstract: each system kind routes its own way
+        """Time, link class and algorithm of one collective over concurrent `groups`."""
 
     def collective_time_s(
         self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]
