@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-from experiments import cli
 from meshes import get_system
 from sharding import backends
 from tests.test_cli import TINY, run_cli, write
