@@ -15,7 +15,7 @@ from typing import Any
 from meshes import get_system
 from models.config import PRESETS, ModelConfig, preset
 from models.transformer import REMAT_POLICIES
-from sharding.rules import MESH_AXES
+from sharding.rules import MESH_AXES, divisors
 
 
 class ConfigError(ValueError):
@@ -258,7 +258,7 @@ def validate(exp: Experiment, num_devices: int) -> None:
     if w.global_batch % w.microbatches:
         raise ConfigError(f"workload.microbatches={w.microbatches} does not divide "
                           f"workload.global_batch={w.global_batch}; choose one of "
-                          f"{_divisors(w.global_batch)}")
+                          f"{divisors(w.global_batch)}")
     micro = w.global_batch // w.microbatches
     dp = par.data * par.fsdp
     if micro % dp:
@@ -277,7 +277,7 @@ def validate(exp: Experiment, num_devices: int) -> None:
                           f"train and prefill; decode one token at a time with sequence = 1")
     if w.seq_len % par.sequence:
         raise ConfigError(f"parallelism.sequence={par.sequence} does not divide "
-                          f"workload.seq_len={w.seq_len}; choose one of {_divisors(w.seq_len)}")
+                          f"workload.seq_len={w.seq_len}; choose one of {divisors(w.seq_len)}")
     if m.positions == "learned" and w.seq_len > m.max_seq_len:
         raise ConfigError(f"workload.seq_len={w.seq_len} exceeds model.max_seq_len="
                           f"{m.max_seq_len} of the learned position table")
@@ -286,9 +286,4 @@ def validate(exp: Experiment, num_devices: int) -> None:
 def _divides(key: str, ways: int, what: str, size: int) -> None:
     if size % ways:
         raise ConfigError(f"{key}={ways} does not divide {what}={size}; choose one of "
-                          f"{_divisors(size)}")
-
-
-def _divisors(n: int) -> str:
-    ds = [d for d in range(1, min(n, 1024) + 1) if n % d == 0]
-    return ", ".join(map(str, ds[:12])) + (", ..." if len(ds) > 12 else "")
+                          f"{divisors(size)}")

@@ -26,8 +26,6 @@ import jax.numpy as jnp
 
 from sharding.compute import FUSED_KERNEL_SCOPE as FLASH_SCOPE
 
-ATTENTION_KINDS = ("flash", "dense")
-
 
 def dense_attention(q_BLKGE, k_BMKE, v_BMKE):
     e = q_BLKGE.shape[-1]

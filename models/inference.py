@@ -16,8 +16,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
-from models.train import DTYPES, TrainSettings, make_model, param_shardings, per_device_bytes
-from models.transformer import logical_axes
+from models.train import DTYPES, TrainSettings, abstract_params, per_device_bytes
 from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
 
 CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
@@ -61,12 +60,7 @@ def build_serve_program(
     mesh_shape = mesh_shape_of(mesh)
     settings = TrainSettings(seq_len=s.seq_len, global_batch=s.batch, param_dtype=s.param_dtype,
                              compute_dtype=s.compute_dtype, remat="none")
-    abstract = nnx.eval_shape(lambda: make_model(cfg, settings))
-    graphdef, state = nnx.split(abstract, nnx.Param)
-    params = nnx.to_pure_dict(state)
-    p_shard = param_shardings(logical_axes(state), params, rules, mesh)
-    params = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                          params, p_shard)
+    graphdef, params, p_shard = abstract_params(cfg, settings, mesh, rules)
 
     cache_shape = (cfg.n_layers, s.batch, s.seq_len, cfg.n_kv_heads, cfg.head_dim)
     cache_spec = resolve(CACHE_AXES, cache_shape, rules.activations, mesh_shape, what="KV cache")

@@ -137,6 +137,19 @@ def param_shardings(axes_tree, abstract_params, rules: AxisRules, mesh: Mesh):
         one, axes_tree, abstract_params, is_leaf=lambda x: isinstance(x, tuple))
 
 
+def abstract_params(cfg: ModelConfig, settings: TrainSettings, mesh: Mesh, rules: AxisRules,
+                    *, pipeline_stages: int = 1):
+    """(graphdef, params as sharded ShapeDtypeStructs, their NamedShardings); no memory."""
+    abstract_model = nnx.eval_shape(
+        lambda: make_model(cfg, settings, pipeline_stages=pipeline_stages))
+    graphdef, state = nnx.split(abstract_model, nnx.Param)
+    params = nnx.to_pure_dict(state)
+    shardings = param_shardings(logical_axes(state), params, rules, mesh)
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          params, shardings)
+    return graphdef, params, shardings
+
+
 def per_device_bytes(tree) -> int:
     """Bytes each device holds for a tree of sharded ShapeDtypeStructs."""
     total = 0
@@ -161,13 +174,8 @@ def build_train_program(
     if cfg.n_layers % stages:
         raise ValueError(f"parallelism.pipeline={stages} does not divide model.n_layers="
                          f"{cfg.n_layers}; each stage holds the same number of layers")
-    abstract_model = nnx.eval_shape(lambda: make_model(cfg, settings, pipeline_stages=stages))
-    graphdef, state = nnx.split(abstract_model, nnx.Param)
-    params = nnx.to_pure_dict(state)
-    axes = logical_axes(state)
-    p_shard = param_shardings(axes, params, rules, mesh)
-    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          params, p_shard)
+    graphdef, params, p_shard = abstract_params(cfg, settings, mesh, rules,
+                                                pipeline_stages=stages)
 
     tx = make_optimizer(settings)
     opt_abstract = jax.eval_shape(tx.init, params)

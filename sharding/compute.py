@@ -448,14 +448,3 @@ def _leaves_region(comp: Computation, user: Instruction, inside: set[str]) -> bo
 def _shapes_of(comp: Computation, name: str) -> list[ArrayShape]:
     inst = comp.by_name.get(name)
     return inst.shapes if inst is not None else []
-
-
-def matmul_time_s(flops: float, dtype: str, chip: Chip) -> float:
-    """Seconds for `flops` of large matmuls in `dtype` on `chip`."""
-    return flops / (chip.peak_for(dtype) * chip.efficiency_for(dtype))
-
-
-def hbm_time_s(nbytes: float, chip: Chip) -> float:
-    return nbytes / (chip.hbm_bytes_per_s * chip.hbm_efficiency)
-
-

@@ -13,7 +13,7 @@ import html
 import math
 from pathlib import Path
 
-from sharding.report import Report, _fmt_bytes, _fmt_s
+from sharding.report import Report, fmt_bytes, fmt_s
 
 _COLORS = {"matmul": "#4c78a8", "memory-bound": "#72b7b2", "exposed communication": "#e45756",
            "nvlink": "#f58518", "infiniband": "#e45756", "ici": "#54a24b", "dcn": "#b279a2"}
@@ -42,12 +42,12 @@ def step_plot(r: Report) -> str:
             ("exposed communication", r.exposed_comm_s, _COLORS["exposed communication"])]
     rows += [(f"{link} collectives (overlapped or not)", d["time_s"], _COLORS.get(link, "#999"))
              for link, d in r.by_link().items()]
-    return _bar_rows(rows, _fmt_s)
+    return _bar_rows(rows, fmt_s)
 
 
 def link_bytes_plot(r: Report) -> str:
     rows = [(link, d["bytes"], _COLORS.get(link, "#999")) for link, d in r.by_link().items()]
-    return _bar_rows(rows, _fmt_bytes) if rows else "<p>(no collectives)</p>"
+    return _bar_rows(rows, fmt_bytes) if rows else "<p>(no collectives)</p>"
 
 
 def roofline_plot(r: Report, peak_flops: float, hbm_bw: float, width: int = _W,
@@ -87,7 +87,7 @@ def roofline_plot(r: Report, peak_flops: float, hbm_bw: float, width: int = _W,
         radius = 3 + 9 * math.sqrt(d["time_s"] / max(r.compute_s, 1e-12))
         parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{radius:.1f}" '
                      f'fill="{color}" fill-opacity="0.6"><title>{html.escape(name)} ({kind}): '
-                     f'{_fmt_s(d["time_s"])}</title></circle>')
+                     f'{fmt_s(d["time_s"])}</title></circle>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -95,8 +95,8 @@ def roofline_plot(r: Report, peak_flops: float, hbm_bw: float, width: int = _W,
 def render_html(r: Report, *, peak_flops: float, hbm_bw: float) -> str:
     rows = "".join(
         f"<tr><td>{g['kind']}</td><td>{','.join(g['mesh_axes']) or '-'}</td><td>{g['link']}</td>"
-        f"<td>{html.escape(g['algorithm'])}</td><td>{_fmt_bytes(g['bytes'])}</td>"
-        f"<td>{g['count']}</td><td>{_fmt_s(g['time_s'])}</td>"
+        f"<td>{html.escape(g['algorithm'])}</td><td>{fmt_bytes(g['bytes'])}</td>"
+        f"<td>{g['count']}</td><td>{fmt_s(g['time_s'])}</td>"
         f"<td>{html.escape(', '.join(sorted(g['ops']))[:200])}</td></tr>"
         for g in r.groups()
     )
@@ -109,8 +109,8 @@ td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}pre{{background:#f6
 white-space:pre-wrap}}h2{{margin-top:1.6em}}</style></head><body>
 <h1>{title} on {html.escape(r.system)}</h1>
 <p>{r.num_devices} devices; HLO from {html.escape(r.compiler)}. Step
-{_fmt_s(r.step_time_s)} (between {_fmt_s(r.step_time_bounds_s[0])} with perfect overlap and
-{_fmt_s(r.step_time_bounds_s[1])} with none). Bottleneck: {html.escape(r.bottleneck())}.</p>
+{fmt_s(r.step_time_s)} (between {fmt_s(r.step_time_bounds_s[0])} with perfect overlap and
+{fmt_s(r.step_time_bounds_s[1])} with none). Bottleneck: {html.escape(r.bottleneck())}.</p>
 <h2>Where the step goes</h2>{step_plot(r)}
 <h2>Bytes per step on each link</h2>{link_bytes_plot(r)}
 <h2>Roofline of the step's operations</h2>

@@ -264,14 +264,14 @@ def _collective_dict(c: Collective) -> dict:
     return d
 
 
-def _fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float) -> str:
     for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if abs(n) >= div:
             return f"{n / div:.2f} {unit}"
     return f"{n:.0f} B"
 
 
-def _fmt_s(t: float) -> str:
+def fmt_s(t: float) -> str:
     if t >= 1:
         return f"{t:.3f} s"
     if t >= 1e-3:
@@ -291,14 +291,14 @@ def format_report(r: Report) -> str:
     for g in r.groups():
         lines.append(
             f"{g['kind']:<20}{','.join(g['mesh_axes']) or '-':<14}{g['link']:<12}"
-            f"{g['algorithm'][:25]:<26}{_fmt_bytes(g['bytes']):>12}{g['count']:>8}"
-            f"{_fmt_s(g['time_s']):>12}"
+            f"{g['algorithm'][:25]:<26}{fmt_bytes(g['bytes']):>12}{g['count']:>8}"
+            f"{fmt_s(g['time_s']):>12}"
         )
     if not r.collectives:
         lines.append("(no collectives)")
     lines.append("-" * len(header))
-    lines.append(f"{'total':<72}{_fmt_bytes(sum(r.by_kind().values())):>12}"
-                 f"{sum(c.count for c in r.collectives):>8}{_fmt_s(r.comm_s):>12}")
+    lines.append(f"{'total':<72}{fmt_bytes(sum(r.by_kind().values())):>12}"
+                 f"{sum(c.count for c in r.collectives):>8}{fmt_s(r.comm_s):>12}")
     ops = r.by_operation()
     if ops:
         lines.append("")
@@ -306,17 +306,17 @@ def format_report(r: Report) -> str:
         for o in ops[:6]:
             what = f"{o['kind']} over {','.join(o['mesh_axes']) or '-'}"
             lines.append(f"  {o['operation'][:44]:<46}{what:<30}"
-                         f"{_fmt_bytes(o['bytes']):>12}{_fmt_s(o['time_s']):>12}")
+                         f"{fmt_bytes(o['bytes']):>12}{fmt_s(o['time_s']):>12}")
     lines.append("")
     c = r.compute
-    lines.append(f"compute        {_fmt_s(r.compute_s)}  (matmul {_fmt_s(c.matmul_s)}, "
-                 f"memory-bound {_fmt_s(c.memory_bound_s)}; {c.matmul_flops / 1e12:.1f} TFLOP "
-                 f"and {_fmt_bytes(c.hbm_bytes)} HBM per device)")
+    lines.append(f"compute        {fmt_s(r.compute_s)}  (matmul {fmt_s(c.matmul_s)}, "
+                 f"memory-bound {fmt_s(c.memory_bound_s)}; {c.matmul_flops / 1e12:.1f} TFLOP "
+                 f"and {fmt_bytes(c.hbm_bytes)} HBM per device)")
     how = "simulated overlap" if r.scheduled_step_s is not None else "no overlap assumed"
-    lines.append(f"communication  {_fmt_s(r.comm_s)}  (exposed {_fmt_s(r.exposed_comm_s)}; "
+    lines.append(f"communication  {fmt_s(r.comm_s)}  (exposed {fmt_s(r.exposed_comm_s)}; "
                  f"{how})")
     lo, hi = r.step_time_bounds_s
-    lines.append(f"step time      {_fmt_s(r.step_time_s)}  (bounds {_fmt_s(lo)} .. {_fmt_s(hi)})")
+    lines.append(f"step time      {fmt_s(r.step_time_s)}  (bounds {fmt_s(lo)} .. {fmt_s(hi)})")
     if r.tokens_per_s is not None:
         per_user = ("" if r.tokens_per_s_per_user is None
                     else f", {r.tokens_per_s_per_user:,.1f} per user")
@@ -326,17 +326,17 @@ def format_report(r: Report) -> str:
         what = "model FLOPs" if r.model_flops_per_step else "HLO matmul FLOPs"
         lines.append(f"MFU            {r.mfu:.1%}  ({what})")
     m = r.memory
-    lines.append(f"memory/device  {_fmt_bytes(m.total_bytes)} of {_fmt_bytes(r.hbm_capacity_bytes)}"
+    lines.append(f"memory/device  {fmt_bytes(m.total_bytes)} of {fmt_bytes(r.hbm_capacity_bytes)}"
                  f" HBM: {'fits' if r.fits else 'DOES NOT FIT'}  ({m.source})")
     for what, nbytes in m.largest(6):
-        lines.append(f"  {_fmt_bytes(nbytes):>10}  {what}")
+        lines.append(f"  {fmt_bytes(nbytes):>10}  {what}")
     if m.compiler_bytes is not None:
-        lines.append(f"  (compiler's own figure: {_fmt_bytes(m.compiler_bytes)}, from "
+        lines.append(f"  (compiler's own figure: {fmt_bytes(m.compiler_bytes)}, from "
                      f"{m.compiler_source})")
     lines.append(f"bottleneck     {r.bottleneck()}")
     slow = r.slowest_link()
     if slow:
-        lines.append(f"busiest link   {slow} ({_fmt_s(r.by_link()[slow]['time_s'])} of "
+        lines.append(f"busiest link   {slow} ({fmt_s(r.by_link()[slow]['time_s'])} of "
                      f"collectives)")
     hop = r.slowest_hop()
     if hop:

@@ -132,7 +132,7 @@ def resolve(
             sizes = " x ".join(f"{m}={mesh_shape[m]}" for m in mesh_axes)
             raise ValueError(
                 f"{what}: dimension {name!r} of size {dim} is not divisible by {sizes} "
-                f"(= {ways}); choose mesh sizes that divide {dim}: {_divisors(dim)}"
+                f"(= {ways}); choose mesh sizes that divide {dim}: {divisors(dim)}"
             )
         spec.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
     while spec and spec[-1] is None:
@@ -140,7 +140,8 @@ def resolve(
     return PartitionSpec(*spec)
 
 
-def _divisors(n: int, limit: int = 12) -> str:
+def divisors(n: int, limit: int = 12) -> str:
+    """The first divisors of n, for error messages that offer valid choices."""
     ds = [d for d in range(1, min(n, 4096) + 1) if n % d == 0]
     return ", ".join(map(str, ds[:limit])) + (", ..." if len(ds) > limit else "")
 
