@@ -26,10 +26,6 @@ WORKLOAD_KINDS = ("train", "prefill", "decode")
 PARAM_DTYPES = ("float32", "bfloat16")
 COMPUTE_DTYPES = ("bfloat16", "float32", "float8", "float4")
 OPTIMIZERS = ("adamw",)
-# Not yet wired end to end; each raises a clear error until its issue lands.
-_LATER = {
-    "parallelism.expert": "expert parallelism",
-}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -236,14 +232,13 @@ def validate(exp: Experiment, num_devices: int) -> None:
     if p.compute == "float4":
         raise ConfigError("precision.compute='float4' is not supported yet (block-scaled FP4 "
                           "matmuls); use 'float8' or 'bfloat16'")
-    if m.n_experts > 1:
-        raise ConfigError(f"model.n_experts={m.n_experts}: mixture of experts is not supported "
-                          f"yet; use a dense model (n_experts = 1)")
-    for key, what in _LATER.items():
-        v = getattr(par, key.split(".")[1])
-        if v != 1:
-            raise ConfigError(f"{key}={v}: {what} is not supported yet; set it to 1 and use "
-                              f"data, fsdp and tensor")
+    if par.expert > 1 and m.n_experts > 1:
+        _divides("parallelism.expert", par.expert, "model.n_experts", m.n_experts)
+    if m.n_experts > 1 and par.sequence > 1:
+        raise ConfigError(f"parallelism.sequence={par.sequence} with a mixture of experts "
+                          f"(model.n_experts={m.n_experts}) is not supported: routing groups are "
+                          f"cut from each device's tokens; use sequence = 1 and shard the batch "
+                          f"with data, fsdp or expert")
     if par.num_devices != num_devices:
         sizes = " x ".join(f"{a}={s}" for a, s in par.sizes().items() if s > 1) or "1"
         raise ConfigError(
@@ -260,12 +255,13 @@ def validate(exp: Experiment, num_devices: int) -> None:
                           f"workload.global_batch={w.global_batch}; choose one of "
                           f"{divisors(w.global_batch)}")
     micro = w.global_batch // w.microbatches
-    dp = par.data * par.fsdp
+    dp = par.data * par.fsdp * par.expert
     if micro % dp:
         raise ConfigError(
             f"the micro-batch of {micro} sequences (workload.global_batch={w.global_batch} / "
             f"workload.microbatches={w.microbatches}) is not divisible by parallelism.data x "
-            f"parallelism.fsdp = {dp}; make global_batch a multiple of {dp * w.microbatches}"
+            f"parallelism.fsdp x parallelism.expert = {dp} (they all shard the batch); make "
+            f"global_batch a multiple of {dp * w.microbatches}"
         )
     if par.pipeline > 1:
         if w.kind != "train":

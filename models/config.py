@@ -28,7 +28,13 @@ class ModelConfig:
         tie_embeddings: the output projection reuses the embedding table.
         max_seq_len: length of the learned position table.
         rope_theta: RoPE base.
-        n_experts, experts_per_token: mixture of experts (1 = dense).
+        n_experts, experts_per_token: mixture of experts (1 = dense); d_ff is then each
+            expert's hidden size (models/moe.py).
+        capacity_factor: expert slots per group = ceil(factor x group x k / n_experts);
+            assignments beyond it are dropped. <= 0: dropless (every expert has a slot for
+            every token of the group).
+        moe_group_size: tokens routed together (a group never spans sequences).
+        n_shared_experts: always-on experts of d_ff each, run for every token (DeepSeek).
         attention: "flash" (block-wise, scores never in HBM, as every production stack
             trains) or "dense" (scores materialised).
         vocab_multiple: the embedding is padded to a multiple of this, as Megatron does
@@ -51,12 +57,16 @@ class ModelConfig:
     rope_theta: float = 500_000.0
     n_experts: int = 1
     experts_per_token: int = 1
+    capacity_factor: float = 1.25
+    moe_group_size: int = 4096
+    n_shared_experts: int = 0
     vocab_multiple: int = 128
     attention: str = "flash"
 
     def __post_init__(self):
         for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab",
-                  "max_seq_len", "n_experts", "experts_per_token", "vocab_multiple"):
+                  "max_seq_len", "n_experts", "experts_per_token", "vocab_multiple",
+                  "moe_group_size"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"model.{f}={v!r} must be a positive integer")
@@ -71,6 +81,17 @@ class ModelConfig:
             )
         if self.positions == "rope" and self.head_dim % 2:
             raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
+        if (not isinstance(self.n_shared_experts, int) or isinstance(self.n_shared_experts, bool)
+                or self.n_shared_experts < 0):
+            raise ValueError(f"model.n_shared_experts={self.n_shared_experts!r} must be an "
+                             f"integer >= 0")
+        if not isinstance(self.capacity_factor, (int, float)) or isinstance(
+                self.capacity_factor, bool):
+            raise ValueError(f"model.capacity_factor={self.capacity_factor!r} must be a number "
+                             f"(e.g. 1.25; 0 for dropless)")
+        if self.n_shared_experts and self.n_experts == 1:
+            raise ValueError(f"model.n_shared_experts={self.n_shared_experts} needs routed "
+                             f"experts (model.n_experts > 1)")
         if self.experts_per_token > self.n_experts:
             raise ValueError(f"model.experts_per_token={self.experts_per_token} exceeds "
                              f"model.n_experts={self.n_experts}")
@@ -85,7 +106,7 @@ class ModelConfig:
         d, e = self.d_model, self.head_dim
         attn = d * e * (self.n_heads + 2 * self.n_kv_heads) + self.n_heads * e * d
         mlp_mats = 3 if self.mlp == "swiglu" else 2
-        mlp = mlp_mats * d * self.d_ff * self.n_experts
+        mlp = mlp_mats * d * self.d_ff * (self.n_experts + self.n_shared_experts)
         router = d * self.n_experts if self.n_experts > 1 else 0
         norms = 2 * d * (2 if self.norm == "layernorm" else 1)
         per_layer = attn + mlp + router + norms
@@ -99,7 +120,7 @@ class ModelConfig:
         return total
 
     def active_param_count(self) -> int:
-        """Parameters a token's matmuls touch (MoE: only its experts)."""
+        """Parameters a token's matmuls touch (MoE: only its experts and the shared ones)."""
         if self.n_experts == 1:
             return self.param_count(include_embedding=False)
         mlp_mats = 3 if self.mlp == "swiglu" else 2
@@ -141,7 +162,35 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
                                      n_kv_heads=96, head_dim=128, d_ff=49152, vocab=50257,
                                      mlp="gelu", norm="layernorm", positions="learned",
                                      tie_embeddings=True, max_seq_len=2048),
+    # Mixture of experts (d_ff is each expert's hidden size). Routing is top-k softmax with
+    # capacity factor 1.25 by default (models/moe.py); set capacity_factor = 0 for dropless.
+    "mixtral-8x7b": lambda: _moe("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, 8, 2,
+                                 rope_theta=1e6),
+    "mixtral-8x22b": lambda: _moe("mixtral-8x22b", 56, 6144, 48, 8, 128, 16384, 32768, 8, 2,
+                                  rope_theta=1e6),
+    # gpt-oss alternates sliding-window (128 tokens) and full attention layers; every layer
+    # is modelled with full causal attention here (the projections and bytes are the same,
+    # the sliding layers' attention FLOPs are overcounted at long sequences).
+    "gpt-oss-120b": lambda: _moe("gpt-oss-120b", 36, 2880, 64, 8, 64, 2880, 201088, 128, 4,
+                                 rope_theta=150_000.0),
+    "qwen3-235b-a22b": lambda: _moe("qwen3-235b-a22b", 94, 4096, 64, 4, 128, 1536, 151936,
+                                    128, 8, rope_theta=1e6),
+    # DeepSeek-V3's multi-head latent attention is modelled by its dimensions: 128 query
+    # heads of 128 (the value head size) and 4 kv heads of 128 = 512 cached values per token
+    # per layer for K and V, near MLA's compressed 576 (kv_lora 512 + rope 64); attention
+    # weights 7168 x 128 x 128 x 2 + 2 x 7168 x 4 x 128 = 242M per layer vs MLA's 187M
+    # (low-rank q and kv projections). Every layer is MoE (the model's first 3 are dense
+    # with d_ff 18432); 1 shared expert of 2048 runs for every token.
+    "deepseek-v3": lambda: _moe("deepseek-v3", 61, 7168, 128, 4, 128, 2048, 129280, 256, 8,
+                                rope_theta=10_000.0, n_shared_experts=1),
 }
+
+
+def _moe(name, n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab, n_experts, k,
+         **kw):
+    return ModelConfig(name=name, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                       n_kv_heads=n_kv_heads, head_dim=head_dim, d_ff=d_ff, vocab=vocab,
+                       n_experts=n_experts, experts_per_token=k, **kw)
 
 
 def preset(name: str, **overrides) -> ModelConfig:

@@ -170,7 +170,12 @@ class Block(nnx.Module):
         self.attn_norm = Norm(cfg, param_dtype=param_dtype)
         self.attn = Attention(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8)
         self.mlp_norm = Norm(cfg, param_dtype=param_dtype)
-        self.mlp = Mlp(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8)
+        if cfg.n_experts > 1:
+            from models.moe import MoeMlp
+
+            self.mlp = MoeMlp(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8)
+        else:
+            self.mlp = Mlp(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8)
 
     def __call__(self, x_BLD, positions_BL, cache=None):
         with jax.named_scope("attention"):

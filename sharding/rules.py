@@ -23,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 # F mlp hidden, V vocab, N layers, X experts.
 LOGICAL_AXES = (
     "batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "experts",
+    "expert_batch",  # the batch of tokens dispatched to experts (not sharded over `expert`)
 )
 
 # Mesh axes in the order devices are laid out: the last varies fastest, so `tensor` groups
@@ -57,7 +58,10 @@ def default_rules() -> AxisRules:
     """FSDP shards the `embed` dimension of weights; tensor parallelism (Megatron) shards
     heads and the MLP hidden dimension; data and FSDP both shard the batch; context
     parallelism shards the sequence of every activation (attention then gathers keys and
-    values over `sequence`, as Megatron's all-gather context parallelism does)."""
+    values over `sequence`, as Megatron's all-gather context parallelism does). Expert
+    parallelism shards the experts' weights, and the batch of every dense layer, over
+    `expert` (as MaxText does); the MoE dispatch moves that sharding from the tokens to the
+    experts with an all-to-all (models/moe.py)."""
     return AxisRules(
         params={
             "embed": ("fsdp",),
@@ -70,7 +74,8 @@ def default_rules() -> AxisRules:
             "experts": ("expert",),
         },
         activations={
-            "batch": ("data", "fsdp"),
+            "batch": ("data", "fsdp", "expert"),
+            "expert_batch": ("data", "fsdp"),
             "seq": ("sequence",),
             "embed": (),
             "heads": ("tensor",),

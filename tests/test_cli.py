@@ -67,7 +67,13 @@ BAD = {
     "missing": (TINY.replace("seq_len = 32\n", ""), "missing required key workload.seq_len"),
     "syntax": (TINY.replace("[workload]", "[workload"), "not valid TOML"),
     "batch": (TINY.replace("global_batch = 16", "global_batch = 12"),
-              "not divisible by parallelism.data x parallelism.fsdp = 8"),
+              "not divisible by parallelism.data x parallelism.fsdp x parallelism.expert = 8"),
+    "experts": (TINY.replace("[system]", "n_experts = 4\nexperts_per_token = 2\n[system]")
+                .replace("data = 2\nfsdp = 4", "expert = 8"),
+                "parallelism.expert=8 does not divide model.n_experts=4; choose one of 1, 2, 4"),
+    "moe+cp": (TINY.replace("[system]", "n_experts = 4\nexperts_per_token = 2\n[system]")
+               .replace("data = 2\nfsdp = 4", "data = 4\nsequence = 2"),
+               "parallelism.sequence=2 with a mixture of experts"),
     "type": (TINY.replace("data = 2", 'data = "two"'), "parallelism.data='two' must be an integer"),
 }
 

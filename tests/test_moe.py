@@ -1,0 +1,125 @@
+"""Mixture of experts: routing with capacity, the all-to-alls of expert parallelism, and a
+sharded step equal to the unsharded one."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import meshes
+import models
+import sharding
+from models.moe import capacity, group_size, route
+
+
+@pytest.mark.parametrize("name, total, active", [
+    # Published totals / active parameters (model cards; workloads.md).
+    ("mixtral-8x7b", 46.7, 12.9), ("mixtral-8x22b", 141, 39), ("gpt-oss-120b", 116.8, 5.1),
+    ("qwen3-235b-a22b", 235, 22),
+])
+def test_moe_presets_match_the_model_cards(name, total, active):
+    cfg = models.preset(name)
+    assert cfg.param_count() / 1e9 == pytest.approx(total, rel=0.01)
+    assert cfg.active_param_count() / 1e9 == pytest.approx(active, rel=0.05)
+
+
+def test_deepseek_v3_overcount_is_the_documented_one():
+    # Modelled: every layer MoE, GQA-shaped attention (config.py). The card's 671B has 3
+    # dense layers (d_ff 18432) and MLA attention (187M per layer): remove our extra.
+    cfg = models.preset("deepseek-v3")
+    d = cfg.d_model
+    extra_moe = 3 * (3 * d * cfg.d_ff * (cfg.n_experts + 1) + d * cfg.n_experts
+                     - 3 * d * 18432)
+    mla = (d * 1536 + 1536 * 128 * 192 + d * 576 + 512 * 128 * 256 + 128 * 128 * d + 512 + 1536)
+    ours = d * 128 * 128 * 2 + 2 * d * 4 * 128
+    corrected = cfg.param_count() - extra_moe - cfg.n_layers * (ours - mla)
+    assert corrected / 1e9 == pytest.approx(671, rel=0.01)
+
+
+def test_routing_keeps_first_choices_first_and_drops_beyond_capacity():
+    cfg = models.preset("tiny", n_experts=4, experts_per_token=2, capacity_factor=1.0)
+    s = 8
+    cap = capacity(cfg, s)
+    assert cap == math.ceil(1.0 * s * 2 / 4) == 4
+    # Every token prefers expert 0, then expert 1: expert 0 takes the first 4 first choices,
+    # expert 1 the first 4 second choices; the rest is dropped.
+    logits = jnp.tile(jnp.array([4.0, 2.0, 0.0, -1.0]), (1, s, 1))
+    weight, expert, slot, kept = route(cfg, logits)
+    np.testing.assert_array_equal(expert[0, :, 0], 0)
+    np.testing.assert_array_equal(expert[0, :, 1], 1)
+    np.testing.assert_array_equal(slot[0, :, 0], np.arange(s))
+    np.testing.assert_array_equal(kept[0, :, 0], np.arange(s) < 4)
+    np.testing.assert_array_equal(kept[0, :, 1], np.arange(s) < 4)
+    np.testing.assert_allclose(weight.sum(-1), 1.0, rtol=1e-6)
+    dropless = models.preset("tiny", n_experts=4, experts_per_token=2, capacity_factor=0)
+    assert capacity(dropless, s) == s
+    assert bool(route(dropless, logits)[3].all())
+    assert group_size(cfg, 24) == 24 and group_size(dropless.__class__(
+        **{**dropless.__dict__, "moe_group_size": 16}), 24) == 12
+
+
+def _tiny_moe(**kw):
+    return models.preset("tiny", n_experts=4, experts_per_token=2, moe_group_size=8, **kw)
+
+
+@pytest.mark.parametrize("par, capacity_factor", [
+    ({"data": 2, "expert": 4}, 1.0), ({"expert": 2, "fsdp": 2, "tensor": 2}, 1.25),
+    ({"expert": 4, "tensor": 2}, 0.0)])
+def test_expert_parallel_train_step_matches_unsharded(cpu_devices, par, capacity_factor):
+    cfg = _tiny_moe(capacity_factor=capacity_factor)
+    settings = models.TrainSettings(seq_len=16, global_batch=16, remat="full",
+                                    compute_dtype="float32")
+    model = models.make_model(cfg, settings, seed=3)
+    graphdef, state = nnx.split(model, nnx.Param)
+    params = nnx.to_pure_dict(state)
+    tx = models.make_optimizer(settings)
+    opt = tx.init(params)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab, (16, 16)), jnp.int32)
+    batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
+    p1, _, loss1 = jax.jit(models.make_train_step(graphdef, tx, settings))(params, opt, batch)
+
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), par)
+    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+    args = jax.device_put((params, opt, batch), jax.tree.map(lambda a: a.sharding, prog.args))
+    p2, _, loss2 = prog.step(*args)
+    assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
+    w1 = np.asarray(p1["blocks"]["mlp"]["w_up"])
+    np.testing.assert_allclose(np.asarray(p2["blocks"]["mlp"]["w_up"]), w1, rtol=1e-4, atol=1e-6)
+
+
+def test_all_to_all_bytes_are_tokens_times_top_k_times_d_model(cpu_devices):
+    # capacity_factor 1 and a group of 8 tokens: capacity = 8 x 2 / 4 = 4 slots per expert,
+    # experts x capacity = 16 = group x top-k, so the dispatch buffer is exactly
+    # tokens x top-k x d_model.
+    cfg = _tiny_moe(capacity_factor=1.0)
+    par = {"data": 2, "expert": 4}
+    settings = models.TrainSettings(seq_len=32, global_batch=16, remat="full",
+                                    compute_dtype="bfloat16")
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), par)
+    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system="h100:8")
+    a2a = [c for c in rep.collectives if c.kind == "all-to-all"]
+    tokens_per_device = 16 * 32 // 8
+    expected = tokens_per_device * cfg.experts_per_token * cfg.d_model * 2  # bf16
+    assert a2a and all(c.bytes == expected for c in a2a)
+    assert all(c.mesh_axes == ("expert",) and c.group_size == 4 for c in a2a)
+    assert all(c.wire_bytes == pytest.approx(expected * 3 / 4) for c in a2a)
+    # Per layer: dispatch and combine forward, again when full remat recomputes the layer,
+    # and once each in the backward pass.
+    assert sum(c.count for c in a2a) == 6 * cfg.n_layers
+    assert any("mlp/dispatch" in c.op_name for c in a2a)
+    assert any("mlp/combine" in c.op_name for c in a2a)
+
+
+def test_expert_axis_shards_dense_batch_and_expert_weights(cpu_devices):
+    cfg = _tiny_moe()
+    settings = models.TrainSettings(seq_len=16, global_batch=16)
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"data": 2, "expert": 4})
+    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+    params, _, batch = prog.args
+    assert params["blocks"]["mlp"]["w_up"].sharding.spec[:2] == (None, "expert")
+    assert params["blocks"]["attn"]["wq"].sharding.spec == jax.sharding.PartitionSpec()
+    assert batch["inputs"].sharding.spec[0] == ("data", "expert")
