@@ -25,6 +25,7 @@ class ConfigError(ValueError):
 WORKLOAD_KINDS = ("train", "prefill", "decode")
 PARAM_DTYPES = ("float32", "bfloat16")
 COMPUTE_DTYPES = ("bfloat16", "float32", "float8", "float4")
+QUANT_DTYPES = ("int8", "float8", "int4")
 OPTIMIZERS = ("adamw",)
 
 
@@ -55,8 +56,13 @@ class Workload:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Precision:
+    """`weights` and `kv_cache` apply to serving: "int8" | "float8" | "int4" store them
+    quantised with scales (models/quant.py); empty means the params / compute dtype."""
+
     params: str = "float32"
     compute: str = "bfloat16"
+    weights: str = ""
+    kv_cache: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -226,6 +232,14 @@ def validate(exp: Experiment, num_devices: int) -> None:
     _choice("precision.compute", p.compute, COMPUTE_DTYPES)
     _choice("train.remat", exp.train.remat, REMAT_POLICIES)
     _choice("train.optimizer", exp.train.optimizer, OPTIMIZERS)
+    for key in ("weights", "kv_cache"):
+        v = getattr(p, key)
+        if not v:
+            continue
+        _choice(f"precision.{key}", v, QUANT_DTYPES + ("bfloat16",))
+        if w.kind == "train":
+            raise ConfigError(f"precision.{key}={v!r} applies to serving (workload.kind = "
+                              f"'prefill' or 'decode'); remove it to train")
     if w.kind != "train" and w.microbatches != 1:
         raise ConfigError(f"workload.microbatches={w.microbatches} applies to training only; "
                           f"remove it for workload.kind={w.kind!r}")
@@ -268,9 +282,6 @@ def validate(exp: Experiment, num_devices: int) -> None:
             raise ConfigError(f"parallelism.pipeline={par.pipeline} applies to training; "
                               f"serve with pipeline = 1")
         _divides("parallelism.pipeline", par.pipeline, "model.n_layers", m.n_layers)
-    if par.sequence > 1 and w.kind == "decode":
-        raise ConfigError(f"parallelism.sequence={par.sequence}: context parallelism applies to "
-                          f"train and prefill; decode one token at a time with sequence = 1")
     if w.seq_len % par.sequence:
         raise ConfigError(f"parallelism.sequence={par.sequence} does not divide "
                           f"workload.seq_len={w.seq_len}; choose one of {divisors(w.seq_len)}")

@@ -98,14 +98,22 @@ def _train_program(exp, mesh, rules):
     return build_train_program(exp.model, settings, mesh, rules)
 
 
+def cache_dtype(precision) -> str:
+    """The KV cache's storage: precision.kv_cache, else the activations' dtype."""
+    if precision.kv_cache:
+        return precision.kv_cache
+    return "bfloat16" if precision.compute.startswith("float8") else precision.compute
+
+
 def _serve_program(exp, mesh, rules):
     from models.inference import ServeSettings, build_serve_program
 
     settings = ServeSettings(kind=exp.workload.kind, seq_len=exp.workload.seq_len,
                              batch=exp.workload.global_batch, param_dtype=exp.precision.params,
                              compute_dtype=exp.precision.compute,
-                             cache_dtype="bfloat16" if exp.precision.compute == "float8"
-                             else exp.precision.compute)
+                             cache_dtype=cache_dtype(exp.precision),
+                             weight_dtype=exp.precision.weights
+                             if exp.precision.weights not in ("", "bfloat16") else None)
     return build_serve_program(exp.model, settings, mesh, rules)
 
 

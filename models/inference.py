@@ -2,8 +2,15 @@
 its KV cache), built abstractly and sharded like the training step.
 
 The KV cache is (layers, batch, seq, kv_heads, head_dim) for keys and for values, sharded
-over the batch's mesh axes and the kv heads' (tensor). A decode step reads every weight and
-the whole cache once and writes one new position in place (the cache is donated).
+over the batch's mesh axes, the kv heads' (tensor) and, for long contexts, its positions
+over `sequence` (logical axis `cache_seq`): each device then attends over its share of the
+positions and the softmax's max, sum and weighted values are combined across `sequence`
+with small all-reduces (split-KV / flash-decoding across devices). A decode step reads
+every weight and the whole cache once and writes one new position in place (the cache is
+donated).
+
+Weights can be stored in int8, float8 or int4 and the cache in the same types
+(models/quant.py); the cache then carries one scale per (position, kv head).
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ from models.config import ModelConfig
 from models.train import DTYPES, TrainSettings, abstract_params, per_device_bytes
 from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
 
-CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
+CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+CACHE_DTYPES = ("bfloat16", "float32", "int8", "float8", "int4")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -29,7 +37,8 @@ class ServeSettings:
     batch: int
     param_dtype: str = "bfloat16"
     compute_dtype: str = "bfloat16"
-    cache_dtype: str = "bfloat16"
+    cache_dtype: str = "bfloat16"  # or "int8" | "float8" | "int4" (with scales)
+    weight_dtype: str | None = None  # None: param_dtype; or "int8" | "float8" | "int4"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,16 +66,36 @@ def serve_flops(cfg: ModelConfig, s: ServeSettings) -> float:
 def build_serve_program(
     cfg: ModelConfig, s: ServeSettings, mesh: Mesh, rules: AxisRules
 ) -> ServeProgram:
+    from models.quant import STORAGE_DTYPES
+
     mesh_shape = mesh_shape_of(mesh)
+    if s.cache_dtype not in CACHE_DTYPES:
+        raise ValueError(f"cache dtype {s.cache_dtype!r} is not one of {CACHE_DTYPES}")
+    if s.kind == "decode":
+        # One new position per sequence: only the cache's positions are split.
+        rules = dataclasses.replace(rules, activations={**rules.activations, "seq": ()})
     settings = TrainSettings(seq_len=s.seq_len, global_batch=s.batch, param_dtype=s.param_dtype,
                              compute_dtype=s.compute_dtype, remat="none")
-    graphdef, params, p_shard = abstract_params(cfg, settings, mesh, rules)
+    kv_quant = s.cache_dtype if s.cache_dtype in STORAGE_DTYPES else None
+    graphdef, params, p_shard = abstract_params(cfg, settings, mesh, rules,
+                                                quant=s.weight_dtype, kv_quant=kv_quant)
 
     cache_shape = (cfg.n_layers, s.batch, s.seq_len, cfg.n_kv_heads, cfg.head_dim)
     cache_spec = resolve(CACHE_AXES, cache_shape, rules.activations, mesh_shape, what="KV cache")
-    cache_sharding = NamedSharding(mesh, cache_spec)
-    cache = tuple(jax.ShapeDtypeStruct(cache_shape, DTYPES[s.cache_dtype], sharding=cache_sharding)
-                  for _ in range(2))
+    one = NamedSharding(mesh, cache_spec)
+    if kv_quant is None:
+        cache_sharding = one
+        one_cache = jax.ShapeDtypeStruct(cache_shape, DTYPES[s.cache_dtype], sharding=one)
+    else:
+        from models.quant import SCALE_DTYPE
+
+        scale_spec = resolve(CACHE_AXES, (*cache_shape[:-1], 1), rules.activations, mesh_shape,
+                             what="KV cache scales")
+        cache_sharding = (one, NamedSharding(mesh, scale_spec))
+        one_cache = (jax.ShapeDtypeStruct(cache_shape, STORAGE_DTYPES[kv_quant], sharding=one),
+                     jax.ShapeDtypeStruct((*cache_shape[:-1], 1), SCALE_DTYPE,
+                                          sharding=cache_sharding[1]))
+    cache = (one_cache, one_cache)
     replicated = NamedSharding(mesh, PartitionSpec())
     tokens_len = s.seq_len if s.kind == "prefill" else 1
     tok_spec = resolve(("batch", "seq"), (s.batch, tokens_len), rules.activations, mesh_shape,

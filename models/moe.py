@@ -103,25 +103,26 @@ def _dispatch_indices(expert_GSK, slot_GSK, kept_GSK, n_experts: int, cap: int):
 class MoeMlp(nnx.Module):
     """Routed experts (and `n_shared_experts` always-on experts, DeepSeek style)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False):
-        from models.transformer import Mlp, _param  # the dense MLP is the shared expert
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False,
+                 quant: str | None = None):
+        from models.transformer import Mlp, _param, _weight  # dense MLP = the shared expert
 
         d, f, x = cfg.d_model, cfg.d_ff, cfg.n_experts
         self.cfg = cfg
         self.fp8 = fp8
         self.router = _param(rngs, (d, x), ("embed", None), param_dtype)
         if cfg.mlp == "swiglu":
-            self.w_gate = _param(rngs, (x, d, f), ("experts", "embed", "mlp"), param_dtype,
-                                 scale=d**-0.5)
-        self.w_up = _param(rngs, (x, d, f), ("experts", "embed", "mlp"), param_dtype,
-                           scale=d**-0.5)
-        self.w_down = _param(rngs, (x, f, d), ("experts", "mlp", "embed"), param_dtype,
-                             scale=f**-0.5)
+            self.w_gate = _weight(rngs, (x, d, f), ("experts", "embed", "mlp"), param_dtype,
+                                  quant, expert_dims=1)
+        self.w_up = _weight(rngs, (x, d, f), ("experts", "embed", "mlp"), param_dtype, quant,
+                            expert_dims=1)
+        self.w_down = _weight(rngs, (x, f, d), ("experts", "mlp", "embed"), param_dtype, quant,
+                              expert_dims=1)
         if cfg.n_shared_experts:
             import dataclasses
 
             shared = dataclasses.replace(cfg, d_ff=cfg.n_shared_experts * cfg.d_ff)
-            self.shared = Mlp(shared, rngs=rngs, param_dtype=param_dtype, fp8=fp8)
+            self.shared = Mlp(shared, rngs=rngs, param_dtype=param_dtype, fp8=fp8, quant=quant)
 
     def __call__(self, x_BLD):
         from models.transformer import project

@@ -60,14 +60,17 @@ class TrainProgram:
 
 
 def make_model(cfg: ModelConfig, settings: TrainSettings, *, seed: int = 0,
-               pipeline_stages: int = 1) -> Transformer:
+               pipeline_stages: int = 1, quant: str | None = None,
+               kv_quant: str | None = None) -> Transformer:
     """compute_dtype "float8": FP8 weight matmuls with bf16 activations. With pipeline
-    stages, `settings.microbatches` are the pipeline's microbatches."""
+    stages, `settings.microbatches` are the pipeline's microbatches. `quant`, `kv_quant`:
+    quantised weights and KV cache for serving (models/quant.py)."""
     fp8 = settings.compute_dtype == "float8"
     compute = jnp.bfloat16 if fp8 else DTYPES[settings.compute_dtype]
     return Transformer(cfg, rngs=nnx.Rngs(seed), param_dtype=DTYPES[settings.param_dtype],
                        compute_dtype=compute, remat=settings.remat, fp8=fp8,
-                       pipeline=(pipeline_stages, settings.microbatches))
+                       pipeline=(pipeline_stages, settings.microbatches), quant=quant,
+                       kv_quant=kv_quant)
 
 
 def loss_fn(model: Transformer, inputs_BL, targets_BL):
@@ -138,10 +141,12 @@ def param_shardings(axes_tree, abstract_params, rules: AxisRules, mesh: Mesh):
 
 
 def abstract_params(cfg: ModelConfig, settings: TrainSettings, mesh: Mesh, rules: AxisRules,
-                    *, pipeline_stages: int = 1):
+                    *, pipeline_stages: int = 1, quant: str | None = None,
+                    kv_quant: str | None = None):
     """(graphdef, params as sharded ShapeDtypeStructs, their NamedShardings); no memory."""
     abstract_model = nnx.eval_shape(
-        lambda: make_model(cfg, settings, pipeline_stages=pipeline_stages))
+        lambda: make_model(cfg, settings, pipeline_stages=pipeline_stages, quant=quant,
+                           kv_quant=kv_quant))
     graphdef, state = nnx.split(abstract_model, nnx.Param)
     params = nnx.to_pure_dict(state)
     shardings = param_shardings(logical_axes(state), params, rules, mesh)

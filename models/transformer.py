@@ -30,6 +30,19 @@ def _param(rngs: nnx.Rngs, shape, axes, dtype, scale: float | None = None) -> nn
     return nnx.Param(value, logical_axes=axes)
 
 
+def _weight(rngs: nnx.Rngs, shape, axes, dtype, quant: str | None, *, contract: int = 1,
+            expert_dims: int = 0, scale: float | None = None):
+    """A matmul weight: a Param, or stored quantised for serving (models/quant.py)."""
+    if scale is None:
+        scale = shape[expert_dims] ** -0.5
+    if quant is None:
+        return _param(rngs, shape, axes, dtype, scale=scale)
+    from models.quant import QuantWeight
+
+    value = jax.random.normal(rngs.params(), shape, jnp.float32) * scale
+    return QuantWeight(value, axes, quant, contract=contract, expert_dims=expert_dims)
+
+
 def _ones(shape, axes, dtype) -> nnx.Param:
     return nnx.Param(jnp.ones(shape, dtype), logical_axes=axes)
 
@@ -73,15 +86,16 @@ def rope(x_BLHE, positions_BL, theta: float):
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False,
+                 quant: str | None = None):
         d, h, k, e = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.cfg = cfg
         self.fp8 = fp8
-        self.wq = _param(rngs, (d, h, e), ("embed", "heads", "head_dim"), param_dtype)
-        self.wk = _param(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype)
-        self.wv = _param(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype)
-        self.wo = _param(rngs, (h, e, d), ("heads", "head_dim", "embed"), param_dtype,
-                         scale=(h * e) ** -0.5)
+        self.wq = _weight(rngs, (d, h, e), ("embed", "heads", "head_dim"), param_dtype, quant)
+        self.wk = _weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype, quant)
+        self.wv = _weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype, quant)
+        self.wo = _weight(rngs, (h, e, d), ("heads", "head_dim", "embed"), param_dtype, quant,
+                          contract=2, scale=(h * e) ** -0.5)
 
     def __call__(self, x_BLD, positions_BL, cache=None):
         """Attention over the sequence (training, prefill) or, with `cache` = (k_BSKE,
@@ -115,15 +129,34 @@ class Attention(nnx.Module):
             return constrain(out_BLD, ("batch", "seq", "embed")), (k_BLKE, v_BLKE)
 
 
+def _write_cache(cache_NBSKE, new_NB1KE, index, kv_quant: str | None):
+    """Write one position into the cache in place (quantising it first if the cache is)."""
+    start = (0, 0, index, 0, 0)
+    if kv_quant is None:
+        return jax.lax.dynamic_update_slice(cache_NBSKE, new_NB1KE.astype(cache_NBSKE.dtype),
+                                            start)
+    from models.quant import quantize
+
+    q_NB1KE, scale_NB1K1 = quantize(new_NB1KE, kv_quant, (-1,))
+    return (jax.lax.dynamic_update_slice(cache_NBSKE[0], q_NB1KE, start),
+            jax.lax.dynamic_update_slice(cache_NBSKE[1], scale_NB1K1, start))
+
+
 def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BSKE, v_BSKE, index):
     """One query per sequence over cache positions [0, index) plus itself.
 
     The cache is read once and not written here: the caller writes the new keys and values
-    into it in place, so a decode step moves (weights + cache) bytes, as serving does.
+    into it in place, so a decode step moves (weights + cache) bytes, as serving does. A
+    quantised cache ((q, scale) pairs) is dequantised as it is read.
     """
     e = q_B1KGE.shape[-1]
     scale = e**-0.5
     with jax.named_scope("kv_cache_attention"):
+        if isinstance(k_BSKE, tuple):
+            from models.quant import dequantize
+
+            k_BSKE = dequantize(*k_BSKE, q_B1KGE.dtype)
+            v_BSKE = dequantize(*v_BSKE, q_B1KGE.dtype)
         s_BKGS = jnp.einsum("bqkge,bske->bkgs", q_B1KGE, k_BSKE).astype(jnp.float32) * scale
         valid_S = jnp.arange(k_BSKE.shape[1]) < index
         s_BKGS = jnp.where(valid_S, s_BKGS, -1e30)
@@ -140,14 +173,15 @@ def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BSKE, v_BSKE, index):
 
 
 class Mlp(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False,
+                 quant: str | None = None):
         d, f = cfg.d_model, cfg.d_ff
         self.kind = cfg.mlp
         self.fp8 = fp8
         if cfg.mlp == "swiglu":
-            self.w_gate = _param(rngs, (d, f), ("embed", "mlp"), param_dtype)
-        self.w_up = _param(rngs, (d, f), ("embed", "mlp"), param_dtype)
-        self.w_down = _param(rngs, (f, d), ("mlp", "embed"), param_dtype)
+            self.w_gate = _weight(rngs, (d, f), ("embed", "mlp"), param_dtype, quant)
+        self.w_up = _weight(rngs, (d, f), ("embed", "mlp"), param_dtype, quant)
+        self.w_down = _weight(rngs, (f, d), ("mlp", "embed"), param_dtype, quant)
 
     def __call__(self, x_BLD):
         with jax.named_scope("up_proj"):
@@ -166,16 +200,17 @@ class Mlp(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False,
+                 quant: str | None = None):
         self.attn_norm = Norm(cfg, param_dtype=param_dtype)
-        self.attn = Attention(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8)
+        self.attn = Attention(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8, quant=quant)
         self.mlp_norm = Norm(cfg, param_dtype=param_dtype)
         if cfg.n_experts > 1:
             from models.moe import MoeMlp
 
-            self.mlp = MoeMlp(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8)
+            self.mlp = MoeMlp(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8, quant=quant)
         else:
-            self.mlp = Mlp(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8)
+            self.mlp = Mlp(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8, quant=quant)
 
     def __call__(self, x_BLD, positions_BL, cache=None):
         with jax.named_scope("attention"):
@@ -190,10 +225,13 @@ class Transformer(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32,
                  compute_dtype=jnp.bfloat16, remat: str = "full", fp8: bool = False,
-                 pipeline: tuple[int, int] = (1, 1)):
+                 pipeline: tuple[int, int] = (1, 1), quant: str | None = None,
+                 kv_quant: str | None = None):
         """`fp8`: weight matmuls in FP8 (models/fp8.py); activations stay in compute_dtype.
         `pipeline`: (stages, microbatches) of a GPipe schedule over the `pipeline` mesh
-        axis (models/pipeline.py); (1, 1) runs the layers directly."""
+        axis (models/pipeline.py); (1, 1) runs the layers directly. `quant`: weight
+        matrices stored in "int8" | "float8" | "int4" with per-channel scales (serving;
+        models/quant.py). `kv_quant`: the KV cache's storage (decode)."""
         if remat not in REMAT_POLICIES:
             raise ValueError(f"train.remat={remat!r} is not one of {REMAT_POLICIES}")
         self.cfg = cfg
@@ -201,6 +239,7 @@ class Transformer(nnx.Module):
         self.remat = remat
         self.fp8 = fp8
         self.pipeline = pipeline
+        self.kv_quant = kv_quant
         v, d = cfg.padded_vocab, cfg.d_model
         self.embed = _param(rngs, (v, d), ("vocab", "embed"), param_dtype, scale=1.0)
         if cfg.positions == "learned":
@@ -210,12 +249,12 @@ class Transformer(nnx.Module):
         @nnx.split_rngs(splits=cfg.n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_blocks(rngs):
-            return Block(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8)
+            return Block(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8, quant=quant)
 
         self.blocks = make_blocks(rngs)  # every parameter gains a leading `layers` dim
         self.final_norm = Norm(cfg, param_dtype=param_dtype)
         if not cfg.tie_embeddings:
-            self.lm_head = _param(rngs, (d, v), ("embed", "vocab"), param_dtype)
+            self.lm_head = _weight(rngs, (d, v), ("embed", "vocab"), param_dtype, quant)
 
     def __call__(self, tokens_BL):
         """Training forward: logits for every position."""
@@ -230,20 +269,26 @@ class Transformer(nnx.Module):
         positions_BL = jnp.broadcast_to(jnp.arange(seq), (b, seq))
         x_BLD, (k_NBLKE, v_NBLKE) = self._layers(self._embed(tokens_BL, positions_BL),
                                                  positions_BL)
+        if self.kv_quant is not None:
+            from models.quant import quantize
+
+            with jax.named_scope("kv_cache_quantize"):
+                k_NBLKE = quantize(k_NBLKE, self.kv_quant, (-1,))
+                v_NBLKE = quantize(v_NBLKE, self.kv_quant, (-1,))
         return self._head(x_BLD[:, -1:])[:, 0], (k_NBLKE, v_NBLKE)
 
     def decode(self, tokens_B1, cache, index):
         """One new token per sequence at position `index` over a KV cache of (N, B, S, K, E)
-        keys and values: (logits (B, V), cache with the new keys and values written)."""
+        keys and values (each a (q, scale) pair when the cache is quantised): (logits (B, V),
+        cache with the new keys and values written)."""
         b = tokens_B1.shape[0]
         positions_B1 = jnp.full((b, 1), index)
         k_NBSKE, v_NBSKE = cache
         x_BLD, (k_NB1KE, v_NB1KE) = self._layers(self._embed(tokens_B1, positions_B1),
                                                  positions_B1, (k_NBSKE, v_NBSKE, index))
         with jax.named_scope("kv_cache_write"):  # in place: only the new position is written
-            start = (0, 0, index, 0, 0)
-            k_NBSKE = jax.lax.dynamic_update_slice(k_NBSKE, k_NB1KE.astype(k_NBSKE.dtype), start)
-            v_NBSKE = jax.lax.dynamic_update_slice(v_NBSKE, v_NB1KE.astype(v_NBSKE.dtype), start)
+            k_NBSKE = _write_cache(k_NBSKE, k_NB1KE, index, self.kv_quant)
+            v_NBSKE = _write_cache(v_NBSKE, v_NB1KE, index, self.kv_quant)
         return self._head(x_BLD)[:, 0], (k_NBSKE, v_NBSKE)
 
     def _embed(self, tokens_BL, positions_BL):

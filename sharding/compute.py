@@ -17,6 +17,10 @@
   is what is read. Before scheduling (the post-SPMD module) a `copy` is a sharding
   annotation that copy elision removes later: it costs nothing either. A slice of a stacked
   array that only matmuls read (a layer's weights, its KV cache) is read by the matmul.
+- Dequantisation in front of a matmul -- a widening `convert` of int8/int4/fp8 storage,
+  times a broadcast scale, used only by matmuls -- is fused into the matmul's operand
+  load, as XLA:GPU's Triton GEMM fusion and the TPU's operand fusion do: the matmul reads
+  the narrow bytes and the scales, and no bf16 copy of the weight reaches HBM.
 - Already-fused HLO (TPU/GPU final modules): each `fusion` instruction is a kernel; its
   operands and outputs are its HBM traffic; matmuls inside count their FLOPs.
 - Ops under a named scope `flash_attention` (jax.named_scope) stand for a fused attention
@@ -81,7 +85,10 @@ def dot_flops(inst: Instruction, comp: Computation) -> tuple[float, str, float]:
     lhs = _operand_shape(comp, inst, 0)
     rhs = _operand_shape(comp, inst, 1)
     dtype = DTYPE_NAMES.get(lhs.dtype, lhs.dtype) if lhs else "float32"
-    io_bytes = out[0].nbytes + (lhs.nbytes if lhs else 0) + (rhs.nbytes if rhs else 0)
+    io_bytes = out[0].nbytes
+    for i, shape in ((0, lhs), (1, rhs)):
+        fused = _dequant_read_bytes(comp, inst.operands[i]) if i < len(inst.operands) else None
+        io_bytes += fused if fused is not None else (shape.nbytes if shape else 0)
     if inst.opcode == "dot":
         dims = inst.attr("lhs_contracting_dims")
         contract = 1
@@ -289,10 +296,97 @@ _IN_PLACE = frozenset({"dynamic-update-slice", "scatter"})
 _REDUCTIONS = frozenset({"reduce", "reduce-window"})
 
 
+# Storage types that a matmul's operand load widens (weight-only quantisation).
+_NARROW = frozenset({"s8", "u8", "s4", "u4", "f8e4m3fn", "f8e5m2", "f8e4m3", "f4e2m1fn"})
+_DEQUANT_CACHE: dict[int, tuple[Computation, frozenset[str]]] = {}
+
+
+def _dequant_ops(comp: Computation) -> frozenset[str]:
+    """Instructions that dequantise narrow storage for matmuls only: widening converts from
+    a narrow type, multiplies of those by a scale, and the views, converts and slices
+    between them and the matmuls."""
+    hit = _DEQUANT_CACHE.get(id(comp))
+    if hit is not None and hit[0] is comp:
+        return hit[1]
+    by_name = comp.by_name
+    chain: set[str] = set()
+    for inst in comp.instructions:
+        if inst.opcode == "convert" and inst.operands:
+            src = by_name.get(inst.operands[0])
+            if src is not None and src.shapes and src.shapes[0].dtype in _NARROW and \
+                    inst.shapes and inst.shapes[0].dtype not in _NARROW:
+                chain.add(inst.name)
+    if not chain:
+        _DEQUANT_CACHE[id(comp)] = (comp, frozenset())
+        return frozenset()
+    grown = True
+    while grown:  # grow forward through the scale multiply, converts and views
+        grown = False
+        for inst in comp.instructions:
+            if inst.name in chain or inst.opcode not in ("multiply", "convert", *_VIEWS):
+                continue
+            if any(_through_views(comp, o) in chain or o in chain for o in inst.operands):
+                chain.add(inst.name)
+                grown = True
+    changed = True
+    while changed:  # keep only what feeds matmuls and nothing else
+        changed = False
+        for name in list(chain):
+            users = comp.users.get(name, [])
+            if not users or any(u.name not in chain and u.opcode not in _MATMUL for u in users):
+                chain.discard(name)
+                changed = True
+    # The slice of the stacked narrow array that feeds the chain (through views) is read
+    # by the matmul too.
+    for name in list(chain):
+        inst = by_name[name]
+        if inst.opcode != "convert":
+            continue
+        path, src = [], by_name.get(inst.operands[0])
+        while src is not None and src.opcode in _VIEWS and src.operands:
+            path.append(src)
+            src = by_name.get(src.operands[0])
+        if src is None or src.opcode not in ("slice", "dynamic-slice"):
+            continue
+        members = [src, *path]
+        if all(all(u.name in chain or u in members for u in comp.users.get(m.name, []))
+               for m in members):
+            chain.update(m.name for m in members)
+    result = frozenset(chain)
+    _DEQUANT_CACHE[id(comp)] = (comp, result)
+    return result
+
+
+def _dequant_read_bytes(comp: Computation, name: str) -> float | None:
+    """HBM bytes a matmul reads for operand `name` when it is a fused dequantisation (the
+    narrow storage and its scales), else None."""
+    chain = _dequant_ops(comp)
+    if not chain or _through_views(comp, name) not in chain and name not in chain:
+        return None
+    total, seen, stack = 0.0, set(), [name]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        inst = comp.by_name.get(n)
+        if inst is None:
+            continue
+        if n in chain and inst.opcode not in ("slice", "dynamic-slice"):
+            stack.extend(inst.operands)
+        elif n in chain:  # the slice of the stacked array: only its part is read
+            total += float(sum(a.nbytes for a in inst.shapes))
+        else:
+            total += _read_bytes(comp, n)
+    return total
+
+
 def _is_memory_op(inst: Instruction, comp: Computation | None = None) -> bool:
     op = inst.opcode
     if op in _FREE or op in _MATMUL or _is_collective(op) or op.endswith(("-start", "-done")):
         return False
+    if comp is not None and inst.name in _dequant_ops(comp):
+        return False  # fused into the matmul's operand load
     if op in ("slice", "dynamic-slice") and comp is not None and _feeds_only_matmuls(comp, inst):
         # A layer's weights (or KV cache) sliced out of the stacked array by the loop index
         # are read by the matmul from where they lie: the matmul's operand bytes count them.

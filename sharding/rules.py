@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 LOGICAL_AXES = (
     "batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "experts",
     "expert_batch",  # the batch of tokens dispatched to experts (not sharded over `expert`)
+    "cache_seq",  # the positions of a KV cache
 )
 
 # Mesh axes in the order devices are laid out: the last varies fastest, so `tensor` groups
@@ -76,6 +77,7 @@ def default_rules() -> AxisRules:
         activations={
             "batch": ("data", "fsdp", "expert"),
             "expert_batch": ("data", "fsdp"),
+            "cache_seq": ("sequence",),
             "seq": ("sequence",),
             "embed": (),
             "heads": ("tensor",),

@@ -66,3 +66,82 @@ def test_70b_decode_on_8_gpus_is_hbm_bound(cpu_devices):
     # path, each at NCCL's small-message latency.
     assert rep.step_time_s == pytest.approx(rep.compute_s + rep.comm_s, rel=0.02)
     assert rep.tokens_per_s == pytest.approx(8 / rep.step_time_s)
+
+
+def test_quantised_weights_and_cache_decode_close_to_full_forward(cpu_devices):
+    from models.quant import QuantWeight
+
+    cfg = models.preset("tiny")
+    settings = models.TrainSettings(seq_len=16, global_batch=2, compute_dtype="float32")
+    for kind, tol in (("int8", 0.05), ("float8", 0.1), ("int4", 0.5)):
+        model = models.make_model(cfg, settings, seed=3, quant=kind, kv_quant=kind)
+        wq = model.blocks.attn.wq
+        assert isinstance(wq, QuantWeight) and wq.q[...].dtype.name.startswith(
+            {"int8": "int8", "float8": "float8", "int4": "int4"}[kind])
+        assert wq.scale[...].shape == (cfg.n_layers, 1, cfg.n_heads, cfg.head_dim)
+        tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab, (2, 12)), jnp.int32)
+        full = model(tokens)  # the same quantised weights, no cache
+        _, (k, v) = model.prefill(tokens[:, :8])
+        assert k[0].dtype == wq.q[...].dtype and k[1].shape[-1] == 1  # (q, scale)
+        pad = ((0, 0), (0, 0), (0, 4), (0, 0), (0, 0))
+        cache = tuple((jnp.pad(c[0], pad), jnp.pad(c[1], pad)) for c in (k, v))
+        for i in range(8, 12):
+            logits, cache = model.decode(tokens[:, i:i + 1], cache, i)
+            err = np.max(np.abs(np.asarray(logits) - np.asarray(full[:, i])))
+            assert err < tol * np.max(np.abs(np.asarray(full[:, i]))), (kind, i, err)
+
+
+def test_kv_cache_sharded_by_sequence_decodes_the_same(cpu_devices):
+    cfg = models.preset("tiny", n_kv_heads=2)
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"sequence": 4, "tensor": 2})
+    s = ServeSettings(kind="decode", seq_len=16, batch=2, param_dtype="float32",
+                      compute_dtype="float32", cache_dtype="float32")
+    prog = build_serve_program(cfg, s, mesh, sharding.default_rules())
+    assert prog.args[1][0].sharding.spec[2:4] == ("sequence", "tensor")
+    model = models.make_model(cfg, models.TrainSettings(seq_len=16, global_batch=2,
+                                                        compute_dtype="float32"), seed=1)
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    rng = np.random.default_rng(2)
+    cache = tuple(jnp.asarray(rng.normal(size=a.shape), jnp.float32) for a in prog.args[1])
+    tok = jnp.asarray(rng.integers(0, cfg.vocab, (2, 1)), jnp.int32)
+    expect_logits, expect_cache = model.decode(tok, cache, 9)
+    args = jax.device_put((params, cache, tok, jnp.int32(9)),
+                          jax.tree.map(lambda a: a.sharding, prog.args))
+    next_tok, new_cache = prog.step(*args)
+    np.testing.assert_array_equal(np.asarray(next_tok), np.argmax(expect_logits, axis=-1))
+    np.testing.assert_allclose(np.asarray(new_cache[0]), np.asarray(expect_cache[0]), rtol=1e-4,
+                               atol=1e-6)
+    # Each device attends over its quarter of the positions; the softmax statistics and the
+    # weighted values are combined with small all-reduces over `sequence`.
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system="h100:8")
+    over_seq = [c for c in rep.collectives if "sequence" in c.mesh_axes]
+    assert over_seq and {c.kind for c in over_seq} == {"all-reduce"}
+    per_layer_out = 2 * cfg.n_heads // 2 * cfg.head_dim * 4  # (B, H/tp, E) f32 partial sums
+    assert max(c.bytes for c in over_seq) <= per_layer_out
+
+
+def test_int8_weights_and_cache_halve_70b_decode_bytes(cpu_devices):
+    system = meshes.get_system("h200:8")
+    mesh = sharding.make_mesh(system, {"tensor": 8})
+    cfg = models.preset("llama3-70b")
+    reps = {}
+    for kind in ("bfloat16", "int8"):
+        s = ServeSettings(kind="decode", seq_len=8192, batch=8, cache_dtype=kind,
+                          weight_dtype=None if kind == "bfloat16" else kind)
+        prog = build_serve_program(cfg, s, mesh, sharding.default_rules())
+        reps[kind] = (prog, sharding.analyze(prog.step, *prog.args, mesh=mesh, system=system))
+    prog, rep = reps["int8"]
+    # int8 weights (the bf16 embedding table aside) and int8 cache + one bf16 scale per
+    # (position, kv head).
+    embed = cfg.padded_vocab * cfg.d_model * 2 / 8
+    weights = (cfg.param_count() - cfg.padded_vocab * cfg.d_model) / 8
+    cache = 2 * 80 * 8 * 8192 * 8 * (128 + 2) / 8
+    assert prog.param_bytes_per_device == pytest.approx(embed + weights, rel=0.01)
+    assert prog.cache_bytes_per_device == pytest.approx(cache, rel=0.001)
+    # The dequantisation is fused into the matmuls: the step streams the narrow bytes. What
+    # it adds: the f32 attention scores of the unfused decode attention (~5%).
+    nbytes = weights + cache
+    ideal = nbytes / (4.8e12 * 2.97 / 3.35)
+    assert rep.compute_s == pytest.approx(ideal, rel=0.1)
+    assert rep.bottleneck().startswith("HBM bandwidth")
+    assert reps["bfloat16"][1].compute.hbm_bytes / rep.compute.hbm_bytes == pytest.approx(2, rel=0.1)

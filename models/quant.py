@@ -1,0 +1,62 @@
+"""Quantised storage for serving: weights and KV cache in int8, float8 (e4m3) or int4.
+
+Weight-only quantisation as serving stacks run it (TensorRT-LLM W8A16/W4A16, AQT, vLLM):
+each weight matrix is stored in the narrow type with one scale per output channel (the
+scale spans the contracted dimensions); at use the matmul's operand is `q x scale` in the
+activations' dtype. The target compilers fuse that dequantisation into the matmul's
+operand load (XLA:GPU's Triton GEMM fusion, the TPU's operand fusion), so a decode step
+reads the narrow bytes; sharding/compute.py counts it that way.
+
+The KV cache stores keys and values in the narrow type with one scale per (position, kv
+head) -- 2 bytes per head_dim values -- written when a position is produced and applied
+when attention reads the cache.
+
+The token embedding stays in the parameter dtype: a lookup reads only the rows of the
+batch's tokens, so its storage costs memory but almost no bandwidth.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+STORAGE_DTYPES = {
+    "int8": jnp.int8,
+    "float8": jnp.float8_e4m3fn,
+    "int4": jnp.int4,
+}
+_RANGE = {"int8": 127.0, "float8": 448.0, "int4": 7.0}
+SCALE_DTYPE = jnp.bfloat16
+
+
+def quantize(x, kind: str, axes: tuple[int, ...]):
+    """(x in `kind` storage, its scale): one scale per slice over `axes` (kept as size 1)."""
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axes, keepdims=True)
+    scale = jnp.maximum(amax, 1e-12) / _RANGE[kind]
+    q = x.astype(jnp.float32) / scale
+    if kind != "float8":
+        q = jnp.round(q)
+    return q.astype(STORAGE_DTYPES[kind]), scale.astype(SCALE_DTYPE)
+
+
+def dequantize(q, scale, dtype):
+    return q.astype(dtype) * scale.astype(dtype)
+
+
+class QuantWeight(nnx.Module):
+    """A weight stored as (q, scale); `w[...]` gives it back in bfloat16, like a Param.
+
+    `contract`: how many leading dimensions the weight's matmul contracts (the scale
+    spans them); `expert_dims` leading dimensions (stacked experts) come before them.
+    """
+
+    def __init__(self, value, axes, kind: str, *, contract: int = 1, expert_dims: int = 0):
+        reduce = tuple(range(expert_dims, expert_dims + contract))
+        q, scale = quantize(value, kind, reduce)
+        scale_axes = tuple(None if i in reduce else a for i, a in enumerate(axes))
+        self.q = nnx.Param(q, logical_axes=axes)
+        self.scale = nnx.Param(scale, logical_axes=scale_axes)
+
+    def __getitem__(self, index):
+        return dequantize(self.q[index], self.scale[index], jnp.bfloat16)
