@@ -5,7 +5,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 DEFAULT_EXPERIMENT := experiments/configs/llama3-8b-nvl72.toml
 
-.PHONY: run test test-fast bench clean
+GPU_VENV  := .venv-gpu
+GPU_STAMP := $(GPU_VENV)/.installed-stamp
+
+.PHONY: run test test-fast test-gpu bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +25,20 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
+# The deviceless XLA:GPU compiler: the CUDA 12 plugin and its libraries (several GB) in
+# their own environment, so that `make test` stays small.
+$(GPU_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,gpu]'
+	touch $(GPU_STAMP)
+
+test-gpu: $(GPU_STAMP)
+	$(GPU_VENV)/bin/python -m pytest -q -m gpu tests/test_gpu.py
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_stages.py $(DEFAULT_EXPERIMENT)
 	$(PY) benchmarks/bench_parse.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(GPU_VENV) *.egg-info .pytest_cache .hypothesis

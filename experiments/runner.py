@@ -59,6 +59,10 @@ def _run(exp: Experiment, *, backend: str) -> Report:
     if backend == "tpu":
         devices = backends.tpu_devices(system)
         compiler = f"the TPU compiler (libtpu, deviceless {backends.topology_name(system)})"
+    elif backend == "gpu":
+        devices = backends.gpu_devices(system)
+        compiler = (f"XLA:GPU (CUDA plugin, deviceless {system.chip.name} x "
+                    f"{backends.gpu_topology_name(system)})")
     mesh = sharding.make_mesh(system, exp.parallelism.sizes(), devices=devices)
     rules = sharding.default_rules()
     serving = exp.workload.kind != "train"

@@ -251,3 +251,56 @@ CHIPS: dict[str, Chip] = {
         source="scaling book tpus.md; AI-Hypercomputer tpu-recipes ironwood microbenchmarks",
     ),
 }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GpuTarget:
+    """What XLA:GPU needs to compile for a GPU it cannot see (its GpuTargetConfig):
+    streaming multiprocessors, CUDA compute capability, boost clock, L2 and shared memory.
+    HBM size and bandwidth come from the Chip entry."""
+
+    description: str
+    sm_count: int
+    compute_capability: tuple[int, int]
+    clock_ghz: float
+    l2_bytes: int
+    shared_memory_per_sm: int
+    shared_memory_per_block_optin: int
+    source: str
+
+
+_HOPPER_SMEM = dict(shared_memory_per_sm=233472, shared_memory_per_block_optin=232448)
+_HOPPER_SOURCE = ("NVIDIA H100 Tensor Core GPU Architecture whitepaper (132 SMs on SXM5, "
+                  "50 MB L2, 228 KB shared memory per SM, compute capability 9.0); "
+                  "shared/reference/gpu-target-h100.txtpb (a config that compiled here)")
+_BLACKWELL_SMEM = dict(shared_memory_per_sm=233472, shared_memory_per_block_optin=232448)
+
+GPU_TARGETS: dict[str, GpuTarget] = {
+    "a100": GpuTarget(description="NVIDIA A100-SXM4-80GB", sm_count=108,
+                      compute_capability=(8, 0), clock_ghz=1.41, l2_bytes=40 * 2**20,
+                      shared_memory_per_sm=167936, shared_memory_per_block_optin=166912,
+                      source="NVIDIA A100 Tensor Core GPU Architecture whitepaper (108 SMs, "
+                             "40 MB L2, 164 KB shared memory per SM, compute capability 8.0)"),
+    "h100": GpuTarget(description="NVIDIA H100 80GB HBM3", sm_count=132,
+                      compute_capability=(9, 0), clock_ghz=1.98, l2_bytes=50 * 2**20,
+                      **_HOPPER_SMEM, source=_HOPPER_SOURCE),
+    "h200": GpuTarget(description="NVIDIA H200", sm_count=132, compute_capability=(9, 0),
+                      clock_ghz=1.98, l2_bytes=50 * 2**20, **_HOPPER_SMEM,
+                      source="the H100's GH100 die with 141 GB HBM3e (H200 datasheet); "
+                             + _HOPPER_SOURCE),
+    "b200": GpuTarget(description="NVIDIA B200", sm_count=148, compute_capability=(10, 0),
+                      clock_ghz=1.965, l2_bytes=126 * 2**20, **_BLACKWELL_SMEM,
+                      source="NVIDIA Blackwell architecture technical brief (two dies, 148 "
+                             "SMs, compute capability 10.0); the L2 size and clock are not "
+                             "from a datasheet in reference/: they steer only XLA's tiling "
+                             "heuristics, not which collectives it emits"),
+    "gb200": GpuTarget(description="NVIDIA GB200", sm_count=148, compute_capability=(10, 0),
+                       clock_ghz=1.965, l2_bytes=126 * 2**20, **_BLACKWELL_SMEM,
+                       source="the B200 GPU of a Grace Blackwell superchip (GB200 NVL72 "
+                              "datasheet)"),
+    "gb300": GpuTarget(description="NVIDIA GB300", sm_count=160, compute_capability=(10, 3),
+                       clock_ghz=1.965, l2_bytes=126 * 2**20, **_BLACKWELL_SMEM,
+                       source="NVIDIA technical blog 'Inside NVIDIA Blackwell Ultra' (160 SMs, "
+                              "compute capability 10.3); L2 and clock as B200 (unverified, "
+                              "tiling heuristics only)"),
+}

@@ -138,6 +138,22 @@ def _time_collectives(
     return out
 
 
+_COMPILER_REMAT = re.compile(r"\.remat\d*$")
+
+
+def _remat_note(module) -> tuple[str, ...]:
+    """The target compiler's own rematerialisation (XLA:GPU's HLO rematerialisation pass
+    names its copies `*.remat`, `*.remat2`, ...): it recomputes when the program would not
+    fit in HBM otherwise, and the extra work is in the estimate."""
+    names = [i for comp in module.computations.values() for i in comp.instructions
+             if i.opcode in ("fusion", "dot", "custom-call") and _COMPILER_REMAT.search(i.name)]
+    if not names:
+        return ()
+    return (f"the compiler rematerialised {len(names)} kernels (recomputed to fit in HBM; "
+            f"e.g. {names[0].name}): their work is in the estimate; more remat or sharding in "
+            f"the config would control it",)
+
+
 def analyze_module(
     module: HloModule,
     *,
@@ -187,7 +203,7 @@ def analyze_module(
         model_flops_per_step=model_flops_per_step,
         tokens_per_step=tokens_per_step,
         timings=timings,
-        warnings=tuple(warnings) + tuple(module.notes),
+        warnings=tuple(warnings) + tuple(module.notes) + _remat_note(module),
         unknown_ops=tuple(unknown),
         scheduled_step_s=schedule.step_s,
     )

@@ -391,7 +391,7 @@ def _is_memory_op(inst: Instruction, comp: Computation | None = None) -> bool:
         # A layer's weights (or KV cache) sliced out of the stacked array by the loop index
         # are read by the matmul from where they lie: the matmul's operand bytes count them.
         return False
-    if FUSED_KERNEL_SCOPE in inst.attr_text and FUSED_KERNEL_SCOPE in inst.op_name:
+    if FUSED_KERNEL_SCOPE in inst.op_name:
         return False
     return True
 

@@ -123,6 +123,9 @@ class Instruction:
     line: int
     is_root: bool = False
     _attrs: dict[str, str] | None = None
+    # For a fusion whose own metadata was dropped by the compiler (XLA:GPU's reduction
+    # fusions): the op_name of the instructions it fused.
+    inherited_op_name: str = ""
 
     @property
     def shapes(self) -> list[ArrayShape]:
@@ -148,9 +151,9 @@ class Instruction:
     def op_name(self) -> str:
         meta = self.attr("metadata")
         if not meta:
-            return ""
+            return self.inherited_op_name
         m = re.search(r'op_name="((?:[^"\\]|\\.)*)"', meta)
-        return m.group(1) if m else ""
+        return m.group(1) if m else self.inherited_op_name
 
     def called_computations(self) -> list[tuple[str, str]]:
         """(role, computation name) for every computation this instruction calls."""
@@ -561,7 +564,24 @@ def parse_hlo(text: str) -> HloModule:
         raise HloParseError("no HLO computations found (is this an HLO module dump?)")
     if not entry:
         entry = list(computations)[-1]
+    _inherit_fusion_op_names(computations)
     return HloModule(module_name, computations, entry, num_partitions, header)
+
+
+def _inherit_fusion_op_names(computations: dict[str, Computation]) -> None:
+    """Give a fusion without metadata the op_name of what it fused (its root's, else the
+    first one found), so that its work is attributed to the model operation."""
+    for comp in computations.values():
+        for inst in comp.instructions:
+            if inst.opcode != "fusion" or "op_name=" in inst.attr_text:
+                continue
+            for _, callee in inst.called_computations():
+                body = computations.get(callee)
+                if body is None:
+                    continue
+                names = [i.op_name for i in sorted(body.instructions, key=lambda i: not i.is_root)]
+                inst.inherited_op_name = next((n for n in names if n), "")
+                break
 
 
 def _parse_instruction(s: str, lineno: int) -> Instruction:

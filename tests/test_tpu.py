@@ -43,8 +43,9 @@ def test_run_on_the_tpu_compiler_says_so_and_keeps_noise_away(tmp_path, capsys, 
     assert gathers and {c["dtype"] for c in gathers} == {"bfloat16"}
 
 
-def test_auto_picks_the_tpu_compiler_for_tpu_systems():
+def test_auto_picks_the_tpu_compiler_for_tpu_systems(monkeypatch):
     assert backends.resolve_backend("auto", get_system("tpu-v6e:2x4")) == "tpu"
+    monkeypatch.setattr(backends, "gpu_compiler_installed", lambda: False)
     assert backends.resolve_backend("auto", get_system("h100:8")) == "cpu"
 
 
