@@ -244,8 +244,11 @@ def validate(exp: Experiment, num_devices: int) -> None:
         raise ConfigError(f"workload.microbatches={w.microbatches} applies to training only; "
                           f"remove it for workload.kind={w.kind!r}")
     if p.compute == "float4":
-        raise ConfigError("precision.compute='float4' is not supported yet (block-scaled FP4 "
-                          "matmuls); use 'float8' or 'bfloat16'")
+        chip = get_system(exp.system).chip
+        if "float4" not in chip.peak_flops_per_s:
+            raise ConfigError(f"precision.compute='float4': {chip.name} has no FP4 tensor "
+                              f"cores (system.name={exp.system!r}); use 'float8' or a "
+                              f"Blackwell system (b200, gb200-nvl72, gb300-nvl72)")
     if par.expert > 1 and m.n_experts > 1:
         _divides("parallelism.expert", par.expert, "model.n_experts", m.n_experts)
     if m.n_experts > 1 and par.sequence > 1:

@@ -56,3 +56,80 @@ def _bwd(spec, residuals, dy):
 
 
 fp8_einsum.defvjp(_fwd, _bwd)
+
+
+# FP4 (E2M1) with block scaling, as Blackwell's block-scaled tensor-core MMA runs it
+# (OCP MX: MXFP4 = 32 elements sharing one power-of-two E8M0 scale). Each operand is split
+# into blocks of 32 along a contracted dimension; every block is scaled so that its
+# largest magnitude fits E2M1's range (6.0) and rounded to E2M1. The matmul multiplies the
+# E2M1 values with their block scales applied (the MMA does this in the tensor core); in the
+# HLO that is a convert-from-f4 x scale in front of the dot, which sharding/compute.py
+# counts as one FP4 matmul reading FP4 bytes. Gradients are quantised the same way and both
+# gradient matmuls run in FP4 too (NVFP4 training recipes do; they add stochastic rounding
+# and random Hadamard transforms of the gradients, which change accuracy, not cost).
+E2M1 = jnp.float4_e2m1fn
+E8M0 = jnp.float8_e8m0fnu
+E2M1_MAX = 6.0
+MX_BLOCK = 32
+
+
+def quantize_blocks_raw(x, axis: int):
+    """(E2M1 values, E8M0 scales): x split into blocks of 32 along `axis` (a new axis of
+    32 after it), each block scaled by a power of two that fits its largest magnitude."""
+    axis = axis % x.ndim
+    n = x.shape[axis]
+    if n % MX_BLOCK:
+        raise ValueError(f"FP4 block scaling needs the contracted dimension ({n}) to be a "
+                         f"multiple of {MX_BLOCK}")
+    shape = (*x.shape[:axis], n // MX_BLOCK, MX_BLOCK, *x.shape[axis + 1:])
+    blocks = x.astype(jnp.float32).reshape(shape)
+    amax = jnp.max(jnp.abs(blocks), axis=axis + 1, keepdims=True)
+    scale = jnp.exp2(jnp.ceil(jnp.log2(jnp.maximum(amax, 1e-30) / E2M1_MAX))).astype(E8M0)
+    return (blocks / scale.astype(jnp.float32)).astype(E2M1), scale
+
+
+def quantize_blocks(x, axis: int):
+    """x rounded to block-scaled E2M1 and given back in x.dtype (the operand the dot
+    reads: the tensor core applies the block scales)."""
+    q, scale = quantize_blocks_raw(x, axis)
+    return (q.astype(x.dtype) * scale.astype(x.dtype)).reshape(x.shape)
+
+
+def _block_axis(spec: str, operand: int, shape) -> int:
+    """An operand's block axis: the last dimension the einsum contracts whose size the
+    block divides (else the last contracted one, which then raises)."""
+    inputs, out = spec.split("->")
+    a, b = inputs.split(",")
+    mine, other = (a, b) if operand == 0 else (b, a)
+    axes = [i for i, c in enumerate(mine) if c in other and c not in out]
+    fits = [i for i in axes if shape[i] % MX_BLOCK == 0]
+    return (fits or axes)[-1]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def fp4_einsum(spec: str, x, w):
+    """`jnp.einsum(spec, x, w)` with both operands in block-scaled FP4."""
+    return _fp4_fwd(spec, x, w)[0]
+
+
+def _fp4_fwd(spec, x, w):
+    xq = quantize_blocks(x, _block_axis(spec, 0, x.shape))
+    wq = quantize_blocks(w, _block_axis(spec, 1, w.shape))
+    y = jnp.einsum(spec, xq, wq, preferred_element_type=jnp.float32)
+    return y.astype(x.dtype), (x, w)
+
+
+def _fp4_bwd(spec, residuals, dy):
+    x, w = residuals
+    dx_spec, dw_spec = _transposed(spec)
+    dy = dy.astype(x.dtype)
+    dx = jnp.einsum(dx_spec, quantize_blocks(dy, _block_axis(dx_spec, 0, dy.shape)),
+                    quantize_blocks(w, _block_axis(dx_spec, 1, w.shape)),
+                    preferred_element_type=jnp.float32)
+    dw = jnp.einsum(dw_spec, quantize_blocks(x, _block_axis(dw_spec, 0, x.shape)),
+                    quantize_blocks(dy, _block_axis(dw_spec, 1, dy.shape)),
+                    preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+fp4_einsum.defvjp(_fp4_fwd, _fp4_bwd)

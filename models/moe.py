@@ -103,13 +103,13 @@ def _dispatch_indices(expert_GSK, slot_GSK, kept_GSK, n_experts: int, cap: int):
 class MoeMlp(nnx.Module):
     """Routed experts (and `n_shared_experts` always-on experts, DeepSeek style)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False,
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, lowp: str | None = None,
                  quant: str | None = None):
         from models.transformer import Mlp, _param, _weight  # dense MLP = the shared expert
 
         d, f, x = cfg.d_model, cfg.d_ff, cfg.n_experts
         self.cfg = cfg
-        self.fp8 = fp8
+        self.lowp = lowp
         self.router = _param(rngs, (d, x), ("embed", None), param_dtype)
         if cfg.mlp == "swiglu":
             self.w_gate = _weight(rngs, (x, d, f), ("experts", "embed", "mlp"), param_dtype,
@@ -122,7 +122,7 @@ class MoeMlp(nnx.Module):
             import dataclasses
 
             shared = dataclasses.replace(cfg, d_ff=cfg.n_shared_experts * cfg.d_ff)
-            self.shared = Mlp(shared, rngs=rngs, param_dtype=param_dtype, fp8=fp8, quant=quant)
+            self.shared = Mlp(shared, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
 
     def __call__(self, x_BLD):
         from models.transformer import project
@@ -144,16 +144,16 @@ class MoeMlp(nnx.Module):
             # The all-to-all: groups lose the `expert` sharding, experts gain it.
             x_GXCD = constrain(x_GXCD, ("expert_batch", "experts", None, "embed"))
         with jax.named_scope("experts"):
-            up_GXCF = project("gxcd,xdf->gxcf", x_GXCD, self.w_up[...], fp8=self.fp8)
+            up_GXCF = project("gxcd,xdf->gxcf", x_GXCD, self.w_up, lowp=self.lowp)
             if cfg.mlp == "swiglu":
-                gate_GXCF = project("gxcd,xdf->gxcf", x_GXCD, self.w_gate[...], fp8=self.fp8)
+                gate_GXCF = project("gxcd,xdf->gxcf", x_GXCD, self.w_gate, lowp=self.lowp)
                 h_GXCF = jax.nn.silu(gate_GXCF) * up_GXCF
             elif cfg.mlp == "gelu":
                 h_GXCF = jax.nn.gelu(up_GXCF)
             else:
                 h_GXCF = jax.nn.relu(up_GXCF)
             h_GXCF = constrain(h_GXCF, ("expert_batch", "experts", None, "mlp"))
-            y_GXCD = project("gxcf,xfd->gxcd", h_GXCF, self.w_down[...], fp8=self.fp8)
+            y_GXCD = project("gxcf,xfd->gxcd", h_GXCF, self.w_down, lowp=self.lowp)
             y_GXCD = constrain(y_GXCD, ("expert_batch", "experts", None, "embed"))
         with jax.named_scope("combine"):
             y_GXCD = constrain(y_GXCD, ("batch", None, None, "embed"))  # all-to-all back

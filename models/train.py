@@ -62,13 +62,13 @@ class TrainProgram:
 def make_model(cfg: ModelConfig, settings: TrainSettings, *, seed: int = 0,
                pipeline_stages: int = 1, quant: str | None = None,
                kv_quant: str | None = None) -> Transformer:
-    """compute_dtype "float8": FP8 weight matmuls with bf16 activations. With pipeline
+    """compute_dtype "float8" / "float4": FP8 / FP4 weight matmuls with bf16 activations. With pipeline
     stages, `settings.microbatches` are the pipeline's microbatches. `quant`, `kv_quant`:
     quantised weights and KV cache for serving (models/quant.py)."""
-    fp8 = settings.compute_dtype == "float8"
-    compute = jnp.bfloat16 if fp8 else DTYPES[settings.compute_dtype]
+    lowp = settings.compute_dtype if settings.compute_dtype in ("float8", "float4") else None
+    compute = jnp.bfloat16 if lowp else DTYPES[settings.compute_dtype]
     return Transformer(cfg, rngs=nnx.Rngs(seed), param_dtype=DTYPES[settings.param_dtype],
-                       compute_dtype=compute, remat=settings.remat, fp8=fp8,
+                       compute_dtype=compute, remat=settings.remat, lowp=lowp,
                        pipeline=(pipeline_stages, settings.microbatches), quant=quant,
                        kv_quant=kv_quant)
 

@@ -17,7 +17,7 @@ from flax import nnx
 
 from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
-from models.fp8 import fp8_einsum
+from models.fp8 import fp4_einsum, fp8_einsum
 from sharding.rules import active_mesh, active_rules, constrain, no_rules
 
 REMAT_POLICIES = ("none", "minimal", "full")
@@ -51,10 +51,19 @@ def _zeros(shape, axes, dtype) -> nnx.Param:
     return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
 
 
-def project(spec: str, x, w, *, fp8: bool):
-    """A weight matmul: in the activations' dtype, or in FP8 (models/fp8.py)."""
-    w = w.astype(x.dtype)
-    return fp8_einsum(spec, x, w) if fp8 else jnp.einsum(spec, x, w)
+def project(spec: str, x, w, *, lowp: str | None):
+    """A weight matmul: in the activations' dtype, or in FP8 / FP4 (models/fp8.py).
+
+    `w` is the weight's Param (or an array). Low-precision recipes quantise after any FSDP
+    gather here, so the gather moves the parameter dtype's bytes (Transformer Engine can
+    gather FP8 weights instead; that saving is not modelled).
+    """
+    w = (w[...] if not isinstance(w, jax.Array) else w).astype(x.dtype)
+    if lowp == "float8":
+        return fp8_einsum(spec, x, w)
+    if lowp == "float4":
+        return fp4_einsum(spec, x, w)
+    return jnp.einsum(spec, x, w)
 
 
 class Norm(nnx.Module):
@@ -86,11 +95,11 @@ def rope(x_BLHE, positions_BL, theta: float):
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False,
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, lowp: str | None = None,
                  quant: str | None = None):
         d, h, k, e = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.cfg = cfg
-        self.fp8 = fp8
+        self.lowp = lowp
         self.wq = _weight(rngs, (d, h, e), ("embed", "heads", "head_dim"), param_dtype, quant)
         self.wk = _weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype, quant)
         self.wv = _weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype, quant)
@@ -106,9 +115,9 @@ class Attention(nnx.Module):
         """
         cfg = self.cfg
         with jax.named_scope("qkv_proj"):
-            q_BLHE = project("bld,dhe->blhe", x_BLD, self.wq[...], fp8=self.fp8)
-            k_BLKE = project("bld,dke->blke", x_BLD, self.wk[...], fp8=self.fp8)
-            v_BLKE = project("bld,dke->blke", x_BLD, self.wv[...], fp8=self.fp8)
+            q_BLHE = project("bld,dhe->blhe", x_BLD, self.wq, lowp=self.lowp)
+            k_BLKE = project("bld,dke->blke", x_BLD, self.wk, lowp=self.lowp)
+            v_BLKE = project("bld,dke->blke", x_BLD, self.wv, lowp=self.lowp)
             q_BLHE = constrain(q_BLHE, ("batch", "seq", "heads", "head_dim"))
             k_BLKE = constrain(k_BLKE, ("batch", "seq", "kv_heads", "head_dim"))
             v_BLKE = constrain(v_BLKE, ("batch", "seq", "kv_heads", "head_dim"))
@@ -125,7 +134,7 @@ class Attention(nnx.Module):
             out_BLKGE = decode_attention(q_BLKGE, k_BLKE, v_BLKE, *cache)
         out_BLHE = constrain(out_BLKGE.reshape(b, seq, h, e), ("batch", "seq", "heads", "head_dim"))
         with jax.named_scope("out_proj"):
-            out_BLD = project("blhe,hed->bld", out_BLHE, self.wo[...], fp8=self.fp8)
+            out_BLD = project("blhe,hed->bld", out_BLHE, self.wo, lowp=self.lowp)
             return constrain(out_BLD, ("batch", "seq", "embed")), (k_BLKE, v_BLKE)
 
 
@@ -173,11 +182,11 @@ def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BSKE, v_BSKE, index):
 
 
 class Mlp(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False,
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, lowp: str | None = None,
                  quant: str | None = None):
         d, f = cfg.d_model, cfg.d_ff
         self.kind = cfg.mlp
-        self.fp8 = fp8
+        self.lowp = lowp
         if cfg.mlp == "swiglu":
             self.w_gate = _weight(rngs, (d, f), ("embed", "mlp"), param_dtype, quant)
         self.w_up = _weight(rngs, (d, f), ("embed", "mlp"), param_dtype, quant)
@@ -185,9 +194,9 @@ class Mlp(nnx.Module):
 
     def __call__(self, x_BLD):
         with jax.named_scope("up_proj"):
-            up_BLF = project("bld,df->blf", x_BLD, self.w_up[...], fp8=self.fp8)
+            up_BLF = project("bld,df->blf", x_BLD, self.w_up, lowp=self.lowp)
             if self.kind == "swiglu":
-                gate_BLF = project("bld,df->blf", x_BLD, self.w_gate[...], fp8=self.fp8)
+                gate_BLF = project("bld,df->blf", x_BLD, self.w_gate, lowp=self.lowp)
                 h_BLF = jax.nn.silu(gate_BLF) * up_BLF
             elif self.kind == "gelu":
                 h_BLF = jax.nn.gelu(up_BLF)
@@ -195,22 +204,22 @@ class Mlp(nnx.Module):
                 h_BLF = jax.nn.relu(up_BLF)
             h_BLF = constrain(h_BLF, ("batch", "seq", "mlp"))
         with jax.named_scope("down_proj"):
-            out_BLD = project("blf,fd->bld", h_BLF, self.w_down[...], fp8=self.fp8)
+            out_BLD = project("blf,fd->bld", h_BLF, self.w_down, lowp=self.lowp)
             return constrain(out_BLD, ("batch", "seq", "embed"))
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, fp8: bool = False,
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, lowp: str | None = None,
                  quant: str | None = None):
         self.attn_norm = Norm(cfg, param_dtype=param_dtype)
-        self.attn = Attention(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8, quant=quant)
+        self.attn = Attention(cfg, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
         self.mlp_norm = Norm(cfg, param_dtype=param_dtype)
         if cfg.n_experts > 1:
             from models.moe import MoeMlp
 
-            self.mlp = MoeMlp(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8, quant=quant)
+            self.mlp = MoeMlp(cfg, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
         else:
-            self.mlp = Mlp(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8, quant=quant)
+            self.mlp = Mlp(cfg, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
 
     def __call__(self, x_BLD, positions_BL, cache=None):
         with jax.named_scope("attention"):
@@ -224,10 +233,11 @@ class Transformer(nnx.Module):
     """Token ids (B, L) -> logits (B, L, V) in float32."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32,
-                 compute_dtype=jnp.bfloat16, remat: str = "full", fp8: bool = False,
+                 compute_dtype=jnp.bfloat16, remat: str = "full", lowp: str | None = None,
                  pipeline: tuple[int, int] = (1, 1), quant: str | None = None,
                  kv_quant: str | None = None):
-        """`fp8`: weight matmuls in FP8 (models/fp8.py); activations stay in compute_dtype.
+        """`lowp`: weight matmuls in "float8" or "float4" (models/fp8.py); activations
+        stay in compute_dtype.
         `pipeline`: (stages, microbatches) of a GPipe schedule over the `pipeline` mesh
         axis (models/pipeline.py); (1, 1) runs the layers directly. `quant`: weight
         matrices stored in "int8" | "float8" | "int4" with per-channel scales (serving;
@@ -237,7 +247,7 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         self.compute_dtype = compute_dtype
         self.remat = remat
-        self.fp8 = fp8
+        self.lowp = lowp
         self.pipeline = pipeline
         self.kv_quant = kv_quant
         v, d = cfg.padded_vocab, cfg.d_model
@@ -249,7 +259,7 @@ class Transformer(nnx.Module):
         @nnx.split_rngs(splits=cfg.n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_blocks(rngs):
-            return Block(cfg, rngs=rngs, param_dtype=param_dtype, fp8=fp8, quant=quant)
+            return Block(cfg, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
 
         self.blocks = make_blocks(rngs)  # every parameter gains a leading `layers` dim
         self.final_norm = Norm(cfg, param_dtype=param_dtype)
@@ -350,7 +360,7 @@ class Transformer(nnx.Module):
         with jax.named_scope("lm_head"):
             x_BLD = self.final_norm(x_BLD)
             head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-            logits_BLV = project("bld,dv->blv", x_BLD, head_DV, fp8=self.fp8)
+            logits_BLV = project("bld,dv->blv", x_BLD, head_DV, lowp=self.lowp)
             return constrain(logits_BLV, ("batch", "seq", "vocab")).astype(jnp.float32)
 
 

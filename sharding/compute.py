@@ -85,6 +85,10 @@ def dot_flops(inst: Instruction, comp: Computation) -> tuple[float, str, float]:
     lhs = _operand_shape(comp, inst, 0)
     rhs = _operand_shape(comp, inst, 1)
     dtype = DTYPE_NAMES.get(lhs.dtype, lhs.dtype) if lhs else "float32"
+    if len(inst.operands) >= 2:
+        sources = {_dequant_source_dtype(comp, o) for o in inst.operands[:2]}
+        if len(sources) == 1 and (narrow := sources.pop()) in _LOW_PRECISION_MMA:
+            dtype = _LOW_PRECISION_MMA[narrow]  # both operands block-scaled narrow floats
     io_bytes = out[0].nbytes
     for i, shape in ((0, lhs), (1, rhs)):
         fused = _dequant_read_bytes(comp, inst.operands[i]) if i < len(inst.operands) else None
@@ -297,7 +301,10 @@ _REDUCTIONS = frozenset({"reduce", "reduce-window"})
 
 
 # Storage types that a matmul's operand load widens (weight-only quantisation).
-_NARROW = frozenset({"s8", "u8", "s4", "u4", "f8e4m3fn", "f8e5m2", "f8e4m3", "f4e2m1fn"})
+_NARROW = frozenset({"s8", "u8", "s4", "u4", "f8e4m3fn", "f8e5m2", "f8e4m3", "f4e2m1fn",
+                     "f8e8m0fnu"})
+# Narrow float types a block-scaled MMA multiplies directly when both operands are in them.
+_LOW_PRECISION_MMA = {"f4e2m1fn": "float4", "f8e4m3fn": "float8", "f8e5m2": "float8"}
 _DEQUANT_CACHE: dict[int, tuple[Computation, frozenset[str]]] = {}
 
 
@@ -379,6 +386,31 @@ def _dequant_read_bytes(comp: Computation, name: str) -> float | None:
         else:
             total += _read_bytes(comp, n)
     return total
+
+
+def _dequant_source_dtype(comp: Computation, name: str) -> str | None:
+    """The narrow element type operand `name` was dequantised from (walking back through
+    views, the scale multiply, widening converts and gathers of the dequantised value),
+    taking the values' type, not the block scales'; None for a plain operand. Both operands
+    of a dot from the same narrow float make it a block-scaled low-precision MMA."""
+    found, seen, stack = [], set(), [name]
+    while stack:
+        n = stack.pop()
+        inst = comp.by_name.get(n)
+        if n in seen or inst is None:
+            continue
+        seen.add(n)
+        if inst.opcode == "convert":
+            src = comp.by_name.get(inst.operands[0])
+            if src is not None and src.shapes and src.shapes[0].dtype in _NARROW:
+                found.append(src.shapes[0])
+                continue
+            stack.extend(inst.operands)
+        elif inst.opcode in ("multiply", "all-gather", "broadcast", *_VIEWS):
+            stack.extend(inst.operands)
+    if not found:
+        return None
+    return max(found, key=lambda a: a.num_elements).dtype  # the data, not its scales
 
 
 def _is_memory_op(inst: Instruction, comp: Computation | None = None) -> bool:

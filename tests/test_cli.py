@@ -74,6 +74,10 @@ BAD = {
     "moe+cp": (TINY.replace("[system]", "n_experts = 4\nexperts_per_token = 2\n[system]")
                .replace("data = 2\nfsdp = 4", "data = 4\nsequence = 2"),
                "parallelism.sequence=2 with a mixture of experts"),
+    "fp4 on hopper": (TINY + '[precision]\ncompute = "float4"\n',
+                      "precision.compute='float4': h100 has no FP4 tensor cores"),
+    "int8 train": (TINY + '[precision]\nweights = "int8"\n',
+                   "precision.weights='int8' applies to serving"),
     "type": (TINY.replace("data = 2", 'data = "two"'), "parallelism.data='two' must be an integer"),
 }
 
