@@ -548,10 +548,12 @@ def _fusion_io(module: HloModule | None, inst: Instruction) -> tuple[dict[int, f
     for p in fused.instructions:
         if p.opcode != "parameter":
             continue
-        users = fused.users.get(p.name, [])
-        if users and all(u.opcode in _SLICES and u.operands[0] == p.name for u in users):
+        users = _users_through_views(fused, p.name)
+        if users and all(u.opcode in _SLICES and _through_views(fused, u.operands[0]) == p.name
+                         for u in users):
             reads[int(p.operands[0])] = float(sum(a.nbytes for u in users for a in u.shapes))
-        elif users and all(u.opcode in _IN_PLACE and u.operands[0] == p.name for u in users):
+        elif users and all(u.opcode in _IN_PLACE and
+                           _through_views(fused, u.operands[0]) == p.name for u in users):
             reads[int(p.operands[0])] = 0.0
     write = None
     root = fused.root
@@ -559,6 +561,17 @@ def _fusion_io(module: HloModule | None, inst: Instruction) -> tuple[dict[int, f
         update = root.operands[-1 if root.opcode == "scatter" else 1]
         write = float(sum(a.nbytes for a in _shapes_of(fused, update)))
     return reads, write
+
+
+def _users_through_views(comp: Computation, name: str) -> list[Instruction]:
+    """The users of `name`, looking through bitcasts and reshapes."""
+    out = []
+    for u in comp.users.get(name, []):
+        if u.opcode in _VIEWS:
+            out.extend(_users_through_views(comp, u.name))
+        else:
+            out.append(u)
+    return out
 
 
 def _leaves_region(comp: Computation, user: Instruction, inside: set[str]) -> bool:

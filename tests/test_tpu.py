@@ -78,6 +78,23 @@ def test_cpu_and_tpu_compilers_move_comparable_bytes(tmp_path, capsys, cpu_devic
     assert 0.5 < totals["tpu"] / totals["cpu"] < 4
 
 
+def test_cpu_and_tpu_agree_per_kind_where_they_emit_the_same_collectives(tmp_path, capsys,
+                                                                         cpu_devices):
+    # Data parallelism: both compilers reduce the same gradients with all-reduces, so the
+    # bytes agree per kind (the TPU's combiner only merges them into fewer, larger ones).
+    dp = TPU_TINY.replace("data = 2\nfsdp = 4", "data = 8").replace(
+        "[workload]", "[train]\nremat = 'none'\n[workload]")
+    by_kind = {}
+    for backend in ("cpu", "tpu"):
+        out = tmp_path / f"{backend}.json"
+        code, _, err = run_cli(["run", write(tmp_path, dp), "--backend", backend,
+                                "--json", str(out)], capsys)
+        assert code == 0, err
+        by_kind[backend] = json.loads(out.read_text())["by_kind"]
+    assert set(by_kind["tpu"]) == set(by_kind["cpu"]) == {"all-reduce"}
+    assert by_kind["tpu"]["all-reduce"] == pytest.approx(by_kind["cpu"]["all-reduce"], rel=0.1)
+
+
 def test_auto_falls_back_to_the_cpu_path_when_the_tpu_compiler_refuses(tmp_path, capsys,
                                                                        cpu_devices):
     big = TPU_TINY.replace('"tiny"', '"llama3-8b"\nn_layers = 2').replace(
