@@ -109,6 +109,7 @@ class MoeMlp(nnx.Module):
 
         d, f, x = cfg.d_model, cfg.d_ff, cfg.n_experts
         self.cfg = cfg
+        self.kind = cfg.mlp
         self.lowp = lowp
         self.router = _param(rngs, (d, x), ("embed", None), param_dtype)
         if cfg.mlp == "swiglu":
@@ -125,7 +126,7 @@ class MoeMlp(nnx.Module):
             self.shared = Mlp(shared, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
 
     def __call__(self, x_BLD):
-        from models.transformer import project
+        from models.transformer import mlp_hidden, project
 
         cfg = self.cfg
         b, l, d = x_BLD.shape
@@ -144,14 +145,7 @@ class MoeMlp(nnx.Module):
             # The all-to-all: groups lose the `expert` sharding, experts gain it.
             x_GXCD = constrain(x_GXCD, ("expert_batch", "experts", None, "embed"))
         with jax.named_scope("experts"):
-            up_GXCF = project("gxcd,xdf->gxcf", x_GXCD, self.w_up, lowp=self.lowp)
-            if cfg.mlp == "swiglu":
-                gate_GXCF = project("gxcd,xdf->gxcf", x_GXCD, self.w_gate, lowp=self.lowp)
-                h_GXCF = jax.nn.silu(gate_GXCF) * up_GXCF
-            elif cfg.mlp == "gelu":
-                h_GXCF = jax.nn.gelu(up_GXCF)
-            else:
-                h_GXCF = jax.nn.relu(up_GXCF)
+            h_GXCF = mlp_hidden(self, "gxcd,xdf->gxcf", x_GXCD)
             h_GXCF = constrain(h_GXCF, ("expert_batch", "experts", None, "mlp"))
             y_GXCD = project("gxcf,xfd->gxcd", h_GXCF, self.w_down, lowp=self.lowp)
             y_GXCD = constrain(y_GXCD, ("expert_batch", "experts", None, "embed"))

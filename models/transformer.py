@@ -181,6 +181,15 @@ def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BSKE, v_BSKE, index):
         return out_BKGE[:, None].astype(q_B1KGE.dtype)
 
 
+def mlp_hidden(mlp, spec: str, x):
+    """The MLP's hidden activation: silu(x W_gate) * x W_up (SwiGLU), gelu or relu of x W_up;
+    `mlp` holds the weights (w_up, w_gate), `kind` and `lowp`."""
+    up = project(spec, x, mlp.w_up, lowp=mlp.lowp)
+    if mlp.kind == "swiglu":
+        return jax.nn.silu(project(spec, x, mlp.w_gate, lowp=mlp.lowp)) * up
+    return jax.nn.gelu(up) if mlp.kind == "gelu" else jax.nn.relu(up)
+
+
 class Mlp(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, lowp: str | None = None,
                  quant: str | None = None):
@@ -194,14 +203,7 @@ class Mlp(nnx.Module):
 
     def __call__(self, x_BLD):
         with jax.named_scope("up_proj"):
-            up_BLF = project("bld,df->blf", x_BLD, self.w_up, lowp=self.lowp)
-            if self.kind == "swiglu":
-                gate_BLF = project("bld,df->blf", x_BLD, self.w_gate, lowp=self.lowp)
-                h_BLF = jax.nn.silu(gate_BLF) * up_BLF
-            elif self.kind == "gelu":
-                h_BLF = jax.nn.gelu(up_BLF)
-            else:
-                h_BLF = jax.nn.relu(up_BLF)
+            h_BLF = mlp_hidden(self, "bld,df->blf", x_BLD)
             h_BLF = constrain(h_BLF, ("batch", "seq", "mlp"))
         with jax.named_scope("down_proj"):
             out_BLD = project("blf,fd->bld", h_BLF, self.w_down, lowp=self.lowp)
