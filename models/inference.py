@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
+from models.quant import SCALE_DTYPE, STORAGE_DTYPES
 from models.train import DTYPES, TrainSettings, abstract_params, per_device_bytes
 from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
 
@@ -66,8 +67,6 @@ def serve_flops(cfg: ModelConfig, s: ServeSettings) -> float:
 def build_serve_program(
     cfg: ModelConfig, s: ServeSettings, mesh: Mesh, rules: AxisRules
 ) -> ServeProgram:
-    from models.quant import STORAGE_DTYPES
-
     mesh_shape = mesh_shape_of(mesh)
     if s.cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"cache dtype {s.cache_dtype!r} is not one of {CACHE_DTYPES}")
@@ -87,8 +86,6 @@ def build_serve_program(
         cache_sharding = one
         one_cache = jax.ShapeDtypeStruct(cache_shape, DTYPES[s.cache_dtype], sharding=one)
     else:
-        from models.quant import SCALE_DTYPE
-
         scale_spec = resolve(CACHE_AXES, (*cache_shape[:-1], 1), rules.activations, mesh_shape,
                              what="KV cache scales")
         cache_sharding = (one, NamedSharding(mesh, scale_spec))

@@ -36,7 +36,9 @@ _F32 = 4
 
 def _activation_bytes(compute_dtype: str) -> int:
     # FP8 recipes keep activations in bf16 between matmuls.
-    return 2 if compute_dtype.startswith(("float8", "float4")) else jnp.dtype(compute_dtype).itemsize
+    if compute_dtype.startswith(("float8", "float4")):
+        return 2
+    return jnp.dtype(compute_dtype).itemsize
 
 
 def _batch_ways(mesh_shape: Mapping[str, int]) -> int:

@@ -32,6 +32,7 @@ token, D d_model, F expert hidden.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -39,6 +40,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.config import ModelConfig
+from models.layers import Mlp, mlp_hidden, new_param, new_weight, project
 from sharding.rules import active_mesh, active_rules, constrain, mesh_shape_of
 
 
@@ -105,33 +107,27 @@ class MoeMlp(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, lowp: str | None = None,
                  quant: str | None = None):
-        from models.transformer import Mlp, _param, _weight  # dense MLP = the shared expert
-
         d, f, x = cfg.d_model, cfg.d_ff, cfg.n_experts
         self.cfg = cfg
         self.kind = cfg.mlp
         self.lowp = lowp
-        self.router = _param(rngs, (d, x), ("embed", None), param_dtype)
+        self.router = new_param(rngs, (d, x), ("embed", None), param_dtype)
         if cfg.mlp == "swiglu":
-            self.w_gate = _weight(rngs, (x, d, f), ("experts", "embed", "mlp"), param_dtype,
+            self.w_gate = new_weight(rngs, (x, d, f), ("experts", "embed", "mlp"), param_dtype,
                                   quant, expert_dims=1)
-        self.w_up = _weight(rngs, (x, d, f), ("experts", "embed", "mlp"), param_dtype, quant,
+        self.w_up = new_weight(rngs, (x, d, f), ("experts", "embed", "mlp"), param_dtype, quant,
                             expert_dims=1)
-        self.w_down = _weight(rngs, (x, f, d), ("experts", "mlp", "embed"), param_dtype, quant,
+        self.w_down = new_weight(rngs, (x, f, d), ("experts", "mlp", "embed"), param_dtype, quant,
                               expert_dims=1)
-        if cfg.n_shared_experts:
-            import dataclasses
-
+        if cfg.n_shared_experts:  # the dense MLP is the shared expert
             shared = dataclasses.replace(cfg, d_ff=cfg.n_shared_experts * cfg.d_ff)
             self.shared = Mlp(shared, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
 
     def __call__(self, x_BLD):
-        from models.transformer import mlp_hidden, project
-
         cfg = self.cfg
-        b, l, d = x_BLD.shape
-        s = group_size(cfg, b * l // _batch_ways())
-        g, n_x, cap = b * l // s, cfg.n_experts, capacity(cfg, s)
+        b, seq, d = x_BLD.shape
+        s = group_size(cfg, b * seq // _batch_ways())
+        g, n_x, cap = b * seq // s, cfg.n_experts, capacity(cfg, s)
         x_GSD = constrain(x_BLD.reshape(g, s, d), ("batch", None, "embed"))
         with jax.named_scope("router"):
             logits_GSX = jnp.einsum("gsd,dx->gsx", x_GSD.astype(jnp.float32),
@@ -157,7 +153,7 @@ class MoeMlp(nnx.Module):
             y_GSKD = jax.vmap(lambda rows, idx: rows[idx])(pad_GND, flat_GSK)
             out_GSD = jnp.einsum("gskd,gsk->gsd", y_GSKD.astype(jnp.float32),
                                  weight_GSK).astype(x_BLD.dtype)
-            out_BLD = constrain(out_GSD.reshape(b, l, d), ("batch", "seq", "embed"))
+            out_BLD = constrain(out_GSD.reshape(b, seq, d), ("batch", "seq", "embed"))
         if cfg.n_shared_experts:
             with jax.named_scope("shared_expert"):
                 out_BLD = out_BLD + self.shared(x_BLD)

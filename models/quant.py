@@ -17,7 +17,6 @@ batch's tokens, so its storage costs memory but almost no bandwidth.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 

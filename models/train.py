@@ -62,9 +62,9 @@ class TrainProgram:
 def make_model(cfg: ModelConfig, settings: TrainSettings, *, seed: int = 0,
                pipeline_stages: int = 1, quant: str | None = None,
                kv_quant: str | None = None) -> Transformer:
-    """compute_dtype "float8" / "float4": FP8 / FP4 weight matmuls with bf16 activations. With pipeline
-    stages, `settings.microbatches` are the pipeline's microbatches. `quant`, `kv_quant`:
-    quantised weights and KV cache for serving (models/quant.py)."""
+    """compute_dtype "float8" / "float4": FP8 / FP4 weight matmuls with bf16 activations.
+    With pipeline stages, `settings.microbatches` are the pipeline's microbatches.
+    `quant`, `kv_quant`: quantised weights and KV cache for serving (models/quant.py)."""
     lowp = settings.compute_dtype if settings.compute_dtype in ("float8", "float4") else None
     compute = jnp.bfloat16 if lowp else DTYPES[settings.compute_dtype]
     return Transformer(cfg, rngs=nnx.Rngs(seed), param_dtype=DTYPES[settings.param_dtype],

@@ -17,61 +17,20 @@ from flax import nnx
 
 from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
-from models.fp8 import fp4_einsum, fp8_einsum
+from models.layers import Mlp, new_param, new_weight, ones_param, project, zeros_param
+from models.moe import MoeMlp
+from models.quant import dequantize, quantize
 from sharding.rules import active_mesh, active_rules, constrain, no_rules
 
 REMAT_POLICIES = ("none", "minimal", "full")
 
 
-def _param(rngs: nnx.Rngs, shape, axes, dtype, scale: float | None = None) -> nnx.Param:
-    fan_in = shape[0] if scale is None else None
-    std = scale if scale is not None else fan_in**-0.5
-    value = jax.random.normal(rngs.params(), shape, dtype) * std
-    return nnx.Param(value, logical_axes=axes)
-
-
-def _weight(rngs: nnx.Rngs, shape, axes, dtype, quant: str | None, *, contract: int = 1,
-            expert_dims: int = 0, scale: float | None = None):
-    """A matmul weight: a Param, or stored quantised for serving (models/quant.py)."""
-    if scale is None:
-        scale = shape[expert_dims] ** -0.5
-    if quant is None:
-        return _param(rngs, shape, axes, dtype, scale=scale)
-    from models.quant import QuantWeight
-
-    value = jax.random.normal(rngs.params(), shape, jnp.float32) * scale
-    return QuantWeight(value, axes, quant, contract=contract, expert_dims=expert_dims)
-
-
-def _ones(shape, axes, dtype) -> nnx.Param:
-    return nnx.Param(jnp.ones(shape, dtype), logical_axes=axes)
-
-
-def _zeros(shape, axes, dtype) -> nnx.Param:
-    return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
-
-
-def project(spec: str, x, w, *, lowp: str | None):
-    """A weight matmul: in the activations' dtype, or in FP8 / FP4 (models/fp8.py).
-
-    `w` is the weight's Param (or an array). Low-precision recipes quantise after any FSDP
-    gather here, so the gather moves the parameter dtype's bytes (Transformer Engine can
-    gather FP8 weights instead; that saving is not modelled).
-    """
-    w = (w[...] if not isinstance(w, jax.Array) else w).astype(x.dtype)
-    if lowp == "float8":
-        return fp8_einsum(spec, x, w)
-    if lowp == "float4":
-        return fp4_einsum(spec, x, w)
-    return jnp.einsum(spec, x, w)
-
-
 class Norm(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, param_dtype):
         self.kind = cfg.norm
-        self.scale = _ones((cfg.d_model,), ("embed",), param_dtype)
+        self.scale = ones_param((cfg.d_model,), ("embed",), param_dtype)
         if cfg.norm == "layernorm":
-            self.bias = _zeros((cfg.d_model,), ("embed",), param_dtype)
+            self.bias = zeros_param((cfg.d_model,), ("embed",), param_dtype)
 
     def __call__(self, x_BLD):
         x = x_BLD.astype(jnp.float32)
@@ -100,10 +59,10 @@ class Attention(nnx.Module):
         d, h, k, e = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.cfg = cfg
         self.lowp = lowp
-        self.wq = _weight(rngs, (d, h, e), ("embed", "heads", "head_dim"), param_dtype, quant)
-        self.wk = _weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype, quant)
-        self.wv = _weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype, quant)
-        self.wo = _weight(rngs, (h, e, d), ("heads", "head_dim", "embed"), param_dtype, quant,
+        self.wq = new_weight(rngs, (d, h, e), ("embed", "heads", "head_dim"), param_dtype, quant)
+        self.wk = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype, quant)
+        self.wv = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype, quant)
+        self.wo = new_weight(rngs, (h, e, d), ("heads", "head_dim", "embed"), param_dtype, quant,
                           contract=2, scale=(h * e) ** -0.5)
 
     def __call__(self, x_BLD, positions_BL, cache=None):
@@ -144,8 +103,6 @@ def _write_cache(cache_NBSKE, new_NB1KE, index, kv_quant: str | None):
     if kv_quant is None:
         return jax.lax.dynamic_update_slice(cache_NBSKE, new_NB1KE.astype(cache_NBSKE.dtype),
                                             start)
-    from models.quant import quantize
-
     q_NB1KE, scale_NB1K1 = quantize(new_NB1KE, kv_quant, (-1,))
     return (jax.lax.dynamic_update_slice(cache_NBSKE[0], q_NB1KE, start),
             jax.lax.dynamic_update_slice(cache_NBSKE[1], scale_NB1K1, start))
@@ -162,8 +119,6 @@ def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BSKE, v_BSKE, index):
     scale = e**-0.5
     with jax.named_scope("kv_cache_attention"):
         if isinstance(k_BSKE, tuple):
-            from models.quant import dequantize
-
             k_BSKE = dequantize(*k_BSKE, q_B1KGE.dtype)
             v_BSKE = dequantize(*v_BSKE, q_B1KGE.dtype)
         s_BKGS = jnp.einsum("bqkge,bske->bkgs", q_B1KGE, k_BSKE).astype(jnp.float32) * scale
@@ -181,35 +136,6 @@ def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BSKE, v_BSKE, index):
         return out_BKGE[:, None].astype(q_B1KGE.dtype)
 
 
-def mlp_hidden(mlp, spec: str, x):
-    """The MLP's hidden activation: silu(x W_gate) * x W_up (SwiGLU), gelu or relu of x W_up;
-    `mlp` holds the weights (w_up, w_gate), `kind` and `lowp`."""
-    up = project(spec, x, mlp.w_up, lowp=mlp.lowp)
-    if mlp.kind == "swiglu":
-        return jax.nn.silu(project(spec, x, mlp.w_gate, lowp=mlp.lowp)) * up
-    return jax.nn.gelu(up) if mlp.kind == "gelu" else jax.nn.relu(up)
-
-
-class Mlp(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, lowp: str | None = None,
-                 quant: str | None = None):
-        d, f = cfg.d_model, cfg.d_ff
-        self.kind = cfg.mlp
-        self.lowp = lowp
-        if cfg.mlp == "swiglu":
-            self.w_gate = _weight(rngs, (d, f), ("embed", "mlp"), param_dtype, quant)
-        self.w_up = _weight(rngs, (d, f), ("embed", "mlp"), param_dtype, quant)
-        self.w_down = _weight(rngs, (f, d), ("mlp", "embed"), param_dtype, quant)
-
-    def __call__(self, x_BLD):
-        with jax.named_scope("up_proj"):
-            h_BLF = mlp_hidden(self, "bld,df->blf", x_BLD)
-            h_BLF = constrain(h_BLF, ("batch", "seq", "mlp"))
-        with jax.named_scope("down_proj"):
-            out_BLD = project("blf,fd->bld", h_BLF, self.w_down, lowp=self.lowp)
-            return constrain(out_BLD, ("batch", "seq", "embed"))
-
-
 class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, lowp: str | None = None,
                  quant: str | None = None):
@@ -217,8 +143,6 @@ class Block(nnx.Module):
         self.attn = Attention(cfg, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
         self.mlp_norm = Norm(cfg, param_dtype=param_dtype)
         if cfg.n_experts > 1:
-            from models.moe import MoeMlp
-
             self.mlp = MoeMlp(cfg, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
         else:
             self.mlp = Mlp(cfg, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
@@ -253,9 +177,9 @@ class Transformer(nnx.Module):
         self.pipeline = pipeline
         self.kv_quant = kv_quant
         v, d = cfg.padded_vocab, cfg.d_model
-        self.embed = _param(rngs, (v, d), ("vocab", "embed"), param_dtype, scale=1.0)
+        self.embed = new_param(rngs, (v, d), ("vocab", "embed"), param_dtype, scale=1.0)
         if cfg.positions == "learned":
-            self.pos_embed = _param(rngs, (cfg.max_seq_len, d), (None, "embed"), param_dtype,
+            self.pos_embed = new_param(rngs, (cfg.max_seq_len, d), (None, "embed"), param_dtype,
                                     scale=0.02)
 
         @nnx.split_rngs(splits=cfg.n_layers)
@@ -266,7 +190,7 @@ class Transformer(nnx.Module):
         self.blocks = make_blocks(rngs)  # every parameter gains a leading `layers` dim
         self.final_norm = Norm(cfg, param_dtype=param_dtype)
         if not cfg.tie_embeddings:
-            self.lm_head = _weight(rngs, (d, v), ("embed", "vocab"), param_dtype, quant)
+            self.lm_head = new_weight(rngs, (d, v), ("embed", "vocab"), param_dtype, quant)
 
     def __call__(self, tokens_BL):
         """Training forward: logits for every position."""
@@ -282,8 +206,6 @@ class Transformer(nnx.Module):
         x_BLD, (k_NBLKE, v_NBLKE) = self._layers(self._embed(tokens_BL, positions_BL),
                                                  positions_BL)
         if self.kv_quant is not None:
-            from models.quant import quantize
-
             with jax.named_scope("kv_cache_quantize"):
                 k_NBLKE = quantize(k_NBLKE, self.kv_quant, (-1,))
                 v_NBLKE = quantize(v_NBLKE, self.kv_quant, (-1,))

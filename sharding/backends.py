@@ -41,24 +41,21 @@ def resolve_backend(backend: str, system: System) -> str:
     """The backend that will compile, or a ValueError with the way out."""
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    # backend -> (the systems it compiles for, is its extra installed, what to install,
+    # the other backends)
+    compilers = {"tpu": (TpuSystem, tpu_compiler_installed, f"libtpu: {TPU_EXTRA}", "cpu"),
+                 "gpu": (GpuSystem, gpu_compiler_installed, f"the CUDA plugin: {GPU_EXTRA}",
+                         "cpu or tpu")}
     if backend == "auto":
-        if isinstance(system, TpuSystem) and tpu_compiler_installed():
-            return "tpu"
-        if isinstance(system, GpuSystem) and gpu_compiler_installed():
-            return "gpu"
-        return "cpu"
-    if backend == "tpu":
-        if not isinstance(system, TpuSystem):
-            raise ValueError(f"--backend tpu compiles for TPU systems; {system.name} is not "
-                             f"one; use --backend cpu")
-        if not tpu_compiler_installed():
-            raise ValueError(f"--backend tpu needs libtpu: {TPU_EXTRA}")
-    if backend == "gpu":
-        if not isinstance(system, GpuSystem):
-            raise ValueError(f"--backend gpu compiles for GPU systems; {system.name} is not "
-                             f"one; use --backend cpu or tpu")
-        if not gpu_compiler_installed():
-            raise ValueError(f"--backend gpu needs the CUDA plugin: {GPU_EXTRA}")
+        return next((name for name, (kind, installed, _, _) in compilers.items()
+                     if isinstance(system, kind) and installed()), "cpu")
+    if backend in compilers:
+        kind, installed, extra, others = compilers[backend]
+        if not isinstance(system, kind):
+            raise ValueError(f"--backend {backend} compiles for {backend.upper()} systems; "
+                             f"{system.name} is not one; use --backend {others}")
+        if not installed():
+            raise ValueError(f"--backend {backend} needs {extra}")
     return backend
 
 

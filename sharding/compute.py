@@ -305,16 +305,19 @@ _NARROW = frozenset({"s8", "u8", "s4", "u4", "f8e4m3fn", "f8e5m2", "f8e4m3", "f4
                      "f8e8m0fnu"})
 # Narrow float types a block-scaled MMA multiplies directly when both operands are in them.
 _LOW_PRECISION_MMA = {"f4e2m1fn": "float4", "f8e4m3fn": "float8", "f8e5m2": "float8"}
-_DEQUANT_CACHE: dict[int, tuple[Computation, frozenset[str]]] = {}
 
 
 def _dequant_ops(comp: Computation) -> frozenset[str]:
     """Instructions that dequantise narrow storage for matmuls only: widening converts from
     a narrow type, multiplies of those by a scale, and the views, converts and slices
     between them and the matmuls."""
-    hit = _DEQUANT_CACHE.get(id(comp))
-    if hit is not None and hit[0] is comp:
-        return hit[1]
+    memo = vars(comp)  # computed once per computation, kept with it (like by_name)
+    if "_dequant_ops" not in memo:
+        memo["_dequant_ops"] = _find_dequant_ops(comp)
+    return memo["_dequant_ops"]
+
+
+def _find_dequant_ops(comp: Computation) -> frozenset[str]:
     by_name = comp.by_name
     chain: set[str] = set()
     for inst in comp.instructions:
@@ -324,7 +327,6 @@ def _dequant_ops(comp: Computation) -> frozenset[str]:
                     inst.shapes and inst.shapes[0].dtype not in _NARROW:
                 chain.add(inst.name)
     if not chain:
-        _DEQUANT_CACHE[id(comp)] = (comp, frozenset())
         return frozenset()
     grown = True
     while grown:  # grow forward through the scale multiply, converts and views
@@ -359,9 +361,7 @@ def _dequant_ops(comp: Computation) -> frozenset[str]:
         if all(all(u.name in chain or u in members for u in comp.users.get(m.name, []))
                for m in members):
             chain.update(m.name for m in members)
-    result = frozenset(chain)
-    _DEQUANT_CACHE[id(comp)] = (comp, result)
-    return result
+    return frozenset(chain)
 
 
 def _dequant_read_bytes(comp: Computation, name: str) -> float | None:

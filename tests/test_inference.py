@@ -1,15 +1,14 @@
 """Serving: prefill and decode with a KV cache, correct and bandwidth-bound."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 import meshes
 import models
 import sharding
 from models.inference import ServeSettings, build_serve_program
+from tests.steps import decode_both_ways
 
 
 def test_decode_with_the_cache_matches_the_full_forward_pass(cpu_devices):
@@ -29,20 +28,8 @@ def test_decode_with_the_cache_matches_the_full_forward_pass(cpu_devices):
 
 def test_sharded_decode_runs_and_agrees(cpu_devices):
     cfg = models.preset("tiny", n_kv_heads=4)
-    mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"data": 2, "tensor": 4})
-    s = ServeSettings(kind="decode", seq_len=16, batch=4, param_dtype="float32",
-                      compute_dtype="float32", cache_dtype="float32")
-    prog = build_serve_program(cfg, s, mesh, sharding.default_rules())
-    model = models.make_model(cfg, models.TrainSettings(seq_len=16, global_batch=4,
-                                                        compute_dtype="float32"), seed=1)
-    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    rng = np.random.default_rng(1)
-    cache = tuple(jnp.asarray(rng.normal(size=a.shape), jnp.float32) for a in prog.args[1])
-    tok = jnp.asarray(rng.integers(0, cfg.vocab, (4, 1)), jnp.int32)
-    expect_logits, _ = model.decode(tok, cache, 5)
-    args = jax.device_put((params, cache, tok, jnp.int32(5)),
-                          jax.tree.map(lambda a: a.sharding, prog.args))
-    next_tok, _ = prog.step(*args)
+    _, _, (expect_logits, _), (next_tok, _) = decode_both_ways(
+        cfg, {"data": 2, "tensor": 4}, batch=4, index=5, seed=1)
     np.testing.assert_array_equal(np.asarray(next_tok), np.argmax(expect_logits, axis=-1))
 
 
@@ -93,21 +80,9 @@ def test_quantised_weights_and_cache_decode_close_to_full_forward(cpu_devices):
 
 def test_kv_cache_sharded_by_sequence_decodes_the_same(cpu_devices):
     cfg = models.preset("tiny", n_kv_heads=2)
-    mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"sequence": 4, "tensor": 2})
-    s = ServeSettings(kind="decode", seq_len=16, batch=2, param_dtype="float32",
-                      compute_dtype="float32", cache_dtype="float32")
-    prog = build_serve_program(cfg, s, mesh, sharding.default_rules())
+    prog, mesh, (expect_logits, expect_cache), (next_tok, new_cache) = decode_both_ways(
+        cfg, {"sequence": 4, "tensor": 2}, batch=2, index=9, seed=2)
     assert prog.args[1][0].sharding.spec[2:4] == ("sequence", "tensor")
-    model = models.make_model(cfg, models.TrainSettings(seq_len=16, global_batch=2,
-                                                        compute_dtype="float32"), seed=1)
-    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    rng = np.random.default_rng(2)
-    cache = tuple(jnp.asarray(rng.normal(size=a.shape), jnp.float32) for a in prog.args[1])
-    tok = jnp.asarray(rng.integers(0, cfg.vocab, (2, 1)), jnp.int32)
-    expect_logits, expect_cache = model.decode(tok, cache, 9)
-    args = jax.device_put((params, cache, tok, jnp.int32(9)),
-                          jax.tree.map(lambda a: a.sharding, prog.args))
-    next_tok, new_cache = prog.step(*args)
     np.testing.assert_array_equal(np.asarray(next_tok), np.argmax(expect_logits, axis=-1))
     np.testing.assert_allclose(np.asarray(new_cache[0]), np.asarray(expect_cache[0]), rtol=1e-4,
                                atol=1e-6)
@@ -144,4 +119,5 @@ def test_int8_weights_and_cache_halve_70b_decode_bytes(cpu_devices):
     ideal = nbytes / (4.8e12 * 2.97 / 3.35)
     assert rep.compute_s == pytest.approx(ideal, rel=0.1)
     assert rep.bottleneck().startswith("HBM bandwidth")
-    assert reps["bfloat16"][1].compute.hbm_bytes / rep.compute.hbm_bytes == pytest.approx(2, rel=0.1)
+    bf16_bytes = reps["bfloat16"][1].compute.hbm_bytes
+    assert bf16_bytes / rep.compute.hbm_bytes == pytest.approx(2, rel=0.1)

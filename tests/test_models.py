@@ -10,6 +10,7 @@ from flax import nnx
 import meshes
 import models
 import sharding
+from tests.steps import train_both_ways
 
 
 @pytest.mark.parametrize("name, billions", [
@@ -54,23 +55,7 @@ def test_sharded_train_step_matches_unsharded(cpu_devices, par, remat):
     cfg = models.preset("tiny", n_heads=4, n_kv_heads=2)
     settings = models.TrainSettings(seq_len=16, global_batch=16, microbatches=2, remat=remat,
                                     compute_dtype="float32")
-    model = models.make_model(cfg, settings, seed=1)
-    graphdef, state = nnx.split(model, nnx.Param)
-    params = nnx.to_pure_dict(state)
-    tx = models.make_optimizer(settings)
-    opt = tx.init(params)
-    rng = np.random.default_rng(0)
-    tokens = jnp.asarray(rng.integers(0, cfg.vocab, (16, 16)), jnp.int32)
-    batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
-
-    plain = jax.jit(models.make_train_step(graphdef, tx, settings))
-    p1, _, loss1 = plain(params, opt, batch)
-
-    mesh = sharding.make_mesh(meshes.get_system("h100:8"), par)
-    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
-    shard = jax.tree.map(lambda a: a.sharding, prog.args)
-    args = jax.device_put((params, opt, batch), shard)
-    p2, _, loss2 = prog.step(*args)
+    (loss1, p1), (loss2, p2) = train_both_ways(cfg, settings, par, seed=1, token_seed=0)
     assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
     np.testing.assert_allclose(np.asarray(p2["embed"]), np.asarray(p1["embed"]), rtol=1e-4,
                                atol=1e-6)

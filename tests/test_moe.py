@@ -7,12 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 import meshes
 import models
 import sharding
 from models.moe import capacity, group_size, route
+from tests.steps import train_both_ways
 
 
 @pytest.mark.parametrize("name, total, active", [
@@ -72,19 +72,7 @@ def test_expert_parallel_train_step_matches_unsharded(cpu_devices, par, capacity
     cfg = _tiny_moe(capacity_factor=capacity_factor)
     settings = models.TrainSettings(seq_len=16, global_batch=16, remat="full",
                                     compute_dtype="float32")
-    model = models.make_model(cfg, settings, seed=3)
-    graphdef, state = nnx.split(model, nnx.Param)
-    params = nnx.to_pure_dict(state)
-    tx = models.make_optimizer(settings)
-    opt = tx.init(params)
-    tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab, (16, 16)), jnp.int32)
-    batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
-    p1, _, loss1 = jax.jit(models.make_train_step(graphdef, tx, settings))(params, opt, batch)
-
-    mesh = sharding.make_mesh(meshes.get_system("h100:8"), par)
-    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
-    args = jax.device_put((params, opt, batch), jax.tree.map(lambda a: a.sharding, prog.args))
-    p2, _, loss2 = prog.step(*args)
+    (loss1, p1), (loss2, p2) = train_both_ways(cfg, settings, par, seed=3, token_seed=1)
     assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
     w1 = np.asarray(p1["blocks"]["mlp"]["w_up"])
     np.testing.assert_allclose(np.asarray(p2["blocks"]["mlp"]["w_up"]), w1, rtol=1e-4, atol=1e-6)
