@@ -10,7 +10,8 @@ is per TensorCore.
 from __future__ import annotations
 
 import dataclasses
-import math
+
+from meshes.interpolate import log_interp
 
 TERA = 1e12
 PETA = 1e15
@@ -82,22 +83,10 @@ MATMUL_SIZE_CURVES = {
 _REFERENCE_SIZE = 8192
 
 
-def _interp_log(points, x: float) -> float:
-    if x <= points[0][0]:
-        return points[0][1]
-    if x >= points[-1][0]:
-        return points[-1][1]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x0 <= x <= x1:
-            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
-            return y0 + t * (y1 - y0)
-    return points[-1][1]
-
-
 def size_factor(curve: str, size: float) -> float:
     """Efficiency at `size` relative to the efficiency at 8192^3 on the measured curve."""
-    points = MATMUL_SIZE_CURVES[curve]
-    return _interp_log(points, size) / _interp_log(points, _REFERENCE_SIZE)
+    sizes, effs = zip(*MATMUL_SIZE_CURVES[curve])
+    return log_interp(sizes, effs, size) / log_interp(sizes, effs, _REFERENCE_SIZE)
 
 
 def _dtype_class(dtype: str) -> str:

@@ -8,9 +8,9 @@ nothing is fitted to end-to-end step times.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import math
+
+from meshes.interpolate import log_interp
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,15 +46,7 @@ class BusBandwidthCurve:
         Below the smallest measured size the bandwidth of the smallest size is used, so time
         keeps falling with size; the latency floor is added by the caller.
         """
-        xs = self.sizes_bytes
-        ys = self.busbw_bytes_per_s
-        if nbytes <= xs[0]:
-            return ys[0]
-        if nbytes >= xs[-1]:
-            return ys[-1]
-        i = bisect.bisect_right(xs, nbytes)
-        t = (math.log(nbytes) - math.log(xs[i - 1])) / (math.log(xs[i]) - math.log(xs[i - 1]))
-        return ys[i - 1] + t * (ys[i] - ys[i - 1])
+        return log_interp(self.sizes_bytes, self.busbw_bytes_per_s, nbytes)
 
     def scaled(self, factor: float, source: str) -> BusBandwidthCurve:
         return BusBandwidthCurve(
@@ -112,6 +104,9 @@ NCCL_HW_LATENCY_US = {
     "net": {("ring", "LL"): 2.7, ("ring", "LL128"): 4.0, ("ring", "Simple"): 9.6,
             ("tree", "LL"): 5.0, ("tree", "LL128"): 8.5, ("tree", "Simple"): 50.0},
 }
+# When a collective spans nodes, NCCL charges LL's intra-node steps 1.8x their NVLink latency
+# (tuning.cc: `if (nNodes > 1 && p == NCCL_PROTO_LL) intraLat *= 1.8;`).
+NCCL_LL_MULTINODE_INTRA_LATENCY_FACTOR = 1.8
 # Share of the Simple protocol's bus bandwidth each protocol reaches (tuning.cc).
 NCCL_PROTOCOL_BANDWIDTH_SHARE = {("ring", "LL"): 1 / 4, ("ring", "LL128"): 0.92,
                                  ("ring", "Simple"): 1.0, ("tree", "LL"): 1 / 3.8,

@@ -1,0 +1,256 @@
+"""GPU systems: NVLink domains (an HGX node of 8, an NVL72 rack) joined by a rail-optimised
+scale-out fabric, one NIC per GPU.
+
+Device ids are domain-major: an NVL72 rack holds 72 consecutive ids, a compute tray 4; an
+HGX node 8. Collectives inside a domain run at the measured nccl-tests bus bandwidth;
+across domains hierarchically, as NCCL does, with NCCL's own latency model (tuning.cc).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from meshes.chips import CHIPS
+from meshes.links import (
+    GB200_4GPU_RING,
+    GB200_72GPU,
+    H100_NVLS_ALL_REDUCE,
+    H100_RING_BUSBW_CAP,
+    NCCL_BASE_LATENCY_US,
+    NCCL_HW_LATENCY_US,
+    NCCL_LL_MULTINODE_INTRA_LATENCY_FACTOR,
+    NCCL_PROTOCOL_BANDWIDTH_SHARE,
+    NCCL_PROTOCOLS,
+    NCCL_TREE_BANDWIDTH_SHARE,
+    BusBandwidthCurve,
+    Link,
+)
+from meshes.system import CollectiveTiming, System, bus_factor
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GpuFamily:
+    name: str
+    chip: str
+    domain_size: int  # GPUs in one NVLink domain (HGX node: 8; NVL72 rack: 72)
+    tray_size: int  # GPUs per board/tray, for placement only
+    nvlink_bytes_per_s: float
+    nvlink_source: str
+    nic_bytes_per_s: float
+    nic_source: str
+    # all-reduce busbw inside a domain; small groups (<= 8) and whole-domain groups differ
+    small_group_curve: BusBandwidthCurve
+    large_group_curve: BusBandwidthCurve | None
+    ring_cap_bytes_per_s: float  # busbw ceiling without in-switch reduction
+    has_nvls: bool
+
+    @property
+    def nvlink_p2p_efficiency(self) -> float:
+        """A point-to-point transfer over NVLink (collective-permute) reaches what a ring
+        reaches per port: a ring step is one such transfer to the next GPU, and the ring's
+        measured bus-bandwidth plateau is its achieved per-port rate."""
+        return self.ring_cap_bytes_per_s / self.nvlink_bytes_per_s
+
+
+_H100_RING = H100_NVLS_ALL_REDUCE.capped(
+    H100_RING_BUSBW_CAP, "8x H100 NVLS curve capped at the ring plateau (nccl#1455)"
+)
+
+GPU_FAMILIES: dict[str, GpuFamily] = {
+    "a100": GpuFamily(
+        name="a100", chip="a100", domain_size=8, tray_size=8,
+        nvlink_bytes_per_s=300e9, nvlink_source="NVLink3, 12 links (A100 datasheet)",
+        nic_bytes_per_s=25e9, nic_source="200 Gb/s HDR per GPU (Megatron-LM, Selene)",
+        # No measured A100 table in the reference: the H100 ring curve scaled by the link
+        # ratio 300/450. NVLS does not exist on A100.
+        small_group_curve=_H100_RING.scaled(300 / 450, "H100 ring curve x 300/450"),
+        large_group_curve=None, ring_cap_bytes_per_s=H100_RING_BUSBW_CAP * 300 / 450,
+        has_nvls=False,
+    ),
+    "h100": GpuFamily(
+        name="h100", chip="h100", domain_size=8, tray_size=8,
+        nvlink_bytes_per_s=450e9, nvlink_source="NVLink4, 18 x 25 GB/s (scaling book gpus.md)",
+        nic_bytes_per_s=50e9, nic_source="400 Gb/s CX-7 NDR per GPU (H100 datasheet)",
+        small_group_curve=H100_NVLS_ALL_REDUCE, large_group_curve=None,
+        ring_cap_bytes_per_s=H100_RING_BUSBW_CAP, has_nvls=True,
+    ),
+    "h200": GpuFamily(
+        name="h200", chip="h200", domain_size=8, tray_size=8,
+        nvlink_bytes_per_s=450e9, nvlink_source="NVLink4, 18 x 25 GB/s (H200 datasheet)",
+        nic_bytes_per_s=50e9, nic_source="400 Gb/s per GPU (H200 datasheet)",
+        small_group_curve=H100_NVLS_ALL_REDUCE, large_group_curve=None,
+        ring_cap_bytes_per_s=H100_RING_BUSBW_CAP, has_nvls=True,
+    ),
+    "b200": GpuFamily(
+        name="b200", chip="b200", domain_size=8, tray_size=8,
+        nvlink_bytes_per_s=900e9, nvlink_source="NVLink5, 18 x 50 GB/s (scaling book gpus.md)",
+        nic_bytes_per_s=50e9, nic_source="400 Gb/s CX-7 per GPU (glennklockwood.com)",
+        # Same NVLink5 per-GPU port as GB200: the measured 4-GPU GB200 ring curve.
+        small_group_curve=GB200_4GPU_RING, large_group_curve=None,
+        ring_cap_bytes_per_s=GB200_4GPU_RING.busbw_bytes_per_s[-1], has_nvls=True,
+    ),
+    "gb200-nvl72": GpuFamily(
+        name="gb200-nvl72", chip="gb200", domain_size=72, tray_size=4,
+        nvlink_bytes_per_s=900e9, nvlink_source="NVLink5, 72-GPU domain (GB200 NVL72 datasheet)",
+        nic_bytes_per_s=50e9, nic_source="4x CX-7 400G per 4-GPU tray (MLPerf v5.1 system JSON)",
+        small_group_curve=GB200_4GPU_RING, large_group_curve=GB200_72GPU,
+        ring_cap_bytes_per_s=GB200_4GPU_RING.busbw_bytes_per_s[-1], has_nvls=True,
+    ),
+    "gb300-nvl72": GpuFamily(
+        name="gb300-nvl72", chip="gb300", domain_size=72, tray_size=4,
+        nvlink_bytes_per_s=900e9, nvlink_source="NVLink5, 72-GPU domain (GB300 NVL72 datasheet)",
+        nic_bytes_per_s=100e9, nic_source="4x CX-8 800G per 4-GPU tray (MLPerf v5.1 system JSON)",
+        small_group_curve=GB200_4GPU_RING, large_group_curve=GB200_72GPU,
+        ring_cap_bytes_per_s=GB200_4GPU_RING.busbw_bytes_per_s[-1], has_nvls=True,
+    ),
+}
+
+# The scaling book (gpus.md): across nodes, "in practice" a collective runs at about the
+# per-GPU node egress bandwidth. No measured InfiniBand busbw table is in the reference yet,
+# so the NIC runs at its nominal rate; the topology issue replaces this with measurements.
+NIC_EFFICIENCY = 1.0
+
+
+class GpuSystem(System):
+    """GPUs in NVLink domains of `family.domain_size`, domains joined by one NIC per GPU."""
+
+    def __init__(self, family: GpuFamily, num_devices: int):
+        self.family = family
+        self.name = f"{family.name}:{num_devices}"
+        self.chip = CHIPS[family.chip]
+        self.num_devices = num_devices
+        domain = "rack" if family.domain_size > 8 else "node"
+        self.coord_names = (domain, "tray", "gpu") if family.tray_size < family.domain_size else (
+            domain, "gpu")
+        self.links = {
+            "nvlink": Link(name="nvlink", bytes_per_s=family.nvlink_bytes_per_s,
+                           latency_s=0.0, efficiency=family.nvlink_p2p_efficiency,
+                           source=family.nvlink_source),
+            "infiniband": Link(name="infiniband", bytes_per_s=family.nic_bytes_per_s,
+                               latency_s=0.0, efficiency=NIC_EFFICIENCY,
+                               source=family.nic_source),
+        }
+
+    def coords(self, device_id: int) -> tuple[int, ...]:
+        self._check_ids([device_id])
+        f = self.family
+        domain, local = divmod(device_id, f.domain_size)
+        if len(self.coord_names) == 2:
+            return (domain, local)
+        return (domain, local // f.tray_size, local % f.tray_size)
+
+    def domain_of(self, device_id: int) -> int:
+        return device_id // self.family.domain_size
+
+    def _domain_busbw(self, kind: str, nbytes: float, n: int) -> tuple[float, str]:
+        f = self.family
+        curve = f.small_group_curve
+        if n > 8 and f.large_group_curve is not None and nbytes >= f.large_group_curve.sizes_bytes[0]:
+            curve = f.large_group_curve
+        busbw = curve(nbytes)
+        if kind == "all-reduce" and f.has_nvls:
+            return busbw, "nvls" if curve is H100_NVLS_ALL_REDUCE else "ring"
+        return min(busbw, f.ring_cap_bytes_per_s), "ring"
+
+    def _in_domain_time(
+        self, kind: str, nbytes: float, n: int, *, latency_floor: bool = True
+    ) -> tuple[float, str]:
+        if n <= 1 or nbytes <= 0:
+            return 0.0, "none"
+        if kind in ("collective-permute", "collective-broadcast"):
+            link = self.links["nvlink"]
+            return nbytes / (link.bytes_per_s * link.efficiency), "p2p"
+        busbw, algo = self._domain_busbw(kind, nbytes, n)
+        t = nbytes * bus_factor(kind, n) / busbw
+        # Below the smallest measured size the curve keeps the 1 MB bandwidth; NCCL's LL
+        # ring latency is the floor a tiny collective cannot beat.
+        steps = 2 * (n - 1) if kind == "all-reduce" else n - 1
+        floor = 1e-6 * (NCCL_BASE_LATENCY_US[("ring", "LL")]
+                        + steps * NCCL_HW_LATENCY_US["nvlink"][("ring", "LL")])
+        if latency_floor and floor > t:
+            return floor, "ring (LL, latency-bound)"
+        return t, algo
+
+    def collective_timing(self, kind, nbytes, groups):
+        if not groups:
+            return CollectiveTiming(0.0, "nvlink", "none")
+        flat = [i for g in groups for i in g]
+        self._check_ids(flat)
+        # Every group runs at once; with one NIC and one NVLink port per GPU, groups of the
+        # same shape do not share links, so the slowest group sets the time.
+        worst = CollectiveTiming(0.0, "nvlink", "none")
+        for g in _distinct_shapes(groups, self.domain_of):
+            t = self._group_timing(kind, nbytes, g)
+            if t.time_s > worst.time_s:
+                worst = t
+        return worst
+
+    def _group_timing(self, kind: str, nbytes: float, group: Sequence[int]) -> CollectiveTiming:
+        n = len(group)
+        per_domain: dict[int, int] = {}
+        for i in group:
+            per_domain[self.domain_of(i)] = per_domain.get(self.domain_of(i), 0) + 1
+        d = len(per_domain)
+        m = max(per_domain.values())
+        if d == 1:
+            t, algo = self._in_domain_time(kind, nbytes, n)
+            return CollectiveTiming(t, "nvlink", algo)
+        nic = self.links["infiniband"]
+        nic_bw = nic.bytes_per_s * nic.efficiency
+        if kind in ("collective-permute", "collective-broadcast"):
+            return CollectiveTiming(nbytes / nic_bw, "infiniband", "p2p")
+        if kind == "all-to-all":
+            # Each GPU sends (n - m)/n of its buffer to other domains through its own NIC.
+            t_out = nbytes * (n - m) / n / nic_bw
+            t_in, _ = self._in_domain_time(kind, nbytes * m / n, m)
+            return CollectiveTiming(t_out + t_in, "infiniband", "hierarchical all-to-all")
+        # Hierarchical as NCCL does: reduce-scatter (or gather) inside the domain, the
+        # collective across domains on 1/m of the data per GPU (each GPU on its own rail),
+        # then all-gather inside the domain. Ring or tree, LL or Simple: the fastest wins,
+        # with NCCL's own latencies.
+        inner_kind = "reduce-scatter" if kind in ("all-reduce", "reduce-scatter") else "all-gather"
+        # (The inner stages' latency is inside NCCL's whole-collective latency below.)
+        t_inner, _ = self._in_domain_time(inner_kind, nbytes, m, latency_floor=False)
+        if kind == "all-reduce":
+            t_inner *= 2  # reduce-scatter before, all-gather after
+        t_outer = (nbytes / m) * bus_factor(kind, d) / nic_bw
+        best = None
+        algos = ("ring", "tree") if kind == "all-reduce" else ("ring",)
+        for algo in algos:
+            for proto in NCCL_PROTOCOLS:
+                share = NCCL_PROTOCOL_BANDWIDTH_SHARE[(algo, proto)]
+                if algo == "tree":
+                    share *= NCCL_TREE_BANDWIDTH_SHARE
+                t = t_inner + t_outer / share + _nccl_latency_s(kind, algo, proto, n, d, m)
+                if best is None or t < best[0]:
+                    best = (t, algo, proto)
+        t, algo, proto = best
+        name = f"hierarchical {algo} ({proto})" if m > 1 else f"{algo} ({proto})"
+        return CollectiveTiming(t, "infiniband", name)
+
+
+def _nccl_latency_s(kind: str, algo: str, proto: str, n: int, nodes: int, ppn: int) -> float:
+    """NCCL's latency model (tuning.cc) for n ranks on `nodes` domains of `ppn` GPUs."""
+    base = NCCL_BASE_LATENCY_US[(algo, proto)]
+    intra = NCCL_HW_LATENCY_US["nvlink"][(algo, proto)]
+    if proto == "LL":  # only called across domains (nodes > 1)
+        intra *= NCCL_LL_MULTINODE_INTRA_LATENCY_FACTOR
+    inter = NCCL_HW_LATENCY_US["net"][(algo, proto)]
+    if algo == "tree":
+        return 1e-6 * (base + 2 * ((ppn - 1) * intra + math.log2(nodes) * inter))
+    steps = 2 * (n - 1) if kind == "all-reduce" else n - 1
+    inter_steps = 2 * (nodes - 1) if kind == "all-reduce" else nodes - 1
+    return 1e-6 * (base + (steps - inter_steps) * intra + inter_steps * inter)
+
+
+def _distinct_shapes(groups, key):
+    """One representative group per distinct placement pattern (count per domain)."""
+    seen = {}
+    for g in groups:
+        counts: dict[int, int] = {}
+        for i in g:
+            counts[key(i)] = counts.get(key(i), 0) + 1
+        sig = (len(g), tuple(sorted(counts.values())))
+        seen.setdefault(sig, g)
+    return list(seen.values())

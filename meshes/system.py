@@ -1,0 +1,106 @@
+"""The System interface: devices of one chip, their physical places, collective timing.
+
+Families live in their own rooms: `meshes/gpu.py` (NVLink domains over a scale-out fabric,
+NCCL's model) and `meshes/tpu.py` (ICI tori, DCN between slices); `meshes/catalog.py`
+turns a name like `gb200-nvl72:72` into one.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+
+from meshes.chips import Chip
+
+COLLECTIVE_KINDS = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "collective-broadcast",
+    "ragged-all-to-all",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveTiming:
+    """How long one collective takes and on what.
+
+    Attributes:
+        time_s: wall time of one execution.
+        link: the link class of the slowest stage ("nvlink", "infiniband", "ici", "dcn").
+        algorithm: the algorithm assumed, e.g. "ring", "nvls", "hierarchical ring".
+    """
+
+    time_s: float
+    link: str
+    algorithm: str
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests bus-bandwidth factor: bytes each device moves per byte of S."""
+    if n <= 1:
+        return 0.0
+    if kind == "all-reduce":
+        return 2 * (n - 1) / n
+    if kind in ("collective-permute", "collective-broadcast"):
+        return 1.0
+    return (n - 1) / n
+
+
+class System(abc.ABC):
+    """A machine: `num_devices` devices of one `chip`, with links between them."""
+
+    name: str
+    family: str
+    chip: Chip
+    num_devices: int
+    links: dict[str, Link]
+
+    @abc.abstractmethod
+    def coords(self, device_id: int) -> tuple[int, ...]:
+        """Physical coordinates of a device id (see `coord_names`)."""
+
+    def place(self, device_id: int) -> dict[str, int]:
+        """Named physical place of a device, e.g. {"rack": 0, "tray": 3, "gpu": 1}."""
+        return dict(zip(self.coord_names, self.coords(device_id), strict=True))
+
+    coord_names: tuple[str, ...] = ()
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        for i in ids:
+            if not 0 <= i < self.num_devices:
+                raise ValueError(
+                    f"device id {i} is outside system {self.name!r}, which has device ids "
+                    f"0..{self.num_devices - 1}; use a system with more devices or fix the "
+                    f"replica groups"
+                )
+
+    @abc.abstractmethod
+    def collective_timing(
+        self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]
+    ) -> CollectiveTiming:
+        """Time, link class and algorithm of one collective over concurrent `groups`."""
+
+    def collective_time_s(
+        self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]
+    ) -> float:
+        """Seconds for one collective of `kind` with buffer `nbytes` (design.md byte
+        convention) over replica `groups` of device ids running at the same time."""
+        return self.collective_timing(kind, nbytes, groups).time_s
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(field, value with source) rows for `shardscope systems`."""
+        c = self.chip
+        rows = [
+            ("devices", f"{self.num_devices} ({c.devices_per_chip} per chip)"),
+            ("chip", f"{c.name}: {c.peak_flops_per_s['bfloat16'] / 1e12:.0f} TFLOP/s bf16, "
+                     f"{c.hbm_bytes / 1e9:.0f} GB HBM at {c.hbm_bytes_per_s / 1e12:.2f} TB/s "
+                     f"[{c.source}]"),
+        ]
+        for link in self.links.values():
+            rows.append((link.name, f"{link.bytes_per_s / 1e9:.1f} GB/s per device per "
+                                     f"direction [{link.source}]"))
+        return rows

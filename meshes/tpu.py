@@ -1,0 +1,228 @@
+"""TPU systems: chips on a 2D/3D torus (ICI) with wraparound where the slice has it, and
+slices joined over the data-center network (DCN).
+
+Device ids are slice-major, then z, then y, then x (x fastest), then TensorCore within the
+chip (TPU7x shows 2 devices per chip); the deviceless compiler's devices are placed by
+their own torus coordinates (sharding/compile.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+from meshes.chips import CHIPS
+from meshes.links import TPU_ICI_EFFICIENCY, TPU_ICI_HOP_LATENCY_S, Link
+from meshes.system import CollectiveTiming, System, bus_factor
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TpuFamily:
+    name: str
+    chip: str
+    ndim: int
+    max_shape: tuple[int, ...]
+    wrap_rule: str  # "cube": wraps every axis once a multiple of 4x4x4; "16": axis of 16
+    ici_bytes_per_s: float  # one link, one direction
+    dcn_bytes_per_s_per_chip: float
+    source: str
+    example_shape: tuple[int, ...]  # the slice `shardscope systems` shows
+
+
+TPU_FAMILIES: dict[str, TpuFamily] = {
+    "tpu-v4": TpuFamily(name="tpu-v4", chip="tpu-v4", ndim=3, max_shape=(16, 16, 16),
+                        wrap_rule="cube", ici_bytes_per_s=4.5e10, dcn_bytes_per_s_per_chip=6.25e9,
+                        source="scaling book tpus.md",
+                      example_shape=(4, 4, 4)),
+    "tpu-v5e": TpuFamily(name="tpu-v5e", chip="tpu-v5e", ndim=2, max_shape=(16, 16),
+                         wrap_rule="16", ici_bytes_per_s=4.5e10, dcn_bytes_per_s_per_chip=3.125e9,
+                         source="scaling book tpus.md",
+                       example_shape=(16, 16)),
+    "tpu-v5p": TpuFamily(name="tpu-v5p", chip="tpu-v5p", ndim=3, max_shape=(16, 20, 28),
+                         wrap_rule="cube", ici_bytes_per_s=9.0e10, dcn_bytes_per_s_per_chip=6.25e9,
+                         source="scaling book tpus.md",
+                       example_shape=(8, 8, 8)),
+    "tpu-v6e": TpuFamily(name="tpu-v6e", chip="tpu-v6e", ndim=2, max_shape=(16, 16),
+                         wrap_rule="16", ici_bytes_per_s=9.0e10, dcn_bytes_per_s_per_chip=1.25e10,
+                         source="scaling book tpus.md",
+                       example_shape=(16, 16)),
+    "tpu7x": TpuFamily(name="tpu7x", chip="tpu7x", ndim=3, max_shape=(16, 24, 24),
+                       wrap_rule="cube", ici_bytes_per_s=9.0e10, dcn_bytes_per_s_per_chip=1.25e10,
+                       source="scaling book tpus.md; MaxText accelerator_to_spec_map.py",
+                     example_shape=(4, 4, 4)),
+}
+
+
+class TpuSystem(System):
+    """`num_slices` TPU slices of torus `shape`, joined over DCN."""
+
+    def __init__(self, family: TpuFamily, shape: tuple[int, ...], num_slices: int):
+        self.family = family
+        self.shape = shape
+        self.num_slices = num_slices
+        self.chip = CHIPS[family.chip]
+        dims = "x".join(str(s) for s in shape)
+        self.name = f"{family.name}:{dims}" + (f"*{num_slices}" if num_slices > 1 else "")
+        self.num_chips = math.prod(shape) * num_slices
+        self.num_devices = self.num_chips * self.chip.devices_per_chip
+        self.wraps = tuple(self._axis_wraps(a) for a in range(len(shape)))
+        axes = "xyz"[: len(shape)]
+        self.coord_names = ("slice", *axes, "core")
+        wrap_txt = ", ".join(f"{a}:{'wrap' if w else 'no wrap'}" for a, w in zip(axes, self.wraps))
+        self.links = {
+            "ici": Link(name="ici", bytes_per_s=family.ici_bytes_per_s,
+                        latency_s=TPU_ICI_HOP_LATENCY_S, efficiency=TPU_ICI_EFFICIENCY,
+                        source=f"{family.source}; per link ({wrap_txt})"),
+        }
+        if num_slices > 1:
+            self.links["dcn"] = Link(name="dcn", bytes_per_s=family.dcn_bytes_per_s_per_chip,
+                                     latency_s=0.0, efficiency=1.0, source=family.source)
+
+    def _axis_wraps(self, axis: int) -> bool:
+        if self.family.wrap_rule == "16":
+            return self.shape[axis] == 16
+        # v4/v5p/TPU7x: every axis wraps once the slice is whole 4x4x4 cubes.
+        return all(s % 4 == 0 for s in self.shape)
+
+    def coords(self, device_id: int) -> tuple[int, ...]:
+        """(slice, x, y[, z], core) of a device id; x is fastest after the core."""
+        self._check_ids([device_id])
+        chip, core = divmod(device_id, self.chip.devices_per_chip)
+        per_slice = math.prod(self.shape)
+        slice_, local = divmod(chip, per_slice)
+        xyz = []
+        for s in self.shape:
+            local, c = divmod(local, s)
+            xyz.append(c)
+        return (slice_, *xyz, core)
+
+    def device_id(self, slice_index: int, xyz, core: int = 0) -> int:
+        """Inverse of `coords`: the id of the device at torus position `xyz`."""
+        chip = 0
+        for c, s in zip(reversed(list(xyz)), reversed(self.shape)):
+            chip = chip * s + c
+        chip += slice_index * math.prod(self.shape)
+        return chip * self.chip.devices_per_chip + core
+
+    def collective_timing(self, kind, nbytes, groups):
+        if not groups:
+            return CollectiveTiming(0.0, "ici", "none")
+        self._check_ids([i for g in groups for i in g])
+        if kind == "collective-permute":
+            return self._permute_timing(nbytes, groups)
+        worst = CollectiveTiming(0.0, "ici", "none")
+        for g in groups[:1] if _uniform(groups) else groups:
+            t = self._group_timing(kind, nbytes, g, concurrent=len(groups))
+            if t.time_s > worst.time_s:
+                worst = t
+        return worst
+
+    def _group_timing(self, kind, nbytes, group, concurrent):
+        n = len(group)
+        if n <= 1 or nbytes <= 0:
+            return CollectiveTiming(0.0, "ici", "none")
+        coords = [self.coords(i) for i in group]
+        slices = {c[0] for c in coords}
+        if len(slices) > 1:
+            m = n // len(slices)
+            dcn = self.links["dcn"]
+            in_slice = self._ici_time(kind, nbytes, [c for c in coords if c[0] == coords[0][0]])
+            t_dcn = (nbytes / max(m, 1)) * bus_factor(kind, len(slices)) / dcn.bytes_per_s
+            return CollectiveTiming(in_slice[0] * (2 if kind == "all-reduce" else 1) + t_dcn,
+                                    "dcn", "hierarchical")
+        t, algo = self._ici_time(kind, nbytes, coords)
+        return CollectiveTiming(t, "ici", algo)
+
+    def _ici_time(self, kind: str, nbytes: float, coords) -> tuple[float, str]:
+        """Ring collective over the torus axes the group spans."""
+        n = len(coords)
+        if n <= 1:
+            return 0.0, "none"
+        chips = {c[1:-1] for c in coords}
+        cores_per_chip = n // len(chips)
+        link = self.links["ici"]
+        bw_total = 0.0
+        latency_steps = 0.0
+        axes_used = []
+        for a in range(len(self.shape)):
+            vals = sorted({c[a] for c in chips})
+            if len(vals) <= 1:
+                continue
+            extent = len(vals)
+            stride = _stride(vals)
+            full_ring = self.wraps[a] and extent * stride == self.shape[a]
+            # Both directions of a wrapped ring carry data; an open line gets one way's worth.
+            directions = 2 if full_ring else 1
+            bw_total += directions * link.bytes_per_s * link.efficiency / stride
+            latency_steps = max(latency_steps, (extent / 2 if full_ring else extent - 1) * stride)
+            axes_used.append(("xyz"[a], full_ring, stride))
+        if bw_total == 0.0:
+            return 0.0, "on-chip"
+        # Data the chip must send: the per-device factor times the TensorCores on the chip.
+        if kind == "all-to-all":
+            # Bisection bound: each half of the n chips sends the other n/2 x n/2 x S/n
+            # = n S / 4 (S per device, times the chip's TensorCores); cutting a wrapped
+            # ring in two cuts two links, an open line one. `bw_total` is already two
+            # links' worth on a wrapped axis (both ring directions) and one on an open line.
+            per_chip = nbytes * cores_per_chip * len(chips) / 4
+            algo = "all-to-all over bisection"
+        else:
+            per_chip = nbytes * cores_per_chip * bus_factor(kind, len(chips))
+            algo = "bidirectional ring" if all(r for _, r, _ in axes_used) else "ring (no wrap)"
+            if kind == "all-reduce":
+                latency_steps *= 2
+        if len(axes_used) > 1:
+            algo = f"{len(axes_used)}-axis torus " + algo
+        return latency_steps * link.latency_s + per_chip / bw_total, algo
+
+    def _torus_delta(self, a: int, src: int, dst: int) -> int:
+        d = dst - src
+        if self.wraps[a]:
+            size = self.shape[a]
+            d = (d + size // 2) % size - size // 2
+        return d
+
+    def _permute_timing(self, nbytes, pairs_as_groups) -> CollectiveTiming:
+        """Route every pair dimension-order over the torus; the busiest link sets the time."""
+        link = self.links["ici"]
+        load: dict[tuple, float] = {}
+        max_hops = 0
+        cross_slice = False
+        for pair in pairs_as_groups:
+            src, dst = self.coords(pair[0]), self.coords(pair[1])
+            if src[0] != dst[0]:
+                cross_slice = True
+                continue
+            deltas = [self._torus_delta(a, src[1 + a], dst[1 + a]) for a in range(len(self.shape))]
+            moving = [a for a, d in enumerate(deltas) if d]
+            max_hops = max(max_hops, sum(abs(d) for d in deltas))
+            if not moving:
+                continue
+            # One route per starting axis (rotations of the axis order): the data splits
+            # evenly over them, as the scaling book's tpus.md example assumes.
+            for r in range(len(moving)):
+                order = moving[r:] + moving[:r]
+                pos = list(src[1:-1])
+                for a in order:
+                    step = 1 if deltas[a] > 0 else -1
+                    for _ in range(abs(deltas[a])):
+                        key = (src[0], a, tuple(pos), step)
+                        load[key] = load.get(key, 0.0) + nbytes / len(moving)
+                        pos[a] = (pos[a] + step) % self.shape[a]
+        t = 0.0
+        if load:
+            t = max(load.values()) / (link.bytes_per_s * link.efficiency)
+            t += max_hops * link.latency_s
+        if cross_slice:
+            t = max(t, nbytes / self.links["dcn"].bytes_per_s)
+            return CollectiveTiming(t, "dcn", "p2p")
+        return CollectiveTiming(t, "ici", "p2p (dimension-order routes)")
+
+
+def _stride(vals: list[int]) -> int:
+    gaps = {b - a for a, b in itertools.pairwise(vals)}
+    return min(gaps) if gaps else 1
+
+
+def _uniform(groups) -> bool:
+    return len({len(g) for g in groups}) == 1
