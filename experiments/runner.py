@@ -16,7 +16,7 @@ def run(exp: Experiment, *, backend: str = "auto") -> Report:
     With `auto`, a program the TPU compiler refuses for lack of HBM is compiled on the CPU
     path instead, and the report carries the TPU compiler's verdict.
     """
-    from sharding.api import DoesNotFit
+    from sharding.compiler import DoesNotFit
 
     try:
         return _run(exp, backend=backend)
@@ -33,7 +33,7 @@ def _run(exp: Experiment, *, backend: str) -> Report:
 
     # Imported here so that the fake device count is set before JAX starts its backend.
     import sharding
-    from sharding import backends
+    from sharding import compiler as backends
 
     try:
         backend = backends.resolve_backend(backend, system)

@@ -24,7 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from sharding.compute import FUSED_KERNEL_SCOPE as FLASH_SCOPE
+from sharding.traffic import FUSED_KERNEL_SCOPE as FLASH_SCOPE
 
 
 def dense_attention(q_BLKGE, k_BMKE, v_BMKE):

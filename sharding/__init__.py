@@ -4,10 +4,29 @@ HLO parser, collective accounting, the step-time and memory estimate, the report
     rep = sharding.analyze(fn, *args, mesh=mesh, system="gb200-nvl72:72")
     rep = sharding.analyze_hlo(hlo_text, system="tpu-v5e:4x4")
 
+Rooms, in the order data flows through them:
+- `rules.py`: logical axis names, rule presets (logical -> mesh axes), the strict resolver,
+  `AxisRules.ways` (how many ways a logical axis splits), activation constraints.
+- `mesh.py`: a jax Mesh over a system's devices; the fake CPU device count.
+- `compiler.py`: backends (fake CPU, deviceless TPU and GPU), lowering and compiling,
+  XLA's captured warnings, the out-of-memory refusal, the compiler's memory figure.
+- `hlo.py`: the HLO text parser (shapes, instructions, computations, call graph) and the
+  model operation behind an op_name; `replica_groups.py`: every replica-group form;
+  `loops.py`: trip counts and how often each computation runs.
+- `collectives.py`: collectives, their bytes (design.md convention), counts and mesh axes.
+- `flops.py`, `dequant.py`, `dataflow.py`, `traffic.py`: FLOPs of matmuls, fused
+  dequantisation, shared dataflow questions, HBM traffic of memory-bound kernels;
+  `compute.py` turns them into per-instruction times and step totals.
+- `schedule.py`: the list-scheduling simulation of compute and link streams.
+- `report.py`: the Report (time, throughput, MFU, memory, bottleneck, tables, JSON);
+  `html.py`: the HTML report.
+- `api.py`: `analyze`, `analyze_hlo`, `analyze_module`: orchestration of the above.
+
 May import `meshes`; knows nothing of models or configs.
 """
 
-from sharding.api import Compiled, analyze, analyze_hlo, analyze_module, compile_to_hlo
+from sharding.api import analyze, analyze_hlo, analyze_module
+from sharding.compiler import Compiled, compile_to_hlo
 from sharding.collectives import Collective, extract_collectives
 from sharding.hlo import HloParseError, parse_hlo
 from sharding.mesh import ensure_cpu_devices, make_mesh
@@ -17,14 +36,17 @@ from sharding.rules import (
     MESH_AXES,
     AxisRules,
     constrain,
+    RULE_PRESETS,
     default_rules,
     resolve,
+    rules_preset,
     use_rules,
 )
 
 __all__ = [
     "LOGICAL_AXES",
     "MESH_AXES",
+    "RULE_PRESETS",
     "AxisRules",
     "Collective",
     "Compiled",
@@ -42,5 +64,6 @@ __all__ = [
     "make_mesh",
     "parse_hlo",
     "resolve",
+    "rules_preset",
     "use_rules",
 ]

@@ -9,19 +9,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import numpy as np
-
 from meshes import COLLECTIVE_KINDS, bus_factor
-from sharding.hlo import (
-    DTYPE_NAMES,
-    ArrayShape,
-    HloModule,
-    Instruction,
-    parse_replica_groups,
-    parse_shape,
-    parse_source_target_pairs,
-    split_top_level,
-)
+from sharding.hlo import DTYPE_NAMES, ArrayShape, HloModule, Instruction, parse_shape, split_top_level
+from sharding.loops import execution_counts
+from sharding.replica_groups import mesh_axes_of, parse_replica_groups, parse_source_target_pairs
 
 KINDS = COLLECTIVE_KINDS
 
@@ -114,33 +105,15 @@ def _groups(kind: str, inst: Instruction, num_partitions: int) -> list[list[int]
     return groups or [list(range(num_partitions))]
 
 
-def mesh_axes_of(
-    groups: Sequence[Sequence[int]],
-    mesh_shape: Sequence[int],
-    axis_names: Sequence[str],
-) -> tuple[str, ...]:
-    """Mesh axes along which the members of each group differ (partition ids are the
-    row-major positions in the mesh's device array)."""
-    if not groups or not axis_names:
-        return ()
-    size = int(np.prod(mesh_shape))
-    varying = np.zeros(len(mesh_shape), dtype=bool)
-    for g in groups:
-        ids = np.asarray(g)
-        if ids.size == 0 or ids.max() >= size:
-            return ()
-        coords = np.stack(np.unravel_index(ids, tuple(mesh_shape)), axis=1)
-        varying |= (coords != coords[0]).any(axis=0)
-    return tuple(a for a, v in zip(axis_names, varying) if v)
+# Opcode prefixes of every collective form XLA prints: the kinds above, their async
+# `-start` / `-done` halves, send / recv, and forms this parser does not know yet.
+_COLLECTIVE_PREFIXES = ("all-reduce", "all-gather", "all-to-all", "reduce-scatter", "collective",
+                        "ragged-all-to-all", "send", "recv")
 
 
-_COLLECTIVE_WORDS = ("all-reduce", "all-gather", "all-to-all", "reduce-scatter", "collective",
-                     "send", "recv")
-
-
-def looks_like_collective(opcode: str) -> bool:
-    """True for an opcode named like a collective (e.g. a new async or fused form)."""
-    return opcode.startswith(_COLLECTIVE_WORDS) and not opcode.endswith("-done")
+def is_collective(opcode: str) -> bool:
+    """Whether an HLO opcode moves data between devices (any form, async halves included)."""
+    return opcode.startswith(_COLLECTIVE_PREFIXES)
 
 
 def _only_sliced(comp, inst: Instruction, n: int) -> bool:
@@ -184,7 +157,7 @@ def extract_collectives(
 ) -> tuple[list[Collective], list[str]]:
     """All collectives of `module`, and a list of ops that look like collectives but are
     not understood (reported, never dropped silently)."""
-    counts = module.execution_counts
+    counts = execution_counts(module)
     out: list[Collective] = []
     unknown: list[str] = []
     for comp in module.computations.values():
@@ -198,7 +171,7 @@ def extract_collectives(
             async_start = op.endswith("-start")
             kind = op[: -len("-start")] if async_start else op
             if kind not in KINDS:
-                if looks_like_collective(op):
+                if is_collective(op):
                     unknown.append(f"{comp.name}/{inst.name}: {op} (line {inst.line})")
                 continue
             groups = _groups(kind, inst, module.num_partitions)

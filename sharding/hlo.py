@@ -1,22 +1,21 @@
-"""A parser for HLO text: computations, instructions, shapes, call graph, trip counts.
+"""A parser for HLO text: computations, instructions, shapes, the call graph, and which model
+operation an instruction came from.
 
 It reads what `jax.jit(...).lower(...).compile().as_text()` and XLA's `--xla_dump_to` print on
 every backend (CPU, TPU, GPU): tuple shapes, tiled layouts like `{1,0:T(8,128)(2,1)}`,
 `metadata={op_name=...}`, called computations (fusion, call, while, conditional, async).
 
-Only what the explorer needs is parsed eagerly (name, shape, opcode, operands); attributes
+Replica groups are read by sharding/replica_groups.py, loop trip counts and execution counts
+worked out by sharding/loops.py. Only what the explorer needs is parsed eagerly (name, shape, opcode, operands); attributes
 are scanned on demand so that a multi-megabyte module parses quickly.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 from functools import cached_property
-
-import numpy as np
 
 # Bits per element of every HLO primitive type.
 ELEMENT_BITS: dict[str, int] = {
@@ -70,47 +69,43 @@ def _is_scalar_type(text: str) -> bool:
     return text.split("{")[0] in ("token[]", "token", "opaque[]")
 
 
-def _matching(text: str, start: int, open_ch: str, close_ch: str) -> int:
-    """Index of the bracket closing the one at `start`."""
-    depth = 0
-    i = start
-    n = len(text)
+def _string_end(text: str, i: int) -> int:
+    """Index of the quote closing the string that opens at text[i] (escaped quotes skipped)."""
+    j = text.find('"', i + 1)
+    while j != -1 and text[j - 1] == "\\":
+        j = text.find('"', j + 1)
+    return len(text) if j == -1 else j
+
+
+def scan_top_level(text: str, start: int = 0, sep: str = ",") -> tuple[list[str], int]:
+    """Split text[start:] on `sep` outside (), {}, [] and strings, up to the bracket that
+    closes one opened before `start` (or the end of the text).
+
+    Returns:
+        (the stripped non-empty parts, the index of that closing bracket or len(text)).
+    """
+    parts, depth, cur, i, n = [], 0, start, start, len(text)
     while i < n:
         c = text[i]
         if c == '"':
-            j = text.find('"', i + 1)
-            i = n if j < 0 else j
-        elif c == open_ch:
-            depth += 1
-        elif c == close_ch:
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    raise ValueError(f"unbalanced {open_ch}{close_ch}")
-
-
-def split_top_level(text: str, sep: str = ",") -> list[str]:
-    """Split on `sep` outside of (), {}, [] and quotes."""
-    parts, depth, cur, i = [], 0, 0, 0
-    n = len(text)
-    while i < n:
-        c = text[i]
-        if c == '"':
-            j = text.find('"', i + 1)
-            while j != -1 and text[j - 1] == "\\":
-                j = text.find('"', j + 1)
-            i = n if j == -1 else j
+            i = _string_end(text, i)
         elif c in "({[":
             depth += 1
         elif c in ")}]":
+            if depth == 0:
+                break
             depth -= 1
         elif c == sep and depth == 0:
             parts.append(text[cur:i])
             cur = i + 1
         i += 1
-    parts.append(text[cur:])
-    return [p.strip() for p in parts if p.strip()]
+    parts.append(text[cur:i])
+    return [p.strip() for p in parts if p.strip()], i
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on `sep` outside of (), {}, [] and quotes."""
+    return scan_top_level(text, 0, sep)[0]
 
 
 @dataclasses.dataclass(slots=True)
@@ -215,12 +210,10 @@ class HloModule:
         layouts later passes still rewrite)."""
         return "is_scheduled=true" in self.header
 
-    # -------------------------------------------------------------------------
-    # Execution counts.
-
     @cached_property
     def call_sites(self) -> dict[str, list[tuple[str, Instruction, str]]]:
-        """computation -> [(caller computation, calling instruction, role)]."""
+        """computation -> [(caller computation, calling instruction, role)]; how often each
+        runs is sharding/loops.py's business."""
         sites: dict[str, list] = {}
         for comp in self.computations.values():
             for inst in comp.instructions:
@@ -229,144 +222,6 @@ class HloModule:
                 for role, callee in inst.called_computations():
                     sites.setdefault(callee, []).append((comp.name, inst, role))
         return sites
-
-    @cached_property
-    def trip_counts(self) -> dict[str, tuple[int, str]]:
-        """while instruction name -> (trip count, how it was found)."""
-        out = {}
-        for comp in self.computations.values():
-            for inst in comp.instructions:
-                if inst.opcode == "while":
-                    out[f"{comp.name}/{inst.name}"] = self._trip_count(comp, inst)
-        return out
-
-    @property
-    def notes(self) -> list[str]:
-        """Assumptions made while counting executions, for the report."""
-        out = []
-        for key, (n, how) in self.trip_counts.items():
-            if how.startswith("unknown"):
-                out.append(f"while loop {key}: trip count not found; its body is counted once")
-        for callee, sites in self.call_sites.items():
-            for caller, inst, role in sites:
-                if role in ("branch", "true_computation", "false_computation"):
-                    out.append(f"conditional {caller}/{inst.name}: branch {callee} counted as "
-                               f"taken on every execution (an upper bound)")
-        return out
-
-    @cached_property
-    def execution_counts(self) -> dict[str, int]:
-        """How many times each computation runs per execution of the entry.
-
-        While bodies multiply by their trip count; every branch of a conditional is counted
-        as if taken once per execution (an upper bound; `notes` says so).
-        """
-        counts: dict[str, int] = {}
-        visiting: set[str] = set()
-
-        def count(name: str) -> int:
-            if name in counts:
-                return counts[name]
-            if name == self.entry:
-                return 1
-            if name in visiting:
-                raise HloParseError(f"computation {name!r} calls itself")
-            visiting.add(name)
-            total = 0
-            for caller, inst, role in self.call_sites.get(name, []):
-                mult = 1
-                if inst.opcode == "while":
-                    n, _ = self.trip_counts[f"{caller}/{inst.name}"]
-                    mult = n + 1 if role == "condition" else n
-                total += count(caller) * mult
-            visiting.discard(name)
-            counts[name] = total
-            return total
-
-        for name in self.computations:
-            counts[name] = count(name)
-        return counts
-
-    def _trip_count(self, comp: Computation, inst: Instruction) -> tuple[int, str]:
-        cfg = inst.attr("backend_config")
-        if cfg and "known_trip_count" in cfg:
-            try:
-                return int(json.loads(cfg)["known_trip_count"]["n"]), "known_trip_count"
-            except (ValueError, KeyError, TypeError):
-                m = re.search(r'"known_trip_count":\{"n":"(\d+)"', cfg)
-                if m:
-                    return int(m.group(1)), "known_trip_count"
-        n = self._trip_count_from_condition(comp, inst)
-        if n is not None:
-            return n, "loop condition"
-        return 1, "unknown (counted once)"
-
-    def _trip_count_from_condition(self, comp: Computation, inst: Instruction) -> int | None:
-        """Match `i < N` on a tuple counter with a constant initial value and step 1."""
-        cond_name = inst.attr("condition")
-        body_name = inst.attr("body")
-        if not cond_name or not body_name:
-            return None
-        cond = self.computations.get(cond_name.lstrip("%"))
-        body = self.computations.get(body_name.lstrip("%"))
-        if cond is None or body is None or cond.root is None:
-            return None
-        root = cond.root
-        if root.opcode == "fusion":  # optimised HLO wraps the compare in a fusion
-            return None
-        if root.opcode != "compare" or len(root.operands) != 2:
-            return None
-        direction = root.attr("direction")
-        a, b = (self._resolve(cond, o) for o in root.operands)
-        if a is None or b is None:
-            return None
-        if a.opcode == "constant" and b.opcode == "get-tuple-element":
-            a, b = b, a
-            direction = {"GT": "LT", "GE": "LE", "LT": "GT", "LE": "GE"}.get(direction, direction)
-        if a.opcode != "get-tuple-element" or b.opcode != "constant":
-            return None
-        index = int(a.attr("index") or -1)
-        limit = _constant_int(b)
-        init = self._tuple_element_constant(comp, inst.operands[0], index)
-        step = self._counter_step(body, index)
-        if limit is None or init is None or not step:
-            return None
-        if direction == "LT":
-            return max(0, -(-(limit - init) // step))
-        if direction == "LE":
-            return max(0, (limit - init) // step + 1)
-        return None
-
-    def _resolve(self, comp: Computation, name: str) -> Instruction | None:
-        inst = comp.by_name.get(name)
-        while inst is not None and inst.opcode in ("copy", "bitcast", "convert") and inst.operands:
-            inst = comp.by_name.get(inst.operands[0])
-        return inst
-
-    def _tuple_element_constant(self, comp: Computation, tuple_name: str, index: int) -> int | None:
-        t = self._resolve(comp, tuple_name)
-        if t is None or t.opcode != "tuple" or index >= len(t.operands):
-            return None
-        c = self._resolve(comp, t.operands[index])
-        return _constant_int(c) if c is not None and c.opcode == "constant" else None
-
-    def _counter_step(self, body: Computation, index: int) -> int | None:
-        root = body.root
-        if root is None or root.opcode != "tuple" or index >= len(root.operands):
-            return None
-        upd = self._resolve(body, root.operands[index])
-        if upd is None or upd.opcode != "add":
-            return None
-        for o in upd.operands:
-            c = self._resolve(body, o)
-            if c is not None and c.opcode == "constant":
-                return _constant_int(c)
-        return None
-
-
-def _constant_int(inst: Instruction) -> int | None:
-    m = re.match(r"\s*(-?\d+)\s*$", inst.operands[0] if inst.operands else "")
-    return int(m.group(1)) if m else None
 
 
 # -----------------------------------------------------------------------------
@@ -403,108 +258,6 @@ def operation_of(op_name: str) -> str:
         kept.append(part)
     name = "/".join(kept) if kept else parts[-1]
     return f"{name} ({phase})"
-
-
-# -----------------------------------------------------------------------------
-# Replica groups.
-
-
-def parse_replica_groups(
-    text: str | None, num_devices: int | None = None, device_ids: str | None = None
-) -> list[list[int]]:
-    """Replica groups in any of XLA's printed forms.
-
-    - explicit `{{0,1},{2,3}}`; an empty `{}` means one group of all devices;
-    - iota `[G,S]<=[dims]T(perm)`;
-    - mesh axes `mesh['axis_0'=8,'axis_1'=2] {'axis_1'}`, optionally with
-      `device_ids=([dims]T(perm)) {...}` giving the device at each mesh position (iota
-      order when absent): one group per combination of the other axes.
-    """
-    if text is None:
-        return []
-    text = text.strip()
-    if text.startswith("mesh["):
-        return _mesh_axes_groups(text, device_ids)
-    if text.startswith("["):
-        return _iota_groups(text)
-    if not text.startswith("{"):
-        raise HloParseError(f"cannot read replica groups {text!r}")
-    inner = text[1:-1].strip()
-    if not inner:
-        return [list(range(num_devices))] if num_devices else []
-    groups = []
-    for g in re.findall(r"\{([^{}]*)\}", inner):
-        groups.append([int(x) for x in g.split(",") if x.strip()])
-    return groups
-
-
-_MESH_AXIS = re.compile(r"'([^']+)'\s*=\s*(\d+)")
-
-
-def _mesh_axes_groups(text: str, device_ids: str | None) -> list[list[int]]:
-    close = text.index("]")
-    axes = _MESH_AXIS.findall(text[5:close])
-    if not axes:
-        raise HloParseError(f"cannot read mesh replica groups {text!r}")
-    names = [a for a, _ in axes]
-    sizes = [int(s) for _, s in axes]
-    rest = (text[close + 1:] + " " + (device_ids or "")).strip()
-    m = re.search(r"\{([^{}]*)\}\s*$", rest)
-    if not m:
-        raise HloParseError(f"mesh replica groups {text!r} name no reduction axes {{...}}")
-    grouped = [a.strip().strip("'") for a in m.group(1).split(",") if a.strip()]
-    for a in grouped:
-        if a not in names:
-            raise HloParseError(f"mesh replica groups: axis {a!r} not in {names}")
-    total = math.prod(sizes)
-    devices = np.arange(total)
-    if device_ids:
-        dm = re.match(r"\(?\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?\)?", device_ids.strip())
-        if not dm:
-            raise HloParseError(f"cannot read device_ids {device_ids!r}")
-        dims = [int(x) for x in dm.group(1).split(",")]
-        ids = np.arange(math.prod(dims)).reshape(dims)
-        if dm.group(2):
-            ids = ids.transpose([int(x) for x in dm.group(2).split(",")])
-        devices = ids.reshape(-1)
-        if devices.size != total:
-            raise HloParseError(f"device_ids {device_ids!r} has {devices.size} ids for a mesh of "
-                                f"{total}")
-    arr = devices.reshape(sizes)
-    keep = [i for i, a in enumerate(names) if a not in grouped]
-    moved = [names.index(a) for a in grouped]
-    arr = arr.transpose(keep + moved)
-    group_size = math.prod(sizes[i] for i in moved)
-    return arr.reshape(-1, group_size).tolist()
-
-
-_IOTA = re.compile(r"^\[([\d,\s]+)\]<=\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?$")
-
-
-def _iota_groups(text: str) -> list[list[int]]:
-    m = _IOTA.match(text.replace(" ", ""))
-    if not m:
-        raise HloParseError(f"cannot read iota replica groups {text!r}")
-    out_shape = [int(x) for x in m.group(1).split(",")]
-    dims = [int(x) for x in m.group(2).split(",")]
-    ids = np.arange(math.prod(dims)).reshape(dims)
-    if m.group(3):
-        perm = [int(x) for x in m.group(3).split(",")]
-        if sorted(perm) != list(range(len(dims))):
-            raise HloParseError(f"transpose {perm} is not a permutation of {len(dims)} dims")
-        ids = ids.transpose(perm)
-    if math.prod(out_shape) != ids.size:
-        raise HloParseError(f"iota groups {text!r}: {out_shape} does not hold {ids.size} ids")
-    ids = ids.reshape(out_shape)
-    if ids.ndim == 1:
-        ids = ids.reshape(1, -1)
-    return ids.reshape(ids.shape[0], -1).tolist()
-
-
-def parse_source_target_pairs(text: str | None) -> list[list[int]]:
-    if not text:
-        return []
-    return [[int(a), int(b)] for a, b in re.findall(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}", text)]
 
 
 # -----------------------------------------------------------------------------
@@ -594,8 +347,9 @@ def _parse_instruction(s: str, lineno: int) -> Instruction:
     name = s[:eq].lstrip("%")
     rest = s[eq + 3:]
     if rest.startswith("("):
-        end = _matching(rest, 0, "(", ")")
-        # a tuple shape may carry a layout-free suffix like `{...}` on TPU; none seen
+        _, end = scan_top_level(rest, 1)
+        if end >= len(rest):
+            raise HloParseError("unbalanced () in the tuple shape")
         shape_text = rest[: end + 1]
         rest = rest[end + 1:].lstrip()
     else:
@@ -610,11 +364,12 @@ def _parse_instruction(s: str, lineno: int) -> Instruction:
     opcode = rest[:paren]
     if not opcode or " " in opcode:
         raise HloParseError(f"bad opcode {opcode!r}")
-    close = _matching(rest, paren, "(", ")")
-    operand_text = rest[paren + 1: close]
+    parts, close = scan_top_level(rest, paren + 1)
+    if close >= len(rest):
+        raise HloParseError("unbalanced () in the operand list")
     if opcode == "constant":
-        operands = [operand_text]
+        operands = [rest[paren + 1: close]]
     else:
-        operands = [o.split()[-1].lstrip("%") for o in split_top_level(operand_text)]
+        operands = [o.split()[-1].lstrip("%") for o in parts]
     attr_text = rest[close + 1:].lstrip(", ")
     return Instruction(name, shape_text, opcode, operands, attr_text, lineno, is_root)

@@ -1,8 +1,9 @@
 """The Report: collectives with their links and times, compute, memory, step time.
 
-Step time, first order: compute plus every collective's time, no overlap assumed
-(`exposed_comm_s == comm_s`). The report also gives the bounds an overlapping schedule
-would land between: max(compute, comm) <= step <= compute + comm.
+Step time is the simulated schedule's (sharding/schedule.py: collectives overlap the
+compute that does not need them), held within the bounds any schedule lands between:
+perfect overlap, max(compute, each link's busy time), and none, compute + comm. Without a
+schedule (a Report built by hand) it is compute + comm.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ from collections import defaultdict
 from sharding.collectives import Collective
 from sharding.compute import ComputeCost
 from sharding.hlo import operation_of
+
+# The schedule's overlap is a model: exposed communication below this share of the step is
+# within what the model can tell apart from perfect overlap, so such a step is not called
+# communication-bound.
+EXPOSED_COMM_SIGNIFICANT = 0.05
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -147,7 +153,7 @@ class Report:
         return out
 
     def groups(self) -> list[dict]:
-        """Collectives grouped by (kind, mesh axes, link, dtype), slowest first."""
+        """Collectives grouped by (kind, mesh axes, link, algorithm), slowest first."""
         rows: dict[tuple, dict] = {}
         for c in self.collectives:
             key = (c.kind, c.mesh_axes, c.link, c.algorithm)
@@ -185,7 +191,7 @@ class Report:
         hbm_s = cost.hbm_bound_matmul_s + cost.memory_bound_s
         math_s = cost.matmul_s - cost.hbm_bound_matmul_s
         if worst is not None and worst["time_s"] > max(hbm_s, math_s) and \
-                self.exposed_comm_s > 0.05 * step:
+                self.exposed_comm_s > EXPOSED_COMM_SIGNIFICANT * step:
             axes = ",".join(worst["mesh_axes"]) or "?"
             return (f"communication: {worst['kind']} over {worst['link']} on axis {axes} "
                     f"takes {worst['time_s'] / step:.0%} of the step; "

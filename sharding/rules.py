@@ -18,9 +18,7 @@ from collections.abc import Mapping, Sequence
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-# The logical vocabulary. Shape-suffix legend used in model code:
-# B batch, L sequence, D embed (d_model), H query heads, K kv heads, E head_dim,
-# F mlp hidden, V vocab, N layers, X experts.
+# The logical vocabulary (the shape-suffix legend of model code is in models/__init__.py).
 LOGICAL_AXES = (
     "batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "experts",
     "expert_batch",  # the batch of tokens dispatched to experts (not sharded over `expert`)
@@ -53,6 +51,23 @@ class AxisRules:
                             f"rules.{table_name}[{logical!r}]: unknown mesh axis {m!r}; valid: "
                             f"{', '.join(MESH_AXES)}"
                         )
+
+    def mesh_axes(self, logical: str, *, params: bool = False) -> tuple[str, ...]:
+        """The mesh axes that shard `logical` (in the activations' table, or the
+        parameters')."""
+        table = self.params if params else self.activations
+        if logical not in table:
+            raise ValueError(f"logical axis {logical!r} has no rule in the "
+                             f"{'params' if params else 'activations'} table; known: "
+                             f"{', '.join(sorted(table))}")
+        return tuple(table[logical])
+
+    def ways(self, logical: str, mesh_shape: Mapping[str, int], *,
+             params: bool = False) -> int:
+        """How many ways `logical` splits on a mesh of `mesh_shape` (mesh axis -> size;
+        axes the mesh lacks count as 1): the one question every user of the rules asks
+        (memory per device, batch divisibility, pipeline stages)."""
+        return math.prod(mesh_shape.get(m, 1) for m in self.mesh_axes(logical, params=params))
 
 
 def default_rules() -> AxisRules:
@@ -89,6 +104,18 @@ def default_rules() -> AxisRules:
             "experts": ("expert",),
         },
     )
+
+
+# Rule presets a config can name (`[parallelism] rules = "default"`).
+RULE_PRESETS = {"default": default_rules}
+
+
+def rules_preset(name: str) -> AxisRules:
+    """The rule table of a preset, by name."""
+    if name not in RULE_PRESETS:
+        raise ValueError(f"parallelism.rules={name!r} is not a rule preset; valid: "
+                         f"{', '.join(RULE_PRESETS)}")
+    return RULE_PRESETS[name]()
 
 
 def resolve(

@@ -23,6 +23,7 @@ import dataclasses
 import heapq
 
 from sharding.hlo import Computation, HloModule
+from sharding.loops import trip_counts
 
 COMPUTE = "compute"
 
@@ -76,7 +77,7 @@ class Scheduler:
         op = inst.opcode
         if op == "while":
             body = (inst.attr("body") or "").lstrip("%")
-            trip, _ = self.module.trip_counts.get(f"{comp.name}/{inst.name}", (1, ""))
+            trip, _ = trip_counts(self.module).get(f"{comp.name}/{inst.name}", (1, ""))
             tl, core = self._simulate(body)
             per_iter = tl.iteration_s(core)
             return (trip * per_iter, {k: trip * v for k, v in tl.stream_busy_s.items()},
@@ -98,16 +99,26 @@ class Scheduler:
         if name in self._memo:
             return self._memo[name]
         comp = self.module.computations[name]
-        times = self.compute_times.get(name, {})
-        insts = comp.instructions
-        index = {inst.name: i for i, inst in enumerate(insts)}
-        n = len(insts)
+        kind, dur, stream_busy, compute_busy = self._streams(comp)
+        index = {inst.name: i for i, inst in enumerate(comp.instructions)}
+        preds = [[index[o] for o in inst.operands if o in index] for inst in comp.instructions]
+        finish, succs = _list_schedule(kind, dur, preds)
+        core = _core_makespan(kind, finish, succs)
+        result = (Timeline(max(finish, default=0.0), compute_busy, stream_busy), core)
+        self._memo[name] = result
+        return result
+
+    def _streams(self, comp: Computation):
+        """Each instruction's stream (COMPUTE, a link class, or "free") and duration, with
+        the busy time of every stream. Control flow occupies the compute stream for its
+        callee's duration and adds the callee's link busy time."""
+        times = self.compute_times.get(comp.name, {})
         kind: list[str] = []
-        dur = [0.0] * n
+        dur = [0.0] * len(comp.instructions)
         stream_busy: dict[str, float] = {}
         compute_busy = 0.0
-        for i, inst in enumerate(insts):
-            c = self.comm.get((name, inst.name))
+        for i, inst in enumerate(comp.instructions):
+            c = self.comm.get((comp.name, inst.name))
             if c is None and inst.opcode == "fusion":
                 for _, callee in inst.called_computations():
                     c = self._fused_comm.get(callee, c)
@@ -118,7 +129,7 @@ class Scheduler:
                 continue
             d, busy, cbusy = self._callee_time(comp, inst)
             if d > 0:
-                kind.append(COMPUTE)  # control flow occupies every stream; see below
+                kind.append(COMPUTE)
                 dur[i] = d
                 compute_busy += cbusy
                 for k, v in busy.items():
@@ -128,72 +139,73 @@ class Scheduler:
             kind.append(COMPUTE if t > 0 else "free")
             dur[i] = t
             compute_busy += t
-        preds = [[index[o] for o in inst.operands if o in index] for inst in insts]
-        succs: list[list[int]] = [[] for _ in range(n)]
-        missing = [0] * n
-        for i, ps in enumerate(preds):
-            for p in set(ps):
-                succs[p].append(i)
-                missing[i] += 1
-        finish = [0.0] * n
-        ready_at = [0.0] * n
-        stream_free: dict[str, float] = {}
-        events: list[tuple[float, int]] = []
-        ready: list[int] = []
-        compute_free = 0.0
-        done = 0
+        return kind, dur, stream_busy, compute_busy
 
-        def release(i: int, t: float) -> None:
-            nonlocal done
-            stack = [(i, t)]
-            while stack:
-                j, tj = stack.pop()
-                finish[j] = tj
-                done += 1
-                for s in succs[j]:
-                    ready_at[s] = max(ready_at[s], tj)
-                    missing[s] -= 1
-                    if missing[s] == 0:
-                        k = kind[s]
-                        if k == "free":
-                            stack.append((s, ready_at[s]))
-                        elif k == COMPUTE:
-                            heapq.heappush(ready, s)
-                        else:
-                            start = max(ready_at[s], stream_free.get(k, 0.0))
-                            stream_free[k] = start + dur[s]
-                            heapq.heappush(events, (start + dur[s], s))
 
-        sources = [i for i in range(n) if missing[i] == 0]  # before any release changes it
-        for i in sources:
-            if kind[i] == "free":
-                release(i, 0.0)
-            elif kind[i] == COMPUTE:
-                heapq.heappush(ready, i)
-            else:
-                start = stream_free.get(kind[i], 0.0)
-                stream_free[kind[i]] = start + dur[i]
-                heapq.heappush(events, (start + dur[i], i))
-        while done < n:
-            while events and events[0][0] <= compute_free:
-                t, j = heapq.heappop(events)
-                release(j, t)
-            if ready:
-                j = heapq.heappop(ready)
-                start = max(compute_free, ready_at[j])
-                compute_free = start + dur[j]
-                release(j, compute_free)
-            elif events:
-                t, j = heapq.heappop(events)
-                compute_free = max(compute_free, t)
-                release(j, t)
-            else:
-                break  # unreachable ops (dead code): nothing more can run
-        makespan = max(finish, default=0.0)
-        core = _core_makespan(kind, finish, succs)
-        result = (Timeline(makespan, compute_busy, stream_busy), core)
-        self._memo[name] = result
-        return result
+def _list_schedule(kind: list[str], dur: list[float],
+                   preds: list[list[int]]) -> tuple[list[float], list[list[int]]]:
+    """Finish time of every instruction: compute ops in program order on one stream as
+    their inputs arrive, each link class its own queue, free ops as soon as ready.
+    Returns (finish times, successors)."""
+    n = len(kind)
+    succs: list[list[int]] = [[] for _ in range(n)]
+    missing = [0] * n
+    for i, ps in enumerate(preds):
+        for p in set(ps):
+            succs[p].append(i)
+            missing[i] += 1
+    finish = [0.0] * n
+    ready_at = [0.0] * n
+    stream_free: dict[str, float] = {}
+    events: list[tuple[float, int]] = []  # (finish, index) of collectives in flight
+    ready: list[int] = []  # compute ops whose inputs exist, by program order
+    done = 0
+
+    def start(i: int, t: float) -> None:
+        """Hand instruction i, ready at time t, to its stream."""
+        if kind[i] == COMPUTE:
+            heapq.heappush(ready, i)
+        elif kind[i] == "free":
+            release(i, t)
+        else:
+            begin = max(t, stream_free.get(kind[i], 0.0))
+            stream_free[kind[i]] = begin + dur[i]
+            heapq.heappush(events, (begin + dur[i], i))
+
+    def release(i: int, t: float) -> None:
+        nonlocal done
+        stack = [(i, t)]
+        while stack:
+            j, tj = stack.pop()
+            finish[j] = tj
+            done += 1
+            for s in succs[j]:
+                ready_at[s] = max(ready_at[s], tj)
+                missing[s] -= 1
+                if missing[s] == 0:
+                    if kind[s] == "free":
+                        stack.append((s, ready_at[s]))
+                    else:
+                        start(s, ready_at[s])
+
+    for i in [i for i in range(n) if missing[i] == 0]:  # before any release changes it
+        start(i, 0.0)
+    compute_free = 0.0
+    while done < n:
+        while events and events[0][0] <= compute_free:
+            t, j = heapq.heappop(events)
+            release(j, t)
+        if ready:
+            j = heapq.heappop(ready)
+            compute_free = max(compute_free, ready_at[j]) + dur[j]
+            release(j, compute_free)
+        elif events:
+            t, j = heapq.heappop(events)
+            compute_free = max(compute_free, t)
+            release(j, t)
+        else:
+            break  # unreachable ops (dead code): nothing more can run
+    return finish, succs
 
 
 def _core_makespan(kind: list[str], finish: list[float], succs: list[list[int]]) -> float:

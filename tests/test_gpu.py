@@ -9,7 +9,7 @@ import json
 import pytest
 
 from meshes import get_system
-from sharding import backends
+from sharding import compiler as backends
 from tests.test_cli import TINY, run_cli, write
 
 needs_plugin = pytest.mark.skipif(not backends.gpu_compiler_installed(),

@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 import sharding
 from sharding.collectives import extract_collectives
-from sharding.hlo import HloParseError, parse_hlo, parse_replica_groups, parse_shape
+from sharding.hlo import HloParseError, parse_hlo, parse_shape
+from sharding.loops import trip_counts
+from sharding.replica_groups import parse_replica_groups
 from tests.conftest import DATA
 
 MESH = ((2, 4, 2), ("data", "fsdp", "tensor"))
@@ -53,7 +55,7 @@ def test_cpu_final_hlo_shows_the_f32_upcast_that_post_spmd_avoids():
 
 def test_train_step_fixture_trip_counts_and_no_unknown_ops():
     module = parse_hlo((DATA / "train_step.cpu-after-spmd.hlo").read_text())
-    trips = sorted(n for n, _ in module.trip_counts.values())
+    trips = sorted(n for n, _ in trip_counts(module).values())
     assert trips == [4, 4]  # forward and backward scans over 4 layers
     cols, unknown = extract_collectives(module, mesh_shape=MESH[0], axis_names=MESH[1])
     assert unknown == []

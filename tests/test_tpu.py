@@ -5,7 +5,7 @@ import json
 import pytest
 
 from meshes import get_system
-from sharding import backends
+from sharding import compiler as backends
 from tests.test_cli import TINY, run_cli, write
 
 pytestmark = pytest.mark.tpu

@@ -1,0 +1,276 @@
+"""Compilation: which compiler makes the HLO, and what it says while doing so.
+
+Backends:
+- `cpu`: XLA:CPU on fake devices; the HLO right after SPMD partitioning is read (it keeps
+  the program's dtypes; the final CPU HLO upcasts bf16 dots and collectives to f32).
+- `tpu`: libtpu's deviceless topology (jax.experimental.topologies) gives devices with
+  their torus coordinates; XLA's TPU compiler partitions, fuses and schedules the program
+  as it would on the pod, and its final HLO (bf16 kept, async collectives, fusions) is read.
+- `gpu`: XLA:GPU through the CUDA 12 plugin's deviceless topology: the compiler is told
+  what GPU to compile for by a GpuTargetConfig written from the catalog
+  (meshes.chips.GPU_TARGETS) and how GPUs are grouped: NVLink domains ("slices"), hosts
+  per domain, GPUs per host. Its final HLO (async collectives, fusions, GEMMs) is read.
+- `auto`: the real compiler for the system when its extra is installed, else the CPU.
+
+Also here: XLA's C++ log lines captured around each compile (the SPMD partitioner's
+warnings reach the report), the target compiler's out-of-memory refusal as `DoesNotFit`,
+and the compiler's own memory figure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import importlib.util
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+
+from meshes import GpuSystem, System, TpuSystem
+from meshes.chips import GPU_TARGETS
+from sharding.report import Memory
+
+# XLA log lines worth showing the user, with the words that identify them.
+_XLA_WARNINGS = (
+    "Involuntary full rematerialization",
+    "SPMD will replicate",
+)
+
+
+@contextlib.contextmanager
+def capture_stderr():
+    """Capture what C++ libraries write to fd 2 (XLA, libtpu), yielding a list that is
+    filled with the captured lines on exit."""
+    lines: list[str] = []
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read().decode(errors="replace").splitlines())
+
+
+_REMAT = re.compile(r"cannot go from sharding (.+?) to (.+?) efficiently for HLO operation "
+                    r"%?([\w.\-]+) = (\S+)")
+
+
+def xla_warnings(lines: Sequence[str]) -> list[str]:
+    """XLA's SPMD warnings from captured stderr, one line each, de-duplicated."""
+    out: list[str] = []
+    for line in lines:
+        if not any(w in line for w in _XLA_WARNINGS):
+            continue
+        m = _REMAT.search(line)
+        if m:
+            src, dst, op, shape = m.groups()
+            msg = (f"involuntary full rematerialization of {op} {shape.split('{')[0]}: XLA "
+                   f"replicates it to go from sharding {src} to {dst}")
+        else:
+            msg = re.sub(r"^.*?\] ", "", line).strip()
+        if msg not in out:
+            out.append(msg)
+    return out
+
+
+class DoesNotFit(ValueError):
+    """The target compiler refused the program: it needs more memory than the device has."""
+
+
+@dataclasses.dataclass
+class Compiled:
+    hlo_text: str
+    compiled: object  # jax.stages.Compiled
+    compiler: str
+    timings: dict[str, float]
+    warnings: list[str]
+
+
+def compile_to_hlo(fn: Callable, *args, final_hlo: bool = False, **kwargs) -> Compiled:
+    """Lower and compile; keep the post-SPMD HLO (or the final one), timings and XLA's SPMD
+    warnings."""
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="shardscope-dump-") as dump, capture_stderr() as err:
+        t0 = time.perf_counter()
+        lowered = jitted.lower(*args, **kwargs)
+        t1 = time.perf_counter()
+        options = {} if final_hlo else {"xla_dump_to": dump,
+                                         "xla_dump_hlo_pass_re": "spmd-partitioning"}
+        try:
+            compiled = lowered.compile(compiler_options=options)
+        except jax.errors.JaxRuntimeError as e:
+            first = str(e).strip().splitlines()[0]
+            if "RESOURCE_EXHAUSTED" in first:
+                raise DoesNotFit(f"the program does not fit: {first.split(': ', 1)[-1]} "
+                                 f"(compile with --backend cpu to see its collectives "
+                                 f"anyway, or shard more / rematerialise more)") from None
+            raise
+        t2 = time.perf_counter()
+        timings["lower_s"] = t1 - t0
+        timings["compile_s"] = t2 - t1
+        files = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*.txt")))
+        if final_hlo:
+            text = compiled.as_text()
+            compiler = "the final optimised HLO"
+        elif files:
+            with open(files[-1]) as f:
+                text = f.read()
+            compiler = "XLA:CPU (after SPMD partitioning)"
+        else:
+            text = compiled.as_text()
+            compiler = "final optimised HLO"
+    return Compiled(text, compiled, compiler, timings, xla_warnings(err))
+
+
+def compiled_memory(compiled, *, on_cpu: bool = True) -> Memory:
+    """Memory per device from the compiler's buffer assignment (arguments, outputs that do
+    not alias them, temporaries). On XLA:CPU the temporaries are an upper bound for a bf16
+    program: the CPU upcasts bf16 to f32."""
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 -- backends without it raise assorted errors
+        ma = None
+    if ma is None:
+        return Memory(components=(), source="no compiler memory analysis")
+    return Memory(
+        components=(
+            ("arguments", float(ma.argument_size_in_bytes)),
+            ("outputs not aliasing arguments",
+             float(max(0, ma.output_size_in_bytes - ma.alias_size_in_bytes))),
+            ("temporaries", float(ma.temp_size_in_bytes)),
+        ),
+        source="XLA:CPU buffer assignment (bf16 temporaries upcast to f32: an upper bound)"
+        if on_cpu else "the target compiler's buffer assignment",
+    )
+
+
+BACKENDS = ("auto", "cpu", "tpu", "gpu")
+TPU_EXTRA = "pip install 'shardscope[tpu]'  (libtpu matching jax 0.10.2)"
+GPU_EXTRA = "pip install 'shardscope[gpu]'  (the CUDA 12 plugin, several GB; make test-gpu)"
+
+# System family -> libtpu topology name prefix.
+_TPU_TOPOLOGY = {"tpu-v4": "v4", "tpu-v5e": "v5e", "tpu-v5p": "v5p", "tpu-v6e": "v6e",
+                 "tpu7x": "tpu7x"}
+
+
+def tpu_compiler_installed() -> bool:
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def gpu_compiler_installed() -> bool:
+    return importlib.util.find_spec("jax_cuda12_plugin") is not None
+
+
+def resolve_backend(backend: str, system: System) -> str:
+    """The backend that will compile, or a ValueError with the way out."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    # backend -> (the systems it compiles for, is its extra installed, what to install,
+    # the other backends)
+    compilers = {"tpu": (TpuSystem, tpu_compiler_installed, f"libtpu: {TPU_EXTRA}", "cpu"),
+                 "gpu": (GpuSystem, gpu_compiler_installed, f"the CUDA plugin: {GPU_EXTRA}",
+                         "cpu or tpu")}
+    if backend == "auto":
+        return next((name for name, (kind, installed, _, _) in compilers.items()
+                     if isinstance(system, kind) and installed()), "cpu")
+    if backend in compilers:
+        kind, installed, extra, others = compilers[backend]
+        if not isinstance(system, kind):
+            raise ValueError(f"--backend {backend} compiles for {backend.upper()} systems; "
+                             f"{system.name} is not one; use --backend {others}")
+        if not installed():
+            raise ValueError(f"--backend {backend} needs {extra}")
+    return backend
+
+
+def gpu_target_config(system: GpuSystem) -> str:
+    """The GpuTargetConfig text proto for the system's GPU, from the catalog."""
+    chip, t = system.chip, GPU_TARGETS[system.chip.name]
+    major, minor = t.compute_capability
+    return "\n".join([
+        "gpu_device_info {",
+        "  threads_per_block_limit: 1024",
+        "  threads_per_warp: 32",
+        "  shared_memory_per_block: 49152",
+        f"  shared_memory_per_core: {t.shared_memory_per_sm}",
+        "  threads_per_core_limit: 2048",
+        f"  core_count: {t.sm_count}",
+        "  fpus_per_core: 128",
+        "  block_dim_limit_x: 2147483647",
+        "  block_dim_limit_y: 65535",
+        "  block_dim_limit_z: 65535",
+        f"  memory_bandwidth: {int(chip.hbm_bytes_per_s)}",
+        f"  l2_cache_size: {t.l2_bytes}",
+        f"  clock_rate_ghz: {t.clock_ghz}",
+        f"  device_memory_size: {int(chip.hbm_bytes)}",
+        f"  shared_memory_per_block_optin: {t.shared_memory_per_block_optin}",
+        f"  cuda_compute_capability {{ major: {major} minor: {minor} }}",
+        "  registers_per_core_limit: 65536",
+        "  registers_per_block_limit: 65536",
+        "}",
+        'platform_name: "CUDA"',
+        "dnn_version_info { major: 9 minor: 8 patch: 0 }",
+        f'device_description_str: "{t.description}"',
+    ]) + "\n"
+
+
+def gpu_topology_name(system: GpuSystem) -> str:
+    """"<NVLink domains>x<hosts per domain>x<GPUs per host>", XLA's GpuTopology."""
+    f = system.family
+    per_domain = min(system.num_devices, f.domain_size)
+    per_host = min(per_domain, f.tray_size)
+    return f"{system.num_devices // per_domain}x{per_domain // per_host}x{per_host}"
+
+
+def gpu_devices(system: GpuSystem) -> list:
+    """Compile-only XLA:GPU devices for the system, in its device-id order."""
+    from jax._src import xla_bridge
+
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # no driver to check
+    with capture_stderr():  # the plugin probes for CUDA devices and logs that none exist
+        topo = xla_bridge.make_pjrt_topology("cuda", "shardscope",
+                                             topology=gpu_topology_name(system),
+                                             target_config=gpu_target_config(system))
+        devices = list(topo._make_compile_only_devices())
+    if len(devices) != system.num_devices:
+        raise ValueError(f"XLA:GPU's {gpu_topology_name(system)} has {len(devices)} devices, "
+                         f"the catalog's {system.name} {system.num_devices}")
+    return sorted(devices, key=lambda d: d.id)
+
+
+def topology_name(system: TpuSystem) -> str:
+    return f"{_TPU_TOPOLOGY[system.family.name]}:{'x'.join(map(str, system.shape))}"
+
+
+def tpu_devices(system: TpuSystem) -> list:
+    """The deviceless TPU devices of `system`, ordered by the system's device ids (so that
+    mesh position i is system device i, as on the CPU path)."""
+    from jax.experimental import topologies
+
+    with capture_stderr():  # libtpu warns about TPU env vars it does not need here
+        topo = topologies.get_topology_desc(
+            platform="tpu", topology_name=topology_name(system), chip_config_name="default",
+            chips_per_host_bounds=(2, 2, 1), num_slices=system.num_slices)
+    devices = list(topo.devices)
+    if len(devices) != system.num_devices:
+        raise ValueError(f"libtpu's {topology_name(system)} has {len(devices)} devices, the "
+                         f"catalog's {system.name} {system.num_devices}")
+    return sorted(devices, key=lambda d: system_device_id(system, d))
+
+
+def system_device_id(system: System, device: jax.Device) -> int:
+    """The system's id for a JAX device: from torus coordinates on TPU, else its id."""
+    if isinstance(system, TpuSystem) and getattr(device, "platform", "") == "tpu":
+        coords = list(device.coords) + [0] * (3 - len(device.coords))
+        return system.device_id(getattr(device, "slice_index", 0), coords[: len(system.shape)],
+                                getattr(device, "core_on_chip", 0))
+    return device.id

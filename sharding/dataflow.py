@@ -1,0 +1,59 @@
+"""Dataflow questions about HLO values that the FLOP and HBM-traffic models share: which ops
+are views, slices, in-place updates or matmuls, what a value really reads from HBM, and who
+uses it (looking through views)."""
+
+from __future__ import annotations
+
+from sharding.hlo import ArrayShape, Computation, Instruction
+
+MATMUL_OPS = frozenset({"dot", "convolution"})
+VIEW_OPS = frozenset({"reshape", "bitcast"})
+SLICE_OPS = frozenset({"slice", "dynamic-slice", "gather"})
+IN_PLACE_OPS = frozenset({"dynamic-update-slice", "scatter"})
+
+
+def through_views(comp: Computation, name: str) -> str:
+    inst = comp.by_name.get(name)
+    while inst is not None and inst.opcode in VIEW_OPS and inst.operands:
+        name = inst.operands[0]
+        inst = comp.by_name.get(name)
+    return name
+
+
+def read_bytes(comp: Computation, name: str) -> float:
+    """Bytes actually read from HBM for value `name` (a broadcast reads its small input)."""
+    inst = comp.by_name.get(name)
+    while inst is not None and inst.opcode in (VIEW_OPS | {"broadcast"}) and inst.operands:
+        inst = comp.by_name.get(inst.operands[0])
+    if inst is None or inst.opcode in ("constant", "iota"):
+        return 0.0
+    return float(sum(a.nbytes for a in inst.shapes))
+
+
+def shapes_of(comp: Computation, name: str) -> list[ArrayShape]:
+    inst = comp.by_name.get(name)
+    return inst.shapes if inst is not None else []
+
+
+def users_through_views(comp: Computation, name: str) -> list[Instruction]:
+    """The users of `name`, looking through bitcasts and reshapes."""
+    out = []
+    for u in comp.users.get(name, []):
+        if u.opcode in VIEW_OPS:
+            out.extend(users_through_views(comp, u.name))
+        else:
+            out.append(u)
+    return out
+
+
+def feeds_only_matmuls(comp: Computation, inst: Instruction) -> bool:
+    users = comp.users.get(inst.name, [])
+    if not users:
+        return False
+    for u in users:
+        if u.opcode in VIEW_OPS:
+            if not feeds_only_matmuls(comp, u):
+                return False
+        elif u.opcode not in MATMUL_OPS:
+            return False
+    return True

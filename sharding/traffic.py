@@ -1,0 +1,181 @@
+"""HBM traffic of the memory-bound kernels the target compiler forms.
+
+The HLO read on the CPU path is the module right after SPMD partitioning, before any
+fusion, and XLA:CPU's own fusion decisions are not the TPU's or GPU's; so the model fuses
+as those compilers do, to first order: connected producer-consumer regions of elementwise,
+convert, transpose and data-movement ops form one kernel each; a reduction ends a kernel
+(its consumers start a new one, as XLA's GPU and TPU emitters do); matmuls, collectives and
+loop boundaries are kernel boundaries. A kernel reads each distinct value entering it once
+and writes each value leaving it once. Slices read only what they keep, and
+dynamic-update-slice / scatter write only their update (they work in place). Broadcasts,
+reshapes and bitcasts are views: they cost nothing, and a broadcast's input is what is
+read. Before scheduling (the post-SPMD module) a `copy` is a sharding annotation that copy
+elision removes later: it costs nothing either. A slice of a stacked array that only
+matmuls read (a layer's weights, its KV cache) is read by the matmul.
+
+Already-fused HLO (TPU/GPU final modules): each `fusion` instruction is a kernel; its
+operands and outputs are its HBM traffic, less what it only slices or updates in place.
+
+Ops under the named scope `flash_attention` stand for a fused attention kernel whose
+intermediates (the S x S scores) stay in on-chip memory.
+"""
+
+from __future__ import annotations
+
+from sharding.collectives import is_collective
+from sharding.dataflow import (
+    IN_PLACE_OPS,
+    MATMUL_OPS,
+    SLICE_OPS,
+    VIEW_OPS,
+    feeds_only_matmuls,
+    read_bytes,
+    shapes_of,
+    through_views,
+    users_through_views,
+)
+from sharding.dequant import dequant_ops
+from sharding.hlo import Computation, HloModule, Instruction
+
+
+# Ops that move no data of their own (views, bookkeeping, control).
+FREE_OPS = frozenset({
+    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "reshape", "broadcast",
+    "iota", "partition-id", "replica-id", "after-all", "while", "call", "conditional",
+    "opt-barrier", "custom-call", "domain", "add-dependency", "copy-start", "copy-done",
+})
+
+
+FUSED_KERNEL_SCOPE = "flash_attention"
+
+
+REDUCTION_OPS = frozenset({"reduce", "reduce-window"})
+
+
+def is_memory_op(inst: Instruction, comp: Computation | None = None) -> bool:
+    op = inst.opcode
+    if op in FREE_OPS or op in MATMUL_OPS or is_collective(op) or op.endswith(("-start", "-done")):
+        return False
+    if comp is not None and inst.name in dequant_ops(comp):
+        return False  # fused into the matmul's operand load
+    if op in ("slice", "dynamic-slice") and comp is not None and feeds_only_matmuls(comp, inst):
+        # A layer's weights (or KV cache) sliced out of the stacked array by the loop index
+        # are read by the matmul from where they lie: the matmul's operand bytes count them.
+        return False
+    if FUSED_KERNEL_SCOPE in inst.op_name:
+        return False
+    return True
+
+
+def kernels(
+    comp: Computation, module: HloModule | None = None, *, final: bool = True
+) -> list[tuple[float, float, list[Instruction]]]:
+    """(HBM bytes, elements written, member instructions) of each fused kernel the target
+    compiler would form."""
+    by_name = comp.by_name
+    members = [i for i in comp.instructions if is_memory_op(i, comp)
+               and (final or i.opcode != "copy")]
+    if not members:
+        return []
+    is_member = {i.name for i in members}
+    parent = {name: name for name in is_member}
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for inst in members:
+        if inst.opcode == "fusion":
+            continue  # a compiler-made kernel stays on its own
+        for o in inst.operands:
+            src = by_name.get(through_views(comp, o))
+            if src is None or src.name not in is_member or src.opcode == "fusion":
+                continue
+            if src.opcode in REDUCTION_OPS:
+                continue  # a reduction ends its kernel; its consumers start another
+            a, b = find(src.name), find(inst.name)
+            if a != b:
+                parent[a] = b
+
+    regions: dict[str, list[Instruction]] = {}
+    for inst in members:
+        regions.setdefault(find(inst.name), []).append(inst)
+    return [(*_kernel_traffic(comp, region, module), region) for region in regions.values()]
+
+
+def _kernel_traffic(
+    comp: Computation, region: list[Instruction], module: HloModule | None = None
+) -> tuple[float, float]:
+    inside = {i.name for i in region}
+    read: dict[str, float] = {}
+    written = 0.0
+    elems = 0.0
+    for inst in region:
+        out_bytes = float(sum(a.nbytes for a in inst.shapes))
+        elems += sum(a.num_elements for a in inst.shapes)
+        fused_reads, fused_write = _fusion_io(module, inst) if inst.opcode == "fusion" \
+            else ({}, None)
+        if fused_write is not None:
+            out_bytes = fused_write
+        for k, o in enumerate(inst.operands):
+            if o in inside or through_views(comp, o) in inside:
+                continue
+            if k in fused_reads:
+                read[f"{o}@{inst.name}"] = fused_reads[k]
+            elif inst.opcode in SLICE_OPS and k == 0:
+                read[f"{o}@{inst.name}"] = out_bytes  # only the kept part is read
+            elif inst.opcode in IN_PLACE_OPS and k == 0:
+                continue  # updated in place: the untouched part is neither read nor written
+            elif o not in read:
+                read[o] = read_bytes(comp, o)
+        users = comp.users.get(inst.name, [])
+        leaves = inst.is_root or any(_leaves_region(comp, u, inside) for u in users)
+        if leaves:
+            if inst.opcode in IN_PLACE_OPS and len(inst.operands) > 1:
+                update = inst.operands[-1 if inst.opcode == "scatter" else 1]
+                written += float(sum(a.nbytes for a in shapes_of(comp, update)))
+            else:
+                written += out_bytes
+    return sum(read.values()) + written, elems
+
+
+def _fusion_io(module: HloModule | None, inst: Instruction) -> tuple[dict[int, float], float | None]:
+    """What a compiler-made fusion really moves: an operand the fused computation only
+    slices is read for the slices' size (a layer's weights out of the stacked array), an
+    operand it only updates in place is not read, and a dynamic-update-slice root writes
+    only its update."""
+    if module is None:
+        return {}, None
+    callee = next((c for role, c in inst.called_computations() if role == "calls"), None)
+    fused = module.computations.get(callee) if callee else None
+    if fused is None:
+        return {}, None
+    reads: dict[int, float] = {}
+    for p in fused.instructions:
+        if p.opcode != "parameter":
+            continue
+        users = users_through_views(fused, p.name)
+        if users and all(u.opcode in SLICE_OPS and through_views(fused, u.operands[0]) == p.name
+                         for u in users):
+            reads[int(p.operands[0])] = float(sum(a.nbytes for u in users for a in u.shapes))
+        elif users and all(u.opcode in IN_PLACE_OPS and
+                           through_views(fused, u.operands[0]) == p.name for u in users):
+            reads[int(p.operands[0])] = 0.0
+    write = None
+    root = fused.root
+    if root is not None and root.opcode in IN_PLACE_OPS and len(root.operands) > 1:
+        update = root.operands[-1 if root.opcode == "scatter" else 1]
+        write = float(sum(a.nbytes for a in shapes_of(fused, update)))
+    return reads, write
+
+
+def _leaves_region(comp: Computation, user: Instruction, inside: set[str]) -> bool:
+    """Whether a value used by `user` must be written to HBM (a view passes it on)."""
+    if user.name in inside:
+        return False
+    if user.opcode in VIEW_OPS:
+        return user.is_root or any(_leaves_region(comp, u, inside)
+                                   for u in comp.users.get(user.name, []))
+    return True
