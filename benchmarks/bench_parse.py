@@ -20,18 +20,16 @@ sys.path.insert(0, str(ROOT))
 
 
 def default_texts() -> list[tuple[str, str]]:
-    from experiments import config
-    from meshes import get_system
     import models
     import sharding
+    from experiments import config
 
     exp = config.load(ROOT / "experiments/configs/llama3-8b-nvl72.toml")
-    system = get_system(exp.system)
-    sharding.ensure_cpu_devices(system.num_devices)
-    mesh = sharding.make_mesh(system, exp.parallelism.sizes())
-    settings = models.TrainSettings(seq_len=exp.workload.seq_len,
-                                    global_batch=exp.workload.global_batch)
-    prog = models.build_train_program(exp.model, settings, mesh, sharding.default_rules())
+    sharding.ensure_cpu_devices(exp.system.num_devices)
+    mesh = sharding.make_mesh(exp.system, exp.parallelism.sizes())
+    prog = models.build_train_program(exp.model, mesh, exp.parallelism.axis_rules(),
+                                      workload=exp.workload, precision=exp.precision,
+                                      train=exp.train)
     import jax
 
     with jax.set_mesh(mesh):

@@ -24,13 +24,12 @@ def main() -> int:
     args = ap.parse_args()
 
     from experiments import config, runner
-    from meshes import get_system
 
     exp = config.load(args.config)
     import sharding
 
-    sharding.ensure_cpu_devices(get_system(exp.system).num_devices)
-    print(f"experiment {exp.name} on {exp.system}")
+    sharding.ensure_cpu_devices(exp.system.num_devices)
+    print(f"experiment {exp.name} on {exp.system.name}")
     print(f"{'run':>4} {'build':>8} {'lower':>8} {'compile':>8} {'parse':>8} {'estimate':>9}"
           f" {'after/compile':>14} {'wall':>8}")
     for i in range(args.repeat):

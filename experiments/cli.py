@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 # Before JAX is imported: compile on fake CPU devices, never probe for accelerators. XLA's
-# C++ log lines are captured around each compile (sharding.api.capture_stderr) and the
+# C++ log lines are captured around each compile (sharding.compiler.capture_stderr) and the
 # useful ones shown in the report.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -47,10 +47,9 @@ def cmd_run(args) -> int:
         _write_json(args.json, report.to_dict())
         print(f"\nwrote {args.json}")
     if args.html:
-        from meshes import get_system
         from sharding.html import write_html
 
-        chip = get_system(exp.system).chip
+        chip = exp.system.chip
         write_html(report, args.html,
                    peak_flops=chip.peak_for(exp.precision.compute)
                    * chip.efficiency_for(exp.precision.compute),

@@ -1,5 +1,10 @@
 """Experiment configs: TOML files that map 1:1 onto frozen dataclasses.
 
+The [model], [workload], [precision] and [train] tables are models' own dataclasses
+(ModelConfig, Workload, Precision, Train), which check their own values; [parallelism] is
+`Parallelism` (one field per mesh axis, plus the rule preset); [system] names a catalog
+system, parsed once. Cross-table checks live in `validate`.
+
 Every mistake is a `ConfigError` naming the key, the value, the valid choices and the fix.
 """
 
@@ -12,72 +17,42 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from meshes import get_system
+from meshes import System, get_system
 from models.config import PRESETS, ModelConfig, preset
-from models.transformer import REMAT_POLICIES
-from sharding.rules import MESH_AXES, divisors
+from models.program import Precision, Train, Workload
+from sharding.rules import MESH_AXES, RULE_PRESETS, AxisRules, divisors, rules_preset
 
 
 class ConfigError(ValueError):
     """A mistake in an experiment config."""
 
 
-WORKLOAD_KINDS = ("train", "prefill", "decode")
-PARAM_DTYPES = ("float32", "bfloat16")
-COMPUTE_DTYPES = ("bfloat16", "float32", "float8", "float4")
-QUANT_DTYPES = ("int8", "float8", "int4")
-OPTIMIZERS = ("adamw",)
+def _sizes(self) -> dict[str, int]:
+    return {a: getattr(self, a) for a in MESH_AXES}
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Parallelism:
-    data: int = 1
-    fsdp: int = 1
-    tensor: int = 1
-    sequence: int = 1
-    expert: int = 1
-    pipeline: int = 1
-
-    def sizes(self) -> dict[str, int]:
-        return {a: getattr(self, a) for a in MESH_AXES}
-
-    @property
-    def num_devices(self) -> int:
-        return math.prod(self.sizes().values())
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Workload:
-    kind: str = "train"
-    seq_len: int
-    global_batch: int
-    microbatches: int = 1
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Precision:
-    """`weights` and `kv_cache` apply to serving: "int8" | "float8" | "int4" store them
-    quantised with scales (models/quant.py); empty means the params / compute dtype."""
-
-    params: str = "float32"
-    compute: str = "bfloat16"
-    weights: str = ""
-    kv_cache: str = ""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Train:
-    remat: str = "full"
-    optimizer: str = "adamw"
-    learning_rate: float = 3e-4
-    weight_decay: float = 0.1
+# The sizes of the mesh axes (their product is the number of devices), one field per axis
+# of sharding.rules.MESH_AXES, and the rule preset that maps logical axes onto them.
+Parallelism = dataclasses.make_dataclass(
+    "Parallelism",
+    [(axis, "int", dataclasses.field(default=1)) for axis in MESH_AXES]
+    + [("rules", "str", dataclasses.field(default="default"))],
+    namespace={
+        "sizes": _sizes,
+        "num_devices": property(lambda self: math.prod(_sizes(self).values())),
+        "axis_rules": lambda self: rules_preset(self.rules),
+        "__doc__": "Mesh axis sizes (one field per sharding.rules.MESH_AXES) and the rule "
+                   "preset (sharding.rules.RULE_PRESETS).",
+    },
+    frozen=True, kw_only=True,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Experiment:
     name: str
     model: ModelConfig
-    system: str
+    system: System
     parallelism: Parallelism
     workload: Workload
     precision: Precision
@@ -85,13 +60,12 @@ class Experiment:
 
 
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} - {"name"}
+_TABLES = {"parallelism": Parallelism, "workload": Workload, "precision": Precision,
+           "train": Train}
 _SECTIONS = {
     "model": {"preset"} | _MODEL_FIELDS,
     "system": {"name"},
-    "parallelism": {f.name for f in dataclasses.fields(Parallelism)},
-    "workload": {f.name for f in dataclasses.fields(Workload)},
-    "precision": {f.name for f in dataclasses.fields(Precision)},
-    "train": {f.name for f in dataclasses.fields(Train)},
+    **{name: {f.name for f in dataclasses.fields(cls)} for name, cls in _TABLES.items()},
 }
 _REQUIRED = {"name": None, "model": None, "system": {"name"},
              "workload": {"seq_len", "global_batch"}}
@@ -139,22 +113,27 @@ def _check_keys(raw: Mapping, where: str, valid: set[str]) -> None:
                               f"{', '.join(sorted(valid))}")
 
 
+_TYPES = {"int": int, "str": str, "float": (int, float), "bool": bool}
+
+
+def _check_type(key: str, v, want) -> None:
+    if want is int and (not isinstance(v, int) or isinstance(v, bool)):
+        raise ConfigError(f"{key}={v!r} must be an integer")
+    if want is int and v < 1:
+        raise ConfigError(f"{key}={v} must be at least 1")
+    if want is str and not isinstance(v, str):
+        raise ConfigError(f"{key}={v!r} must be a string")
+    if want == (int, float) and (not isinstance(v, int | float) or isinstance(v, bool)):
+        raise ConfigError(f"{key}={v!r} must be a number")
+
+
 def _typed(section: str, raw: Mapping, cls):
+    """The table as `cls`, each value type-checked; the class checks its own choices."""
     kwargs = {}
     for f in dataclasses.fields(cls):
-        if f.name not in raw:
-            continue
-        v = raw[f.name]
-        want = {"int": int, "str": str, "float": (int, float), "bool": bool}.get(str(f.type))
-        if want is int and (not isinstance(v, int) or isinstance(v, bool)):
-            raise ConfigError(f"{section}.{f.name}={v!r} must be an integer")
-        if want is int and v < 1:
-            raise ConfigError(f"{section}.{f.name}={v} must be at least 1")
-        if want is str and not isinstance(v, str):
-            raise ConfigError(f"{section}.{f.name}={v!r} must be a string")
-        if want == (int, float) and (not isinstance(v, int | float) or isinstance(v, bool)):
-            raise ConfigError(f"{section}.{f.name}={v!r} must be a number")
-        kwargs[f.name] = v
+        if f.name in raw:
+            _check_type(f"{section}.{f.name}", raw[f.name], _TYPES.get(str(f.type)))
+            kwargs[f.name] = raw[f.name]
     try:
         return cls(**kwargs)
     except TypeError as e:
@@ -162,11 +141,8 @@ def _typed(section: str, raw: Mapping, cls):
                    if f.default is dataclasses.MISSING and f.name not in kwargs]
         raise ConfigError(f"[{section}] is missing required key(s) "
                           f"{', '.join(f'{section}.{m}' for m in missing)}") from e
-
-
-def _choice(key: str, value: str, valid) -> None:
-    if value not in valid:
-        raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(repr, valid))}")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _model(raw: Mapping) -> ModelConfig:
@@ -190,16 +166,16 @@ def _model(raw: Mapping) -> ModelConfig:
         raise ConfigError(str(e)) from None
 
 
-def from_dict(raw: Mapping[str, Any]) -> Experiment:
+def _check_structure(raw: Mapping[str, Any]) -> None:
+    """Known tables and keys, required keys present."""
     _check_keys(raw, "", {"name", *_SECTIONS})
     for key, inner in _REQUIRED.items():
         if key not in raw:
             raise ConfigError(f"missing required key {key!r}"
                               + (f" (a [{key}] section)" if key != "name" else ""))
-        if inner:
-            for k in inner:
-                if k not in raw[key]:
-                    raise ConfigError(f"missing required key {key}.{k}")
+        for k in inner or ():
+            if k not in raw[key]:
+                raise ConfigError(f"missing required key {key}.{k}")
     for section, valid in _SECTIONS.items():
         if section in raw:
             if not isinstance(raw[section], dict):
@@ -208,92 +184,113 @@ def from_dict(raw: Mapping[str, Any]) -> Experiment:
     if not isinstance(raw["name"], str):
         raise ConfigError(f"name={raw['name']!r} must be a string")
 
+
+def from_dict(raw: Mapping[str, Any]) -> Experiment:
+    _check_structure(raw)
     model = _model(raw["model"])
-    system_name = raw["system"]["name"]
     try:
-        system = get_system(system_name)
+        system = get_system(raw["system"]["name"])
     except ValueError as e:
         raise ConfigError(f"system.name: {e}") from None
-    par = _typed("parallelism", raw.get("parallelism", {}), Parallelism)
-    work = _typed("workload", raw["workload"], Workload)
-    prec = _typed("precision", raw.get("precision", {}), Precision)
-    train = _typed("train", raw.get("train", {}), Train)
-    exp = Experiment(name=raw["name"], model=model, system=system.name, parallelism=par,
-                     workload=work, precision=prec, train=train)
-    validate(exp, system.num_devices)
+    tables = {name: _typed(name, raw.get(name, {}), cls) for name, cls in _TABLES.items()}
+    if tables["parallelism"].rules not in RULE_PRESETS:
+        raise ConfigError(f"parallelism.rules={tables['parallelism'].rules!r} is not a rule "
+                          f"preset; valid: {', '.join(RULE_PRESETS)}")
+    exp = Experiment(name=raw["name"], model=model, system=system, **tables)
+    validate(exp)
     return exp
 
 
-def validate(exp: Experiment, num_devices: int) -> None:
-    """Cross-field checks, each naming the keys involved and a fix."""
-    w, p, m, par = exp.workload, exp.precision, exp.model, exp.parallelism
-    _choice("workload.kind", w.kind, WORKLOAD_KINDS)
-    _choice("precision.params", p.params, PARAM_DTYPES)
-    _choice("precision.compute", p.compute, COMPUTE_DTYPES)
-    _choice("train.remat", exp.train.remat, REMAT_POLICIES)
-    _choice("train.optimizer", exp.train.optimizer, OPTIMIZERS)
+def validate(exp: Experiment) -> None:
+    """Cross-table checks, each naming the keys involved and a fix."""
+    _check_precision(exp)
+    _check_devices(exp)
+    _check_model_splits(exp)
+    _check_batch(exp)
+    _check_strategies(exp)
+
+
+def _check_precision(exp: Experiment) -> None:
+    p, w = exp.precision, exp.workload
     for key in ("weights", "kv_cache"):
         v = getattr(p, key)
-        if not v:
-            continue
-        _choice(f"precision.{key}", v, QUANT_DTYPES + ("bfloat16",))
-        if w.kind == "train":
+        if v and w.kind == "train":
             raise ConfigError(f"precision.{key}={v!r} applies to serving (workload.kind = "
                               f"'prefill' or 'decode'); remove it to train")
-    if w.kind != "train" and w.microbatches != 1:
-        raise ConfigError(f"workload.microbatches={w.microbatches} applies to training only; "
-                          f"remove it for workload.kind={w.kind!r}")
-    if p.compute == "float4":
-        chip = get_system(exp.system).chip
-        if "float4" not in chip.peak_flops_per_s:
-            raise ConfigError(f"precision.compute='float4': {chip.name} has no FP4 tensor "
-                              f"cores (system.name={exp.system!r}); use 'float8' or a "
-                              f"Blackwell system (b200, gb200-nvl72, gb300-nvl72)")
-    if par.expert > 1 and m.n_experts > 1:
-        _divides("parallelism.expert", par.expert, "model.n_experts", m.n_experts)
-    if m.n_experts > 1 and par.sequence > 1:
-        raise ConfigError(f"parallelism.sequence={par.sequence} with a mixture of experts "
-                          f"(model.n_experts={m.n_experts}) is not supported: routing groups are "
-                          f"cut from each device's tokens; use sequence = 1 and shard the batch "
-                          f"with data, fsdp or expert")
-    if par.num_devices != num_devices:
+    chip = exp.system.chip
+    if p.compute == "float4" and "float4" not in chip.peak_flops_per_s:
+        raise ConfigError(f"precision.compute='float4': {chip.name} has no FP4 tensor cores "
+                          f"(system.name={exp.system.name!r}); use 'float8' or a Blackwell "
+                          f"system (b200, gb200-nvl72, gb300-nvl72)")
+
+
+def _check_devices(exp: Experiment) -> None:
+    par, n = exp.parallelism, exp.system.num_devices
+    if par.num_devices != n:
         sizes = " x ".join(f"{a}={s}" for a, s in par.sizes().items() if s > 1) or "1"
         raise ConfigError(
-            f"parallelism {sizes} = {par.num_devices} devices, but system.name={exp.system!r} "
-            f"has {num_devices}; make the product of the [parallelism] sizes {num_devices}"
+            f"parallelism {sizes} = {par.num_devices} devices, but system.name="
+            f"{exp.system.name!r} has {n}; make the product of the [parallelism] sizes {n}"
         )
-    _divides("parallelism.tensor", par.tensor, "model.n_heads", m.n_heads)
-    _divides("parallelism.tensor", par.tensor, "model.n_kv_heads", m.n_kv_heads)
-    _divides("parallelism.tensor", par.tensor, "model.d_ff", m.d_ff)
-    _divides("parallelism.tensor", par.tensor, "the padded vocab", m.padded_vocab)
-    _divides("parallelism.fsdp", par.fsdp, "model.d_model", m.d_model)
+
+
+def _check_split(rules: AxisRules, sizes: Mapping[str, int], logical: str, size: int,
+                 what: str, *, params: bool = False) -> None:
+    """The mesh axes the rules give `logical` must divide its size."""
+    axes = [a for a in rules.mesh_axes(logical, params=params) if sizes.get(a, 1) > 1]
+    ways = math.prod(sizes[a] for a in axes)
+    if size % ways:
+        keys = " x ".join(f"parallelism.{a}={sizes[a]}" for a in axes)
+        raise ConfigError(f"{keys} does not divide {what}={size}; choose one of "
+                          f"{divisors(size)}")
+
+
+def _check_model_splits(exp: Experiment) -> None:
+    m, rules, sizes = exp.model, exp.parallelism.axis_rules(), exp.parallelism.sizes()
+    for logical, size, what, params in (
+        ("experts", m.n_experts if m.n_experts > 1 else 0, "model.n_experts", True),
+        ("heads", m.n_heads, "model.n_heads", False),
+        ("kv_heads", m.n_kv_heads, "model.n_kv_heads", False),
+        ("mlp", m.d_ff, "model.d_ff", False),
+        ("vocab", m.padded_vocab, "the padded vocab", False),
+        ("embed", m.d_model, "model.d_model", True),
+        ("seq", exp.workload.seq_len, "workload.seq_len", False),
+    ):
+        if size:
+            _check_split(rules, sizes, logical, size, what, params=params)
+    if m.positions == "learned" and exp.workload.seq_len > m.max_seq_len:
+        raise ConfigError(f"workload.seq_len={exp.workload.seq_len} exceeds model.max_seq_len="
+                          f"{m.max_seq_len} of the learned position table")
+
+
+def _check_batch(exp: Experiment) -> None:
+    w, rules, sizes = exp.workload, exp.parallelism.axis_rules(), exp.parallelism.sizes()
     if w.global_batch % w.microbatches:
         raise ConfigError(f"workload.microbatches={w.microbatches} does not divide "
                           f"workload.global_batch={w.global_batch}; choose one of "
                           f"{divisors(w.global_batch)}")
-    micro = w.global_batch // w.microbatches
-    dp = par.data * par.fsdp * par.expert
-    if micro % dp:
+    dp = rules.ways("batch", sizes)
+    if w.micro_batch % dp:
+        keys = " x ".join(f"parallelism.{a}" for a in rules.mesh_axes("batch"))
         raise ConfigError(
-            f"the micro-batch of {micro} sequences (workload.global_batch={w.global_batch} / "
-            f"workload.microbatches={w.microbatches}) is not divisible by parallelism.data x "
-            f"parallelism.fsdp x parallelism.expert = {dp} (they all shard the batch); make "
-            f"global_batch a multiple of {dp * w.microbatches}"
+            f"the micro-batch of {w.micro_batch} sequences (workload.global_batch="
+            f"{w.global_batch} / workload.microbatches={w.microbatches}) is not divisible by "
+            f"{keys} = {dp} (they all shard the batch); make global_batch a multiple of "
+            f"{dp * w.microbatches}"
         )
-    if par.pipeline > 1:
+
+
+def _check_strategies(exp: Experiment) -> None:
+    m, par, w = exp.model, exp.parallelism, exp.workload
+    rules, sizes = par.axis_rules(), par.sizes()
+    if m.n_experts > 1 and rules.ways("seq", sizes) > 1:
+        raise ConfigError(f"parallelism.sequence={par.sequence} with a mixture of experts "
+                          f"(model.n_experts={m.n_experts}) is not supported: routing groups are "
+                          f"cut from each device's tokens; use sequence = 1 and shard the batch "
+                          f"with data, fsdp or expert")
+    stages = rules.ways("layers", sizes, params=True)
+    if stages > 1:
         if w.kind != "train":
-            raise ConfigError(f"parallelism.pipeline={par.pipeline} applies to training; "
-                              f"serve with pipeline = 1")
-        _divides("parallelism.pipeline", par.pipeline, "model.n_layers", m.n_layers)
-    if w.seq_len % par.sequence:
-        raise ConfigError(f"parallelism.sequence={par.sequence} does not divide "
-                          f"workload.seq_len={w.seq_len}; choose one of {divisors(w.seq_len)}")
-    if m.positions == "learned" and w.seq_len > m.max_seq_len:
-        raise ConfigError(f"workload.seq_len={w.seq_len} exceeds model.max_seq_len="
-                          f"{m.max_seq_len} of the learned position table")
-
-
-def _divides(key: str, ways: int, what: str, size: int) -> None:
-    if size % ways:
-        raise ConfigError(f"{key}={ways} does not divide {what}={size}; choose one of "
-                          f"{divisors(size)}")
+            raise ConfigError(f"parallelism.pipeline={stages} applies to training; serve with "
+                              f"pipeline = 1")
+        _check_split(rules, sizes, "layers", m.n_layers, "model.n_layers", params=True)

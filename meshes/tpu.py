@@ -3,7 +3,7 @@ slices joined over the data-center network (DCN).
 
 Device ids are slice-major, then z, then y, then x (x fastest), then TensorCore within the
 chip (TPU7x shows 2 devices per chip); the deviceless compiler's devices are placed by
-their own torus coordinates (sharding/compile.py).
+their own torus coordinates (sharding/compiler.py).
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ explorer counts) the same FLOPs and residuals:
 - the backward pass recomputes each block's probabilities.
 
 Its ops run under the named scope `flash_attention`; the cost model treats the
-intermediates inside that scope as on-chip (see sharding/compute.py).
+intermediates inside that scope as on-chip (see sharding/traffic.py).
 
-Suffixes: B batch, L query positions, M key positions, K kv heads, G query heads per kv
-head, E head_dim.
+Suffixes (legend in models/__init__.py): B batch, L query positions, S key positions, K kv
+heads, G query heads per kv head, E head_dim.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import jax.numpy as jnp
 from sharding.traffic import FUSED_KERNEL_SCOPE as FLASH_SCOPE
 
 
-def dense_attention(q_BLKGE, k_BMKE, v_BMKE):
+def dense_attention(q_BLKGE, k_BSKE, v_BSKE):
     e = q_BLKGE.shape[-1]
     seq = q_BLKGE.shape[1]
-    scores_BKGLM = jnp.einsum("blkge,bmke->bkglm", q_BLKGE, k_BMKE) * (e**-0.5)
-    causal_LM = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-    scores_BKGLM = jnp.where(causal_LM, scores_BKGLM.astype(jnp.float32), -1e30)
-    probs_BKGLM = jax.nn.softmax(scores_BKGLM, axis=-1).astype(q_BLKGE.dtype)
-    return jnp.einsum("bkglm,bmke->blkge", probs_BKGLM, v_BMKE)
+    scores_BKGLS = jnp.einsum("blkge,bske->bkgls", q_BLKGE, k_BSKE) * (e**-0.5)
+    causal_LS = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    scores_BKGLS = jnp.where(causal_LS, scores_BKGLS.astype(jnp.float32), -1e30)
+    probs_BKGLS = jax.nn.softmax(scores_BKGLS, axis=-1).astype(q_BLKGE.dtype)
+    return jnp.einsum("bkgls,bske->blkge", probs_BKGLS, v_BSKE)
 
 
 def block_size(seq: int, preferred: int = 512) -> int:
@@ -45,29 +45,29 @@ def block_size(seq: int, preferred: int = 512) -> int:
     return seq
 
 
-def _block_scores(q_BLKGE, k_BMKE, i: int, bq: int):
+def _block_scores(q_BLKGE, k_BSKE, i: int, bq: int):
     """Scaled, causally masked f32 scores of query block i against keys [0, (i+1) bq)."""
     e = q_BLKGE.shape[-1]
     end = (i + 1) * bq
     q_blk = q_BLKGE[:, i * bq:end]
-    s_BKGLM = jnp.einsum("blkge,bmke->bkglm", q_blk, k_BMKE[:, :end]).astype(jnp.float32)
-    s_BKGLM = s_BKGLM * (e**-0.5)
+    s_BKGLS = jnp.einsum("blkge,bske->bkgls", q_blk, k_BSKE[:, :end]).astype(jnp.float32)
+    s_BKGLS = s_BKGLS * (e**-0.5)
     rows = jnp.arange(bq)[:, None] + i * bq
     cols = jnp.arange(end)[None, :]
-    return jnp.where(cols <= rows, s_BKGLM, -1e30)
+    return jnp.where(cols <= rows, s_BKGLS, -1e30)
 
 
-def _forward(q_BLKGE, k_BMKE, v_BMKE, bq: int):
+def _forward(q_BLKGE, k_BSKE, v_BSKE, bq: int):
     nq = q_BLKGE.shape[1] // bq
     outs, lses = [], []
     for i in range(nq):
         end = (i + 1) * bq
-        s_BKGLM = _block_scores(q_BLKGE, k_BMKE, i, bq)
-        m_BKGL = jnp.max(s_BKGLM, axis=-1)
-        p_BKGLM = jnp.exp(s_BKGLM - m_BKGL[..., None])
-        l_BKGL = jnp.sum(p_BKGLM, axis=-1)
-        o_BLKGE = jnp.einsum("bkglm,bmke->blkge", p_BKGLM.astype(v_BMKE.dtype),
-                             v_BMKE[:, :end]).astype(jnp.float32)
+        s_BKGLS = _block_scores(q_BLKGE, k_BSKE, i, bq)
+        m_BKGL = jnp.max(s_BKGLS, axis=-1)
+        p_BKGLS = jnp.exp(s_BKGLS - m_BKGL[..., None])
+        l_BKGL = jnp.sum(p_BKGLS, axis=-1)
+        o_BLKGE = jnp.einsum("bkgls,bske->blkge", p_BKGLS.astype(v_BSKE.dtype),
+                             v_BSKE[:, :end]).astype(jnp.float32)
         o_BLKGE = o_BLKGE / jnp.moveaxis(l_BKGL, 3, 1)[..., None]
         outs.append(o_BLKGE.astype(q_BLKGE.dtype))
         lses.append(m_BKGL + jnp.log(l_BKGL))
@@ -75,47 +75,47 @@ def _forward(q_BLKGE, k_BMKE, v_BMKE, bq: int):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _flash(q_BLKGE, k_BMKE, v_BMKE, bq):
-    return _forward(q_BLKGE, k_BMKE, v_BMKE, bq)[0]
+def _flash(q_BLKGE, k_BSKE, v_BSKE, bq):
+    return _forward(q_BLKGE, k_BSKE, v_BSKE, bq)[0]
 
 
-def _flash_fwd(q_BLKGE, k_BMKE, v_BMKE, bq):
-    o_BLKGE, lse_BKGL = _forward(q_BLKGE, k_BMKE, v_BMKE, bq)
-    return o_BLKGE, (q_BLKGE, k_BMKE, v_BMKE, o_BLKGE, lse_BKGL)
+def _flash_fwd(q_BLKGE, k_BSKE, v_BSKE, bq):
+    o_BLKGE, lse_BKGL = _forward(q_BLKGE, k_BSKE, v_BSKE, bq)
+    return o_BLKGE, (q_BLKGE, k_BSKE, v_BSKE, o_BLKGE, lse_BKGL)
 
 
 def _flash_bwd(bq, residuals, do_BLKGE):
-    q_BLKGE, k_BMKE, v_BMKE, o_BLKGE, lse_BKGL = residuals
+    q_BLKGE, k_BSKE, v_BSKE, o_BLKGE, lse_BKGL = residuals
     e = q_BLKGE.shape[-1]
     scale = e**-0.5
     nq = q_BLKGE.shape[1] // bq
     delta_BKGL = jnp.einsum("blkge,blkge->bkgl", do_BLKGE.astype(jnp.float32),
                             o_BLKGE.astype(jnp.float32))
     dq_blocks = []
-    dk_BMKE = jnp.zeros(k_BMKE.shape, jnp.float32)
-    dv_BMKE = jnp.zeros(v_BMKE.shape, jnp.float32)
+    dk_BSKE = jnp.zeros(k_BSKE.shape, jnp.float32)
+    dv_BSKE = jnp.zeros(v_BSKE.shape, jnp.float32)
     for i in range(nq):
         lo, end = i * bq, (i + 1) * bq
-        s_BKGLM = _block_scores(q_BLKGE, k_BMKE, i, bq)
-        p_BKGLM = jnp.exp(s_BKGLM - lse_BKGL[..., lo:end, None])
+        s_BKGLS = _block_scores(q_BLKGE, k_BSKE, i, bq)
+        p_BKGLS = jnp.exp(s_BKGLS - lse_BKGL[..., lo:end, None])
         do_blk = do_BLKGE[:, lo:end]
-        dv_blk = jnp.einsum("bkglm,blkge->bmke", p_BKGLM.astype(do_blk.dtype), do_blk)
-        dp_BKGLM = jnp.einsum("blkge,bmke->bkglm", do_blk, v_BMKE[:, :end]).astype(jnp.float32)
-        ds_BKGLM = (p_BKGLM * (dp_BKGLM - delta_BKGL[..., lo:end, None]) * scale)
-        ds_BKGLM = ds_BKGLM.astype(q_BLKGE.dtype)
-        dq_blocks.append(jnp.einsum("bkglm,bmke->blkge", ds_BKGLM, k_BMKE[:, :end]))
-        dk_blk = jnp.einsum("bkglm,blkge->bmke", ds_BKGLM, q_BLKGE[:, lo:end])
-        dk_BMKE = dk_BMKE.at[:, :end].add(dk_blk.astype(jnp.float32))
-        dv_BMKE = dv_BMKE.at[:, :end].add(dv_blk.astype(jnp.float32))
+        dv_blk = jnp.einsum("bkgls,blkge->bske", p_BKGLS.astype(do_blk.dtype), do_blk)
+        dp_BKGLS = jnp.einsum("blkge,bske->bkgls", do_blk, v_BSKE[:, :end]).astype(jnp.float32)
+        ds_BKGLS = (p_BKGLS * (dp_BKGLS - delta_BKGL[..., lo:end, None]) * scale)
+        ds_BKGLS = ds_BKGLS.astype(q_BLKGE.dtype)
+        dq_blocks.append(jnp.einsum("bkgls,bske->blkge", ds_BKGLS, k_BSKE[:, :end]))
+        dk_blk = jnp.einsum("bkgls,blkge->bske", ds_BKGLS, q_BLKGE[:, lo:end])
+        dk_BSKE = dk_BSKE.at[:, :end].add(dk_blk.astype(jnp.float32))
+        dv_BSKE = dv_BSKE.at[:, :end].add(dv_blk.astype(jnp.float32))
     dq_BLKGE = jnp.concatenate(dq_blocks, axis=1).astype(q_BLKGE.dtype)
-    return dq_BLKGE, dk_BMKE.astype(k_BMKE.dtype), dv_BMKE.astype(v_BMKE.dtype)
+    return dq_BLKGE, dk_BSKE.astype(k_BSKE.dtype), dv_BSKE.astype(v_BSKE.dtype)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def flash_attention(q_BLKGE, k_BMKE, v_BMKE, *, block: int = 512):
+def flash_attention(q_BLKGE, k_BSKE, v_BSKE, *, block: int = 512):
     """Causal attention, block-wise with a recomputing backward pass (see module doc)."""
     bq = block_size(q_BLKGE.shape[1], block)
     with jax.named_scope(FLASH_SCOPE):
-        return _flash(q_BLKGE, k_BMKE, v_BMKE, bq)
+        return _flash(q_BLKGE, k_BSKE, v_BSKE, bq)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from models.program import check_choice
+
 MLP_KINDS = ("swiglu", "gelu", "relu")
 NORM_KINDS = ("rmsnorm", "layernorm")
 POSITION_KINDS = ("rope", "learned")
@@ -31,8 +33,9 @@ class ModelConfig:
         n_experts, experts_per_token: mixture of experts (1 = dense); d_ff is then each
             expert's hidden size (models/moe.py).
         capacity_factor: expert slots per group = ceil(factor x group x k / n_experts);
-            assignments beyond it are dropped. <= 0: dropless (every expert has a slot for
-            every token of the group).
+            assignments beyond it are dropped.
+        dropless: every expert has a slot for every token of its group, so nothing is
+            dropped (capacity_factor is then unused).
         moe_group_size: tokens routed together (a group never spans sequences).
         n_shared_experts: always-on experts of d_ff each, run for every token (DeepSeek).
         attention: "flash" (block-wise, scores never in HBM, as every production stack
@@ -58,6 +61,7 @@ class ModelConfig:
     n_experts: int = 1
     experts_per_token: int = 1
     capacity_factor: float = 1.25
+    dropless: bool = False
     moe_group_size: int = 4096
     n_shared_experts: int = 0
     vocab_multiple: int = 128
@@ -70,10 +74,10 @@ class ModelConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"model.{f}={v!r} must be a positive integer")
-        _choice("model.mlp", self.mlp, MLP_KINDS)
-        _choice("model.norm", self.norm, NORM_KINDS)
-        _choice("model.positions", self.positions, POSITION_KINDS)
-        _choice("model.attention", self.attention, ATTENTION_KINDS)
+        check_choice("model.mlp", self.mlp, MLP_KINDS)
+        check_choice("model.norm", self.norm, NORM_KINDS)
+        check_choice("model.positions", self.positions, POSITION_KINDS)
+        check_choice("model.attention", self.attention, ATTENTION_KINDS)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads="
@@ -85,10 +89,13 @@ class ModelConfig:
                 or self.n_shared_experts < 0):
             raise ValueError(f"model.n_shared_experts={self.n_shared_experts!r} must be an "
                              f"integer >= 0")
-        if not isinstance(self.capacity_factor, (int, float)) or isinstance(
-                self.capacity_factor, bool):
+        if (not isinstance(self.capacity_factor, (int, float))
+                or isinstance(self.capacity_factor, bool) or self.capacity_factor <= 0):
             raise ValueError(f"model.capacity_factor={self.capacity_factor!r} must be a number "
-                             f"(e.g. 1.25; 0 for dropless)")
+                             f"above 0 (e.g. 1.25); for no dropped tokens set "
+                             f"model.dropless = true")
+        if not isinstance(self.dropless, bool):
+            raise ValueError(f"model.dropless={self.dropless!r} must be true or false")
         if self.n_shared_experts and self.n_experts == 1:
             raise ValueError(f"model.n_shared_experts={self.n_shared_experts} needs routed "
                              f"experts (model.n_experts > 1)")
@@ -138,59 +145,69 @@ class ModelConfig:
         return 6 * self.active_param_count() + attn
 
 
-def _choice(key: str, value, valid):
-    if value not in valid:
-        raise ValueError(f"{key}={value!r} is not one of {', '.join(map(repr, valid))}")
-
-
-def _llama(name, n_layers, d_model, n_heads, n_kv_heads, d_ff, vocab, rope_theta):
-    return ModelConfig(name=name, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-                       n_kv_heads=n_kv_heads, head_dim=128, d_ff=d_ff, vocab=vocab,
-                       rope_theta=rope_theta)
+def _llama(name: str, **shape) -> ModelConfig:
+    """A Llama-family shape: SwiGLU, RMSNorm, RoPE, head_dim 128."""
+    return ModelConfig(name=name, head_dim=128, **shape)
 
 
 PRESETS: dict[str, Callable[[], ModelConfig]] = {
-    "tiny": lambda: ModelConfig(name="tiny", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
-                                head_dim=16, d_ff=128, vocab=256, max_seq_len=512),
-    "llama2-7b": lambda: _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 10_000.0),
-    "llama2-13b": lambda: _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 10_000.0),
-    "llama2-70b": lambda: _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 10_000.0),
-    "llama3-8b": lambda: _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 500_000.0),
-    "llama3-70b": lambda: _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 500_000.0),
-    "llama3-405b": lambda: _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 500_000.0),
-    "gpt3-175b": lambda: ModelConfig(name="gpt3-175b", n_layers=96, d_model=12288, n_heads=96,
-                                     n_kv_heads=96, head_dim=128, d_ff=49152, vocab=50257,
-                                     mlp="gelu", norm="layernorm", positions="learned",
-                                     tie_embeddings=True, max_seq_len=2048),
+    "tiny": lambda: ModelConfig(
+        name="tiny", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
+        vocab=256, max_seq_len=512),
+    "llama2-7b": lambda: _llama(
+        "llama2-7b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, d_ff=11008,
+        vocab=32000, rope_theta=10_000.0),
+    "llama2-13b": lambda: _llama(
+        "llama2-13b", n_layers=40, d_model=5120, n_heads=40, n_kv_heads=40, d_ff=13824,
+        vocab=32000, rope_theta=10_000.0),
+    "llama2-70b": lambda: _llama(
+        "llama2-70b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
+        vocab=32000, rope_theta=10_000.0),
+    "llama3-8b": lambda: _llama(
+        "llama3-8b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336,
+        vocab=128256, rope_theta=500_000.0),
+    "llama3-70b": lambda: _llama(
+        "llama3-70b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
+        vocab=128256, rope_theta=500_000.0),
+    "llama3-405b": lambda: _llama(
+        "llama3-405b", n_layers=126, d_model=16384, n_heads=128, n_kv_heads=8, d_ff=53248,
+        vocab=128256, rope_theta=500_000.0),
+    "gpt3-175b": lambda: ModelConfig(
+        name="gpt3-175b", n_layers=96, d_model=12288, n_heads=96, n_kv_heads=96, head_dim=128,
+        d_ff=49152, vocab=50257, mlp="gelu", norm="layernorm", positions="learned",
+        tie_embeddings=True, max_seq_len=2048),
     # Mixture of experts (d_ff is each expert's hidden size). Routing is top-k softmax with
-    # capacity factor 1.25 by default (models/moe.py); set capacity_factor = 0 for dropless.
-    "mixtral-8x7b": lambda: _moe("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, 8, 2,
-                                 rope_theta=1e6),
-    "mixtral-8x22b": lambda: _moe("mixtral-8x22b", 56, 6144, 48, 8, 128, 16384, 32768, 8, 2,
-                                  rope_theta=1e6),
+    # capacity factor 1.25 by default (models/moe.py); set dropless = true for no dropped
+    # tokens.
+    "mixtral-8x7b": lambda: ModelConfig(
+        name="mixtral-8x7b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8,
+        head_dim=128, d_ff=14336, vocab=32000, n_experts=8, experts_per_token=2,
+        rope_theta=1e6),
+    "mixtral-8x22b": lambda: ModelConfig(
+        name="mixtral-8x22b", n_layers=56, d_model=6144, n_heads=48, n_kv_heads=8,
+        head_dim=128, d_ff=16384, vocab=32768, n_experts=8, experts_per_token=2,
+        rope_theta=1e6),
     # gpt-oss alternates sliding-window (128 tokens) and full attention layers; every layer
     # is modelled with full causal attention here (the projections and bytes are the same,
     # the sliding layers' attention FLOPs are overcounted at long sequences).
-    "gpt-oss-120b": lambda: _moe("gpt-oss-120b", 36, 2880, 64, 8, 64, 2880, 201088, 128, 4,
-                                 rope_theta=150_000.0),
-    "qwen3-235b-a22b": lambda: _moe("qwen3-235b-a22b", 94, 4096, 64, 4, 128, 1536, 151936,
-                                    128, 8, rope_theta=1e6),
+    "gpt-oss-120b": lambda: ModelConfig(
+        name="gpt-oss-120b", n_layers=36, d_model=2880, n_heads=64, n_kv_heads=8, head_dim=64,
+        d_ff=2880, vocab=201088, n_experts=128, experts_per_token=4, rope_theta=150_000.0),
+    "qwen3-235b-a22b": lambda: ModelConfig(
+        name="qwen3-235b-a22b", n_layers=94, d_model=4096, n_heads=64, n_kv_heads=4,
+        head_dim=128, d_ff=1536, vocab=151936, n_experts=128, experts_per_token=8,
+        rope_theta=1e6),
     # DeepSeek-V3's multi-head latent attention is modelled by its dimensions: 128 query
     # heads of 128 (the value head size) and 4 kv heads of 128 = 512 cached values per token
     # per layer for K and V, near MLA's compressed 576 (kv_lora 512 + rope 64); attention
     # weights 7168 x 128 x 128 x 2 + 2 x 7168 x 4 x 128 = 242M per layer vs MLA's 187M
     # (low-rank q and kv projections). Every layer is MoE (the model's first 3 are dense
     # with d_ff 18432); 1 shared expert of 2048 runs for every token.
-    "deepseek-v3": lambda: _moe("deepseek-v3", 61, 7168, 128, 4, 128, 2048, 129280, 256, 8,
-                                rope_theta=10_000.0, n_shared_experts=1),
+    "deepseek-v3": lambda: ModelConfig(
+        name="deepseek-v3", n_layers=61, d_model=7168, n_heads=128, n_kv_heads=4,
+        head_dim=128, d_ff=2048, vocab=129280, n_experts=256, experts_per_token=8,
+        rope_theta=10_000.0, n_shared_experts=1),
 }
-
-
-def _moe(name, n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab, n_experts, k,
-         **kw):
-    return ModelConfig(name=name, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-                       n_kv_heads=n_kv_heads, head_dim=head_dim, d_ff=d_ff, vocab=vocab,
-                       n_experts=n_experts, experts_per_token=k, **kw)
 
 
 def preset(name: str, **overrides) -> ModelConfig:

@@ -15,14 +15,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-E4M3 = jnp.float8_e4m3fn
-E4M3_MAX = 448.0
+from models.quant import FORMAT_MAX, quantize
 
 
-def quantize(x):
-    """(x in e4m3 scaled to the format's range, the scale that restores it)."""
-    scale = jnp.maximum(jnp.max(jnp.abs(x)).astype(jnp.float32), 1e-12) / E4M3_MAX
-    return (x.astype(jnp.float32) / scale).astype(E4M3), scale
+
+def _per_tensor_e4m3(x):
+    """(x in e4m3 scaled per tensor to the format's range, the f32 scale that restores it)."""
+    return quantize(x, "float8", scale_dtype=jnp.float32)
 
 
 def _transposed(spec: str) -> tuple[str, str]:
@@ -39,8 +38,8 @@ def fp8_einsum(spec: str, x, w):
 
 
 def _fwd(spec, x, w):
-    xq, sx = quantize(x)
-    wq, sw = quantize(w)
+    xq, sx = _per_tensor_e4m3(x)
+    wq, sw = _per_tensor_e4m3(w)
     y = jnp.einsum(spec, xq, wq, preferred_element_type=jnp.float32) * (sx * sw)
     # Empty arrays carry the input dtypes through the residuals.
     return y.astype(x.dtype), (xq, sx, wq, sw, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
@@ -48,7 +47,7 @@ def _fwd(spec, x, w):
 
 def _bwd(spec, residuals, dy):
     xq, sx, wq, sw, x_dtype, w_dtype = residuals
-    dyq, sdy = quantize(dy)
+    dyq, sdy = _per_tensor_e4m3(dy)
     dx_spec, dw_spec = _transposed(spec)
     dx = jnp.einsum(dx_spec, dyq, wq, preferred_element_type=jnp.float32) * (sdy * sw)
     dw = jnp.einsum(dw_spec, xq, dyq, preferred_element_type=jnp.float32) * (sx * sdy)
@@ -69,7 +68,6 @@ fp8_einsum.defvjp(_fwd, _bwd)
 # and random Hadamard transforms of the gradients, which change accuracy, not cost).
 E2M1 = jnp.float4_e2m1fn
 E8M0 = jnp.float8_e8m0fnu
-E2M1_MAX = 6.0
 MX_BLOCK = 32
 
 
@@ -84,7 +82,8 @@ def quantize_blocks_raw(x, axis: int):
     shape = (*x.shape[:axis], n // MX_BLOCK, MX_BLOCK, *x.shape[axis + 1:])
     blocks = x.astype(jnp.float32).reshape(shape)
     amax = jnp.max(jnp.abs(blocks), axis=axis + 1, keepdims=True)
-    scale = jnp.exp2(jnp.ceil(jnp.log2(jnp.maximum(amax, 1e-30) / E2M1_MAX))).astype(E8M0)
+    exponent = jnp.ceil(jnp.log2(jnp.maximum(amax, 1e-30) / FORMAT_MAX["float4"]))
+    scale = jnp.exp2(exponent).astype(E8M0)
     return (blocks / scale.astype(jnp.float32)).astype(E2M1), scale
 
 

@@ -23,68 +23,58 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
+from models.program import DTYPES, Precision, Program, Workload
 from models.quant import SCALE_DTYPE, STORAGE_DTYPES
-from models.train import DTYPES, TrainSettings, abstract_params, per_device_bytes
+from models.train import abstract_params, per_device_bytes
 from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
 
 CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
-CACHE_DTYPES = ("bfloat16", "float32", "int8", "float8", "int4")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ServeSettings:
-    kind: str  # "prefill" | "decode"
-    seq_len: int  # prompt length (prefill) or tokens already in the cache (decode)
-    batch: int
-    param_dtype: str = "bfloat16"
-    compute_dtype: str = "bfloat16"
-    cache_dtype: str = "bfloat16"  # or "int8" | "float8" | "int4" (with scales)
-    weight_dtype: str | None = None  # None: param_dtype; or "int8" | "float8" | "int4"
+class ServeProgram(Program):
+    """A prefill or decode step: the weights and the KV cache it reads."""
 
-
-@dataclasses.dataclass(frozen=True)
-class ServeProgram:
-    step: object
-    args: tuple
-    param_count: int
-    model_flops_per_step: float
-    tokens_per_step: int
-    param_bytes_per_device: int
     cache_bytes_per_device: int
 
 
-def serve_flops(cfg: ModelConfig, s: ServeSettings) -> float:
+def serve_flops(cfg: ModelConfig, workload: Workload) -> float:
     """Model FLOPs of one serving step: 2 x active parameters per token, plus attention
     (scores and weighted values: 4 x heads x head_dim per attended position)."""
     per_token = 2 * cfg.active_param_count()
-    if s.kind == "prefill":
-        attn = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * s.seq_len / 2
-        return (per_token + attn) * s.batch * s.seq_len
-    attn = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (s.seq_len + 1)
-    return (per_token + attn) * s.batch
+    w = workload
+    if w.kind == "prefill":
+        attn = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * w.seq_len / 2
+        return (per_token + attn) * w.global_batch * w.seq_len
+    attn = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (w.seq_len + 1)
+    return (per_token + attn) * w.global_batch
 
 
-def build_serve_program(
-    cfg: ModelConfig, s: ServeSettings, mesh: Mesh, rules: AxisRules
-) -> ServeProgram:
+def serving_rules(rules: AxisRules, kind: str) -> AxisRules:
+    """The rules a serving step runs under: decode has one new position per sequence, so
+    only the cache's positions are split."""
+    if kind == "decode":
+        return dataclasses.replace(rules, activations={**rules.activations, "seq": ()})
+    return rules
+
+
+def build_serve_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workload: Workload,
+                        precision: Precision) -> ServeProgram:
+    """The jitted prefill or decode step over abstract, sharded weights and KV cache."""
+    w = workload
+    if w.kind not in ("prefill", "decode"):
+        raise ValueError(f"workload.kind={w.kind!r} is not a serving workload")
     mesh_shape = mesh_shape_of(mesh)
-    if s.cache_dtype not in CACHE_DTYPES:
-        raise ValueError(f"cache dtype {s.cache_dtype!r} is not one of {CACHE_DTYPES}")
-    if s.kind == "decode":
-        # One new position per sequence: only the cache's positions are split.
-        rules = dataclasses.replace(rules, activations={**rules.activations, "seq": ()})
-    settings = TrainSettings(seq_len=s.seq_len, global_batch=s.batch, param_dtype=s.param_dtype,
-                             compute_dtype=s.compute_dtype, remat="none")
-    kv_quant = s.cache_dtype if s.cache_dtype in STORAGE_DTYPES else None
-    graphdef, params, p_shard = abstract_params(cfg, settings, mesh, rules,
-                                                quant=s.weight_dtype, kv_quant=kv_quant)
+    rules = serving_rules(rules, w.kind)
+    graphdef, params, p_shard = abstract_params(cfg, precision, mesh, rules)
+    kv_quant = precision.quantized_kv_cache
 
-    cache_shape = (cfg.n_layers, s.batch, s.seq_len, cfg.n_kv_heads, cfg.head_dim)
+    cache_shape = (cfg.n_layers, w.global_batch, w.seq_len, cfg.n_kv_heads, cfg.head_dim)
     cache_spec = resolve(CACHE_AXES, cache_shape, rules.activations, mesh_shape, what="KV cache")
     one = NamedSharding(mesh, cache_spec)
     if kv_quant is None:
         cache_sharding = one
-        one_cache = jax.ShapeDtypeStruct(cache_shape, DTYPES[s.cache_dtype], sharding=one)
+        one_cache = jax.ShapeDtypeStruct(cache_shape, DTYPES[precision.kv_cache_dtype], sharding=one)
     else:
         scale_spec = resolve(CACHE_AXES, (*cache_shape[:-1], 1), rules.activations, mesh_shape,
                              what="KV cache scales")
@@ -94,14 +84,14 @@ def build_serve_program(
                                           sharding=cache_sharding[1]))
     cache = (one_cache, one_cache)
     replicated = NamedSharding(mesh, PartitionSpec())
-    tokens_len = s.seq_len if s.kind == "prefill" else 1
-    tok_spec = resolve(("batch", "seq"), (s.batch, tokens_len), rules.activations, mesh_shape,
-                       what="token batch")
+    tokens_len = w.seq_len if w.kind == "prefill" else 1
+    tok_spec = resolve(("batch", "seq"), (w.global_batch, tokens_len), rules.activations,
+                       mesh_shape, what="token batch")
     tok_sharding = NamedSharding(mesh, tok_spec)
-    tokens = jax.ShapeDtypeStruct((s.batch, tokens_len), jnp.int32, sharding=tok_sharding)
+    tokens = jax.ShapeDtypeStruct((w.global_batch, tokens_len), jnp.int32, sharding=tok_sharding)
     out_tokens = NamedSharding(mesh, PartitionSpec(*tok_spec[:1]))
 
-    if s.kind == "prefill":
+    if w.kind == "prefill":
         def prefill(p, t):
             with use_rules(rules, mesh):
                 logits_BV, kv = nnx.merge(graphdef, p).prefill(t)
@@ -110,7 +100,7 @@ def build_serve_program(
         step = jax.jit(prefill, in_shardings=(p_shard, tok_sharding),
                        out_shardings=(out_tokens, (cache_sharding, cache_sharding)))
         args = (params, tokens)
-    elif s.kind == "decode":
+    else:
         def decode(p, kv, t, index):
             with use_rules(rules, mesh):
                 logits_BV, kv = nnx.merge(graphdef, p).decode(t, kv, index)
@@ -122,12 +112,10 @@ def build_serve_program(
                        donate_argnums=(1,))
         index = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
         args = (params, cache, tokens, index)
-    else:
-        raise ValueError(f"workload.kind={s.kind!r} is not a serving workload")
     return ServeProgram(
         step=step, args=args, param_count=cfg.param_count(),
-        model_flops_per_step=serve_flops(cfg, s),
-        tokens_per_step=s.batch * tokens_len,
+        model_flops_per_step=serve_flops(cfg, w),
+        tokens_per_step=w.tokens_per_step,
         param_bytes_per_device=per_device_bytes(params),
         cache_bytes_per_device=per_device_bytes(cache),
     )

@@ -2,7 +2,7 @@
 constructors (every one carries `logical_axes`), the weight matmul in the activations'
 dtype or FP8 / FP4, and the MLP.
 
-Array-name suffixes as in models/transformer.py.
+Array-name suffixes: the legend in models/__init__.py.
 """
 
 from __future__ import annotations
@@ -13,26 +13,31 @@ from flax import nnx
 
 from models.config import ModelConfig
 from models.fp8 import fp4_einsum, fp8_einsum
+from models.program import DTYPES, Precision
 from models.quant import QuantWeight
 from sharding.rules import constrain
 
 
-def new_param(rngs: nnx.Rngs, shape, axes, dtype, scale: float | None = None) -> nnx.Param:
-    fan_in = shape[0] if scale is None else None
-    std = scale if scale is not None else fan_in**-0.5
+def new_param(rngs: nnx.Rngs, shape, axes, *, dtype, scale: float | None = None) -> nnx.Param:
+    """A parameter drawn from N(0, scale^2); scale 1/sqrt(fan-in) (the first dimension) by
+    default."""
+    std = scale if scale is not None else shape[0] ** -0.5
     value = jax.random.normal(rngs.params(), shape, dtype) * std
     return nnx.Param(value, logical_axes=axes)
 
 
-def new_weight(rngs: nnx.Rngs, shape, axes, dtype, quant: str | None, *, contract: int = 1,
-            expert_dims: int = 0, scale: float | None = None):
-    """A matmul weight: a Param, or stored quantised for serving (models/quant.py)."""
+def new_weight(rngs: nnx.Rngs, shape, axes, *, precision: Precision, contract: int = 1,
+               expert_dims: int = 0, scale: float | None = None):
+    """A matmul weight: a Param in the parameters' dtype, or stored quantised when
+    `precision.quantized_weights` says so (serving; models/quant.py). `contract`: how many
+    dimensions after the `expert_dims` leading ones the matmul contracts."""
     if scale is None:
         scale = shape[expert_dims] ** -0.5
-    if quant is None:
-        return new_param(rngs, shape, axes, dtype, scale=scale)
+    if precision.quantized_weights is None:
+        return new_param(rngs, shape, axes, dtype=DTYPES[precision.params], scale=scale)
     value = jax.random.normal(rngs.params(), shape, jnp.float32) * scale
-    return QuantWeight(value, axes, quant, contract=contract, expert_dims=expert_dims)
+    return QuantWeight(value, axes, precision.quantized_weights, contract=contract,
+                       expert_dims=expert_dims)
 
 
 def ones_param(shape, axes, dtype) -> nnx.Param:
@@ -43,45 +48,45 @@ def zeros_param(shape, axes, dtype) -> nnx.Param:
     return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
 
 
-def project(spec: str, x, w, *, lowp: str | None):
-    """A weight matmul: in the activations' dtype, or in FP8 / FP4 (models/fp8.py).
+def project(spec: str, x, w, *, precision: Precision):
+    """A weight matmul: in the activations' dtype, or in FP8 / FP4 (models/fp8.py) when
+    `precision.compute` says so.
 
     `w` is the weight's Param (or an array). Low-precision recipes quantise after any FSDP
     gather here, so the gather moves the parameter dtype's bytes (Transformer Engine can
     gather FP8 weights instead; that saving is not modelled).
     """
     w = (w[...] if not isinstance(w, jax.Array) else w).astype(x.dtype)
-    if lowp == "float8":
+    if precision.low_precision_matmuls == "float8":
         return fp8_einsum(spec, x, w)
-    if lowp == "float4":
+    if precision.low_precision_matmuls == "float4":
         return fp4_einsum(spec, x, w)
     return jnp.einsum(spec, x, w)
 
 
 def mlp_hidden(mlp, spec: str, x):
     """The MLP's hidden activation: silu(x W_gate) * x W_up (SwiGLU), gelu or relu of x W_up;
-    `mlp` holds the weights (w_up, w_gate), `kind` and `lowp`."""
-    up = project(spec, x, mlp.w_up, lowp=mlp.lowp)
+    `mlp` holds the weights (w_up, w_gate), `kind` and `precision`."""
+    up = project(spec, x, mlp.w_up, precision=mlp.precision)
     if mlp.kind == "swiglu":
-        return jax.nn.silu(project(spec, x, mlp.w_gate, lowp=mlp.lowp)) * up
+        return jax.nn.silu(project(spec, x, mlp.w_gate, precision=mlp.precision)) * up
     return jax.nn.gelu(up) if mlp.kind == "gelu" else jax.nn.relu(up)
 
 
 class Mlp(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, lowp: str | None = None,
-                 quant: str | None = None):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, precision: Precision):
         d, f = cfg.d_model, cfg.d_ff
         self.kind = cfg.mlp
-        self.lowp = lowp
+        self.precision = precision
         if cfg.mlp == "swiglu":
-            self.w_gate = new_weight(rngs, (d, f), ("embed", "mlp"), param_dtype, quant)
-        self.w_up = new_weight(rngs, (d, f), ("embed", "mlp"), param_dtype, quant)
-        self.w_down = new_weight(rngs, (f, d), ("mlp", "embed"), param_dtype, quant)
+            self.w_gate = new_weight(rngs, (d, f), ("embed", "mlp"), precision=precision)
+        self.w_up = new_weight(rngs, (d, f), ("embed", "mlp"), precision=precision)
+        self.w_down = new_weight(rngs, (f, d), ("mlp", "embed"), precision=precision)
 
     def __call__(self, x_BLD):
         with jax.named_scope("up_proj"):
             h_BLF = mlp_hidden(self, "bld,df->blf", x_BLD)
             h_BLF = constrain(h_BLF, ("batch", "seq", "mlp"))
         with jax.named_scope("down_proj"):
-            out_BLD = project("blf,fd->bld", h_BLF, self.w_down, lowp=self.lowp)
+            out_BLD = project("blf,fd->bld", h_BLF, self.w_down, precision=self.precision)
             return constrain(out_BLD, ("batch", "seq", "embed"))

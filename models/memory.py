@@ -17,10 +17,15 @@ f32 and schedules for a CPU. So the estimate counts what a TPU/GPU step holds at
   its gradient (the "none" set, twice);
 - the logits and their gradient, f32 (B x L x V), sharded over the vocab's mesh axes.
 
-Batch dimensions are sharded over data x fsdp x expert, the sequence over `sequence` (context
-parallelism), heads and the MLP hidden over tensor; the residual stream is not sharded over
-tensor (no Megatron sequence parallelism). Flash attention
-keeps no S x S scores; its log-sum-exp (f32, B x H x L) is saved with the output.
+Every split comes from the rule table (`AxisRules.ways`): the batch over the mesh axes of
+`batch` (data x fsdp x expert by default), the sequence over those of `seq` (context
+parallelism), heads, kv heads, the MLP hidden and the vocab over theirs (tensor); the
+residual stream is split as `embed` is (not at all by default: no Megatron sequence
+parallelism). Flash attention keeps no S x S scores; its log-sum-exp (f32, B x H x L) is
+saved with the output.
+
+The results are `sharding.Memory`, the report's type; the analysis attaches the compiler's
+own figure to it for reference.
 """
 
 from __future__ import annotations
@@ -30,21 +35,18 @@ from collections.abc import Mapping
 import jax.numpy as jnp
 
 from models.config import ModelConfig
+from models.inference import serving_rules
+from models.moe import capacity, group_size
+from models.program import Precision, Train, Workload
+from models.train import TrainProgram
+from sharding.report import Memory
+from sharding.rules import AxisRules
 
 _F32 = 4
 
 
-def _activation_bytes(compute_dtype: str) -> int:
-    # FP8 recipes keep activations in bf16 between matmuls.
-    if compute_dtype.startswith(("float8", "float4")):
-        return 2
-    return jnp.dtype(compute_dtype).itemsize
-
-
-def _batch_ways(mesh_shape: Mapping[str, int]) -> int:
-    """Devices a batch is split over: data x fsdp x expert (the default rules)."""
-    return (mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
-            * mesh_shape.get("expert", 1))
+def _activation_bytes(precision: Precision) -> int:
+    return jnp.dtype(precision.activations).itemsize
 
 
 def expert_slots_per_token(cfg: ModelConfig, local_tokens: int) -> float:
@@ -52,10 +54,14 @@ def expert_slots_per_token(cfg: ModelConfig, local_tokens: int) -> float:
     experts_per_token x capacity_factor); 1 for a dense MLP."""
     if cfg.n_experts == 1:
         return 1.0
-    from models.moe import capacity, group_size
-
     s = group_size(cfg, local_tokens)
     return cfg.n_experts * capacity(cfg, s) / s
+
+
+def _splits(rules: AxisRules, mesh_shape: Mapping[str, int]) -> dict[str, int]:
+    """Ways each logical axis of an activation splits."""
+    return {a: rules.ways(a, mesh_shape)
+            for a in ("batch", "seq", "heads", "kv_heads", "mlp", "vocab", "embed")}
 
 
 def activation_components(
@@ -63,20 +69,19 @@ def activation_components(
     *,
     micro_batch: int,
     seq_len: int,
-    compute_dtype: str,
+    precision: Precision,
     remat: str,
     mesh_shape: Mapping[str, int],
+    rules: AxisRules,
     layers: int | None = None,
 ) -> list[tuple[str, float]]:
     """(name, bytes per device) of the activation memory of one micro-batch over `layers`
     layers (all of them by default; a pipeline stage's share with pipeline parallelism)."""
-    dp = _batch_ways(mesh_shape)
-    tp = mesh_shape.get("tensor", 1)
-    sp = mesh_shape.get("sequence", 1)
-    c = _activation_bytes(compute_dtype)
-    tokens = micro_batch // dp * seq_len // sp  # per device
-    d, f, e = cfg.d_model, cfg.d_ff / tp, cfg.head_dim
-    h, k = cfg.n_heads / tp, cfg.n_kv_heads / tp
+    ways = _splits(rules, mesh_shape)
+    c = _activation_bytes(precision)
+    tokens = micro_batch // ways["batch"] * seq_len // ways["seq"]  # per device
+    d, f, e = cfg.d_model / ways["embed"], cfg.d_ff / ways["mlp"], cfg.head_dim
+    h, k = cfg.n_heads / ways["heads"], cfg.n_kv_heads / ways["kv_heads"]
     r = expert_slots_per_token(cfg, tokens)
     mlp_in = (2 if cfg.mlp == "swiglu" else 1) * f
 
@@ -86,7 +91,7 @@ def activation_components(
     minimal = x + (h + 2 * k) * e * c + d * c + r * mlp_in * c + d * c + moe
     everything = minimal + 2 * d * c + h * e * c + h * _F32 + r * f * c + 2 * d * c
     per_layer = {"full": x, "minimal": minimal, "none": everything}[remat]
-    vocab = cfg.padded_vocab / tp
+    vocab = cfg.padded_vocab / ways["vocab"]
     layers = cfg.n_layers if layers is None else layers
     return [
         (f"saved activations ({remat} remat, {layers} layers)",
@@ -96,18 +101,50 @@ def activation_components(
     ]
 
 
-def serving_activation_bytes(
-    cfg: ModelConfig, *, batch: int, tokens: int, compute_dtype: str,
-    mesh_shape: Mapping[str, int],
-) -> float:
+def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Workload,
+                    precision: Precision, train: Train, mesh_shape: Mapping[str, int],
+                    rules: AxisRules) -> Memory:
+    """Memory per device of a training step: exact state, analytic activations."""
+    stages = rules.ways("layers", mesh_shape, params=True)
+    components = [
+        ("parameters", float(program.param_bytes_per_device)),
+        ("optimizer state", float(program.optimizer_bytes_per_device)),
+        ("gradients", float(program.param_bytes_per_device)),
+        ("batch", float(program.batch_bytes_per_device)),
+        # A GPipe stage holds every microbatch's activations for its own layers.
+        *activation_components(cfg, micro_batch=workload.micro_batch if stages == 1
+                               else workload.global_batch,
+                               seq_len=workload.seq_len, precision=precision,
+                               remat=train.remat, mesh_shape=mesh_shape, rules=rules,
+                               layers=cfg.n_layers // stages),
+    ]
+    return Memory(components=tuple(components),
+                  source="state exact from shardings; activations analytic (models/memory.py)")
+
+
+def serving_activation_bytes(cfg: ModelConfig, *, workload: Workload, precision: Precision,
+                             mesh_shape: Mapping[str, int], rules: AxisRules) -> float:
     """Peak activations of a forward pass with nothing saved for a backward pass: one
     layer's intermediates, and the f32 logits of the last position of each sequence."""
-    dp = _batch_ways(mesh_shape)
-    tp = mesh_shape.get("tensor", 1)
-    c = _activation_bytes(compute_dtype)
-    per_device_tokens = batch // dp * tokens // mesh_shape.get("sequence", 1)
-    d, f, e = cfg.d_model, cfg.d_ff / tp, cfg.head_dim
-    h, k = cfg.n_heads / tp, cfg.n_kv_heads / tp
+    ways = _splits(serving_rules(rules, workload.kind), mesh_shape)
+    c = _activation_bytes(precision)
+    tokens = workload.seq_len if workload.kind == "prefill" else 1
+    local_batch = workload.global_batch // ways["batch"]
+    per_device_tokens = local_batch * tokens // ways["seq"]
+    d, f, e = cfg.d_model / ways["embed"], cfg.d_ff / ways["mlp"], cfg.head_dim
+    h, k = cfg.n_heads / ways["heads"], cfg.n_kv_heads / ways["kv_heads"]
     r = expert_slots_per_token(cfg, per_device_tokens)
     layer = (4 * d + (2 * h + 2 * k) * e + 3 * r * f + (2 * r * d if r != 1 else 0)) * c
-    return per_device_tokens * layer + batch // dp * cfg.padded_vocab / tp * _F32
+    return per_device_tokens * layer + local_batch * cfg.padded_vocab / ways["vocab"] * _F32
+
+
+def serving_memory(cfg: ModelConfig, program, *, workload: Workload, precision: Precision,
+                   mesh_shape: Mapping[str, int], rules: AxisRules) -> Memory:
+    """Weights and KV cache exactly from their shardings; one layer's activations."""
+    activations = serving_activation_bytes(cfg, workload=workload, precision=precision,
+                                           mesh_shape=mesh_shape, rules=rules)
+    return Memory(components=(
+        ("parameters", float(program.param_bytes_per_device)),
+        ("KV cache", float(program.cache_bytes_per_device)),
+        ("one layer's activations and the logits", activations),
+    ), source="weights and KV cache exact from shardings; activations analytic")

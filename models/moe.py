@@ -12,7 +12,7 @@ batch. In each group every expert has `capacity` slots:
 
 Assignments claim slots in priority order, every token's first choice before any token's
 second choice (GShard); an assignment that finds its expert full is dropped (its
-contribution is zero and the residual carries the token on). `capacity_factor <= 0` is
+contribution is zero and the residual carries the token on). `dropless = true` is
 the dropless variant: every expert gets a slot for every token of the group, so nothing is
 dropped, at the price of computing empty slots (static shapes cannot size each expert's
 buffer to its load; grouped-GEMM kernels such as MegaBlocks or megablox do, and are not
@@ -26,8 +26,9 @@ the groups to the experts is an all-to-all, and so is the way back. Per MoE laye
 device the dispatch all-to-all moves local groups x experts x capacity x d_model elements,
 i.e. tokens x experts_per_token x capacity_factor x d_model.
 
-Shape suffixes: G groups, S tokens in a group, X experts, C capacity, K experts per
-token, D d_model, F expert hidden.
+Shape suffixes (legend in models/__init__.py): R routing groups, T tokens in a group, X
+experts, C capacity, A a token's expert choices (experts_per_token), D d_model, F expert
+hidden.
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ from flax import nnx
 
 from models.config import ModelConfig
 from models.layers import Mlp, mlp_hidden, new_param, new_weight, project
+from models.program import DTYPES, Precision
 from sharding.rules import active_mesh, active_rules, constrain, mesh_shape_of
 
 
 def capacity(cfg: ModelConfig, group_size: int) -> int:
     """Slots per expert in a group of `group_size` tokens."""
-    if cfg.capacity_factor <= 0:
+    if cfg.dropless:
         return group_size
     c = math.ceil(cfg.capacity_factor * group_size * cfg.experts_per_token / cfg.n_experts)
     return min(max(c, 1), group_size)
@@ -64,96 +66,92 @@ def group_size(cfg: ModelConfig, local_tokens: int) -> int:
 def _batch_ways() -> int:
     """Devices the batch is split over under the active rules (1 without rules)."""
     mesh, rules = active_mesh(), active_rules()
-    if mesh is None:
-        return 1
-    sizes = mesh_shape_of(mesh)
-    return math.prod(sizes.get(a, 1) for a in rules.activations.get("batch", ()))
+    return 1 if mesh is None else rules.ways("batch", mesh_shape_of(mesh))
 
 
-def route(cfg: ModelConfig, logits_GSX):
+def route(cfg: ModelConfig, logits_RTX):
     """Top-k routing with capacity: (weights G,S,K; expert G,S,K; slot G,S,K; kept G,S,K).
 
     Router probabilities are a softmax over experts; the k chosen weights are renormalised
     to sum to one (Mixtral, Qwen3). `slot` is the assignment's place in its expert's buffer.
     """
-    g, s, x = logits_GSX.shape
+    g, s, x = logits_RTX.shape
     k = cfg.experts_per_token
-    probs_GSX = jax.nn.softmax(logits_GSX.astype(jnp.float32), axis=-1)
-    weight_GSK, expert_GSK = jax.lax.top_k(probs_GSX, k)
-    weight_GSK = weight_GSK / jnp.sum(weight_GSK, axis=-1, keepdims=True)
+    probs_RTX = jax.nn.softmax(logits_RTX.astype(jnp.float32), axis=-1)
+    weight_RTA, expert_RTA = jax.lax.top_k(probs_RTX, k)
+    weight_RTA = weight_RTA / jnp.sum(weight_RTA, axis=-1, keepdims=True)
     # Priority order: all first choices of the group, then all second choices, ...
-    onehot_GKSX = jax.nn.one_hot(jnp.swapaxes(expert_GSK, 1, 2), x, dtype=jnp.int32)
-    seen_GKSX = jnp.cumsum(onehot_GKSX.reshape(g, k * s, x), axis=1).reshape(g, k, s, x)
-    slot_GSK = jnp.swapaxes(jnp.sum((seen_GKSX - 1) * onehot_GKSX, axis=-1), 1, 2)
-    kept_GSK = slot_GSK < capacity(cfg, s)
-    return weight_GSK, expert_GSK, slot_GSK, kept_GSK
+    onehot_RATX = jax.nn.one_hot(jnp.swapaxes(expert_RTA, 1, 2), x, dtype=jnp.int32)
+    seen_RATX = jnp.cumsum(onehot_RATX.reshape(g, k * s, x), axis=1).reshape(g, k, s, x)
+    slot_RTA = jnp.swapaxes(jnp.sum((seen_RATX - 1) * onehot_RATX, axis=-1), 1, 2)
+    kept_RTA = slot_RTA < capacity(cfg, s)
+    return weight_RTA, expert_RTA, slot_RTA, kept_RTA
 
 
-def _dispatch_indices(expert_GSK, slot_GSK, kept_GSK, n_experts: int, cap: int):
+def _dispatch_indices(expert_RTA, slot_RTA, kept_RTA, n_experts: int, cap: int):
     """For every (group, expert, slot): the token in it, or S (a zero row) when empty."""
-    g, s, k = expert_GSK.shape
-    token_GSK = jnp.broadcast_to(jnp.arange(s)[None, :, None], (g, s, k))
-    slot_GSK = jnp.where(kept_GSK, slot_GSK, cap)  # out of range: dropped by the scatter
+    g, s, k = expert_RTA.shape
+    token_RTA = jnp.broadcast_to(jnp.arange(s)[None, :, None], (g, s, k))
+    slot_RTA = jnp.where(kept_RTA, slot_RTA, cap)  # out of range: dropped by the scatter
 
-    def one_group(expert_SK, slot_SK, token_SK):
+    def one_group(expert_TA, slot_TA, token_TA):
         empty_XC = jnp.full((n_experts, cap), s, jnp.int32)
-        return empty_XC.at[expert_SK, slot_SK].set(token_SK, mode="drop")
+        return empty_XC.at[expert_TA, slot_TA].set(token_TA, mode="drop")
 
-    return jax.vmap(one_group)(expert_GSK, slot_GSK, token_GSK)
+    return jax.vmap(one_group)(expert_RTA, slot_RTA, token_RTA)
 
 
 class MoeMlp(nnx.Module):
     """Routed experts (and `n_shared_experts` always-on experts, DeepSeek style)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, lowp: str | None = None,
-                 quant: str | None = None):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, precision: Precision):
         d, f, x = cfg.d_model, cfg.d_ff, cfg.n_experts
         self.cfg = cfg
         self.kind = cfg.mlp
-        self.lowp = lowp
-        self.router = new_param(rngs, (d, x), ("embed", None), param_dtype)
+        self.precision = precision
+        self.router = new_param(rngs, (d, x), ("embed", None), dtype=DTYPES[precision.params])
         if cfg.mlp == "swiglu":
-            self.w_gate = new_weight(rngs, (x, d, f), ("experts", "embed", "mlp"), param_dtype,
-                                  quant, expert_dims=1)
-        self.w_up = new_weight(rngs, (x, d, f), ("experts", "embed", "mlp"), param_dtype, quant,
-                            expert_dims=1)
-        self.w_down = new_weight(rngs, (x, f, d), ("experts", "mlp", "embed"), param_dtype, quant,
-                              expert_dims=1)
+            self.w_gate = new_weight(rngs, (x, d, f), ("experts", "embed", "mlp"),
+                                     precision=precision, expert_dims=1)
+        self.w_up = new_weight(rngs, (x, d, f), ("experts", "embed", "mlp"), precision=precision,
+                               expert_dims=1)
+        self.w_down = new_weight(rngs, (x, f, d), ("experts", "mlp", "embed"),
+                                 precision=precision, expert_dims=1)
         if cfg.n_shared_experts:  # the dense MLP is the shared expert
             shared = dataclasses.replace(cfg, d_ff=cfg.n_shared_experts * cfg.d_ff)
-            self.shared = Mlp(shared, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
+            self.shared = Mlp(shared, rngs=rngs, precision=precision)
 
     def __call__(self, x_BLD):
         cfg = self.cfg
         b, seq, d = x_BLD.shape
         s = group_size(cfg, b * seq // _batch_ways())
         g, n_x, cap = b * seq // s, cfg.n_experts, capacity(cfg, s)
-        x_GSD = constrain(x_BLD.reshape(g, s, d), ("batch", None, "embed"))
+        x_RTD = constrain(x_BLD.reshape(g, s, d), ("batch", None, "embed"))
         with jax.named_scope("router"):
-            logits_GSX = jnp.einsum("gsd,dx->gsx", x_GSD.astype(jnp.float32),
+            logits_RTX = jnp.einsum("gsd,dx->gsx", x_RTD.astype(jnp.float32),
                                     self.router[...].astype(jnp.float32))
-            weight_GSK, expert_GSK, slot_GSK, kept_GSK = route(cfg, logits_GSX)
+            weight_RTA, expert_RTA, slot_RTA, kept_RTA = route(cfg, logits_RTX)
         with jax.named_scope("dispatch"):
-            index_GXC = _dispatch_indices(expert_GSK, slot_GSK, kept_GSK, n_x, cap)
-            pad_GSD = jnp.concatenate([x_GSD, jnp.zeros((g, 1, d), x_GSD.dtype)], axis=1)
-            x_GXCD = jax.vmap(lambda rows, idx: rows[idx])(pad_GSD, index_GXC)
-            x_GXCD = constrain(x_GXCD, ("batch", None, None, "embed"))
+            index_RXC = _dispatch_indices(expert_RTA, slot_RTA, kept_RTA, n_x, cap)
+            pad_RTD = jnp.concatenate([x_RTD, jnp.zeros((g, 1, d), x_RTD.dtype)], axis=1)
+            x_RXCD = jax.vmap(lambda rows, idx: rows[idx])(pad_RTD, index_RXC)
+            x_RXCD = constrain(x_RXCD, ("batch", None, None, "embed"))
             # The all-to-all: groups lose the `expert` sharding, experts gain it.
-            x_GXCD = constrain(x_GXCD, ("expert_batch", "experts", None, "embed"))
+            x_RXCD = constrain(x_RXCD, ("expert_batch", "experts", None, "embed"))
         with jax.named_scope("experts"):
-            h_GXCF = mlp_hidden(self, "gxcd,xdf->gxcf", x_GXCD)
-            h_GXCF = constrain(h_GXCF, ("expert_batch", "experts", None, "mlp"))
-            y_GXCD = project("gxcf,xfd->gxcd", h_GXCF, self.w_down, lowp=self.lowp)
-            y_GXCD = constrain(y_GXCD, ("expert_batch", "experts", None, "embed"))
+            h_RXCF = mlp_hidden(self, "gxcd,xdf->gxcf", x_RXCD)
+            h_RXCF = constrain(h_RXCF, ("expert_batch", "experts", None, "mlp"))
+            y_RXCD = project("gxcf,xfd->gxcd", h_RXCF, self.w_down, precision=self.precision)
+            y_RXCD = constrain(y_RXCD, ("expert_batch", "experts", None, "embed"))
         with jax.named_scope("combine"):
-            y_GXCD = constrain(y_GXCD, ("batch", None, None, "embed"))  # all-to-all back
-            flat_GSK = jnp.where(kept_GSK, expert_GSK * cap + slot_GSK, n_x * cap)
-            pad_GND = jnp.concatenate([y_GXCD.reshape(g, n_x * cap, d),
-                                       jnp.zeros((g, 1, d), y_GXCD.dtype)], axis=1)
-            y_GSKD = jax.vmap(lambda rows, idx: rows[idx])(pad_GND, flat_GSK)
-            out_GSD = jnp.einsum("gskd,gsk->gsd", y_GSKD.astype(jnp.float32),
-                                 weight_GSK).astype(x_BLD.dtype)
-            out_BLD = constrain(out_GSD.reshape(b, seq, d), ("batch", "seq", "embed"))
+            y_RXCD = constrain(y_RXCD, ("batch", None, None, "embed"))  # all-to-all back
+            flat_RTA = jnp.where(kept_RTA, expert_RTA * cap + slot_RTA, n_x * cap)
+            slot_rows = jnp.concatenate([y_RXCD.reshape(g, n_x * cap, d),
+                                       jnp.zeros((g, 1, d), y_RXCD.dtype)], axis=1)
+            y_RTAD = jax.vmap(lambda rows, idx: rows[idx])(slot_rows, flat_RTA)
+            out_RTD = jnp.einsum("gskd,gsk->gsd", y_RTAD.astype(jnp.float32),
+                                 weight_RTA).astype(x_BLD.dtype)
+            out_BLD = constrain(out_RTD.reshape(b, seq, d), ("batch", "seq", "embed"))
         if cfg.n_shared_experts:
             with jax.named_scope("shared_expert"):
                 out_BLD = out_BLD + self.shared(x_BLD)

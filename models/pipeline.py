@@ -1,6 +1,7 @@
-"""GPipe pipeline parallelism over the `pipeline` mesh axis.
+"""GPipe pipeline parallelism over the mesh axis that shards the `layers` dimension (the
+`pipeline` axis under the default rules).
 
-The layer stack is sharded over `pipeline`, so stage s holds layers
+The layer stack is sharded over that axis, so stage s holds layers
 [s * n/S, (s+1) * n/S). The batch is split into M microbatches. For M + S - 1 ticks every
 stage runs its layers on the microbatch it holds, then passes the result to the next stage
 with a collective-permute (the stage-to-stage transfer of microbatch x seq x d_model
@@ -20,14 +21,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-
-
 def gpipe(run_stage: Callable, layers, x_BLD, positions_BL, *, stages: int, microbatches: int,
-          mesh, batch_axes: tuple[str, ...] = ()):
+          mesh, axis: str, batch_axes: tuple[str, ...] = ()):
     """Run `run_stage(x, local_layers, positions)` as an S-stage, M-microbatch GPipe.
 
-    `batch_axes`: the mesh axes that shard each microbatch's batch (data parallelism goes on
-    inside every stage)."""
+    `axis`: the mesh axis of the stages. `batch_axes`: the mesh axes that shard each
+    microbatch's batch (data parallelism goes on inside every stage). Suffixes: M
+    microbatches, b one microbatch's batch (legend in models/__init__.py)."""
     b, seq, d = x_BLD.shape
     m = microbatches
     if b % m:
@@ -42,7 +42,7 @@ def gpipe(run_stage: Callable, layers, x_BLD, positions_BL, *, stages: int, micr
     pos_bL = jnp.broadcast_to(positions_BL[0], (b // m, seq))
 
     def pipeline(local_layers, xs_MbLD, pos):
-        s = jax.lax.axis_index("pipeline")
+        s = jax.lax.axis_index(axis)
         state_bLD = jnp.zeros_like(xs_MbLD[0])
         outs_MbLD = jnp.zeros_like(xs_MbLD)
         for t in range(m + stages - 1):
@@ -53,12 +53,12 @@ def gpipe(run_stage: Callable, layers, x_BLD, positions_BL, *, stages: int, micr
                     jnp.where(s == stages - 1, y_bLD, jnp.zeros_like(y_bLD)))
             if t < m + stages - 2:
                 state_bLD = jax.lax.ppermute(
-                    y_bLD, "pipeline", [(i, (i + 1) % stages) for i in range(stages)])
+                    y_bLD, axis, [(i, (i + 1) % stages) for i in range(stages)])
         return outs_MbLD[None]
 
     # Each stage returns its outputs; the last stage's are taken outside the shard_map, so
-    # XLA moves them from the last stage to the others. (A bf16 psum over `pipeline` here
+    # XLA moves them from the last stage to the others. (A bf16 psum over the stages here
     # aborts XLA:CPU: "Invalid binary instruction opcode copy".)
-    run = jax.shard_map(pipeline, mesh=mesh, in_specs=(P("pipeline"), P(), P()),
-                        out_specs=P("pipeline"), axis_names={"pipeline"}, check_vma=False)
+    run = jax.shard_map(pipeline, mesh=mesh, in_specs=(P(axis), P(), P()),
+                        out_specs=P(axis), axis_names={axis}, check_vma=False)
     return run(layers, x_MbLD, pos_bL)[stages - 1].reshape(b, seq, d)

@@ -25,18 +25,22 @@ STORAGE_DTYPES = {
     "float8": jnp.float8_e4m3fn,
     "int4": jnp.int4,
 }
-_RANGE = {"int8": 127.0, "float8": 448.0, "int4": 7.0}
+# The largest magnitude each format holds: symmetric int8 and int4 (127, 7); FP8 e4m3 448
+# and FP4 e2m1 6.0 (OCP 8-bit floating point and microscaling format specifications).
+FORMAT_MAX = {"int8": 127.0, "float8": 448.0, "int4": 7.0, "float4": 6.0}
 SCALE_DTYPE = jnp.bfloat16
 
 
-def quantize(x, kind: str, axes: tuple[int, ...]):
-    """(x in `kind` storage, its scale): one scale per slice over `axes` (kept as size 1)."""
-    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axes, keepdims=True)
-    scale = jnp.maximum(amax, 1e-12) / _RANGE[kind]
+def quantize(x, kind: str, axes: tuple[int, ...] | None = None, *, scale_dtype=SCALE_DTYPE):
+    """(x in `kind` storage, its scale) with x ~ q x scale: one scale per slice over `axes`
+    (kept as size-1 dimensions), or one scalar scale for the whole tensor when `axes` is
+    None (FP8 training's per-tensor scaling). Integers are rounded to nearest."""
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axes, keepdims=axes is not None)
+    scale = jnp.maximum(amax, 1e-12) / FORMAT_MAX[kind]
     q = x.astype(jnp.float32) / scale
-    if kind != "float8":
+    if kind.startswith("int"):
         q = jnp.round(q)
-    return q.astype(STORAGE_DTYPES[kind]), scale.astype(SCALE_DTYPE)
+    return q.astype(STORAGE_DTYPES[kind]), scale.astype(scale_dtype)
 
 
 def dequantize(q, scale, dtype):

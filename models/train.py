@@ -18,38 +18,15 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
+from models.program import Precision, Program, Train, Workload
 from models.transformer import Transformer, logical_axes
 from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainSettings:
-    seq_len: int
-    global_batch: int
-    microbatches: int = 1
-    param_dtype: str = "float32"
-    compute_dtype: str = "bfloat16"
-    remat: str = "full"
-    learning_rate: float = 3e-4
-    weight_decay: float = 0.1
+class TrainProgram(Program):
+    """A training step: the parameters, optimizer state and batch it takes."""
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.seq_len * self.global_batch
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainProgram:
-    """A jitted train step and abstract, sharded arguments to lower it with."""
-
-    step: object  # jax.jit-wrapped
-    args: tuple
-    param_count: int
-    model_flops_per_step: float
-    tokens_per_step: int
-    param_bytes_per_device: int
     optimizer_bytes_per_device: int
     batch_bytes_per_device: int
 
@@ -59,18 +36,11 @@ class TrainProgram:
                 + self.batch_bytes_per_device)
 
 
-def make_model(cfg: ModelConfig, settings: TrainSettings, *, seed: int = 0,
-               pipeline_stages: int = 1, quant: str | None = None,
-               kv_quant: str | None = None) -> Transformer:
-    """compute_dtype "float8" / "float4": FP8 / FP4 weight matmuls with bf16 activations.
-    With pipeline stages, `settings.microbatches` are the pipeline's microbatches.
-    `quant`, `kv_quant`: quantised weights and KV cache for serving (models/quant.py)."""
-    lowp = settings.compute_dtype if settings.compute_dtype in ("float8", "float4") else None
-    compute = jnp.bfloat16 if lowp else DTYPES[settings.compute_dtype]
-    return Transformer(cfg, rngs=nnx.Rngs(seed), param_dtype=DTYPES[settings.param_dtype],
-                       compute_dtype=compute, remat=settings.remat, lowp=lowp,
-                       pipeline=(pipeline_stages, settings.microbatches), quant=quant,
-                       kv_quant=kv_quant)
+def make_model(cfg: ModelConfig, precision: Precision, *, remat: str = "none", seed: int = 0,
+               pipeline: tuple[int, int] = (1, 1)) -> Transformer:
+    """The model with `precision`'s dtypes; `pipeline` = (stages, microbatches)."""
+    return Transformer(cfg, rngs=nnx.Rngs(seed), precision=precision, remat=remat,
+                       pipeline=pipeline)
 
 
 def loss_fn(model: Transformer, inputs_BL, targets_BL):
@@ -81,15 +51,16 @@ def loss_fn(model: Transformer, inputs_BL, targets_BL):
         return jnp.mean(nll_BL)
 
 
-def make_optimizer(settings: TrainSettings) -> optax.GradientTransformation:
-    return optax.adamw(settings.learning_rate, weight_decay=settings.weight_decay)
+def make_optimizer(train: Train) -> optax.GradientTransformation:
+    return optax.adamw(train.learning_rate, weight_decay=train.weight_decay)
 
 
-def make_train_step(graphdef, tx, settings: TrainSettings, rules=None, mesh=None, *,
-                    accumulate: bool = True):
+def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | None = None,
+                    mesh: Mesh | None = None):
     """step(params, opt_state, batch) -> (params, opt_state, loss); params a pure dict.
 
-    `accumulate=False`: the microbatches are the pipeline's, not gradient accumulation."""
+    `microbatches` > 1: gradient accumulation over that many sequential micro-steps (with
+    pipeline parallelism the microbatches are the pipeline's instead: pass 1)."""
 
     def grads_of(params, inputs_BL, targets_BL):
         return jax.value_and_grad(
@@ -97,7 +68,7 @@ def make_train_step(graphdef, tx, settings: TrainSettings, rules=None, mesh=None
 
     def step(params, opt_state, batch):
         inputs_BL, targets_BL = batch["inputs"], batch["targets"]
-        k = settings.microbatches if accumulate else 1
+        k = microbatches
         if k == 1:
             loss, grads = grads_of(params, inputs_BL, targets_BL)
         else:
@@ -140,13 +111,11 @@ def param_shardings(axes_tree, abstract_params, rules: AxisRules, mesh: Mesh):
         one, axes_tree, abstract_params, is_leaf=lambda x: isinstance(x, tuple))
 
 
-def abstract_params(cfg: ModelConfig, settings: TrainSettings, mesh: Mesh, rules: AxisRules,
-                    *, pipeline_stages: int = 1, quant: str | None = None,
-                    kv_quant: str | None = None):
+def abstract_params(cfg: ModelConfig, precision: Precision, mesh: Mesh, rules: AxisRules,
+                    *, remat: str = "none", pipeline: tuple[int, int] = (1, 1)):
     """(graphdef, params as sharded ShapeDtypeStructs, their NamedShardings); no memory."""
     abstract_model = nnx.eval_shape(
-        lambda: make_model(cfg, settings, pipeline_stages=pipeline_stages, quant=quant,
-                           kv_quant=kv_quant))
+        lambda: make_model(cfg, precision, remat=remat, pipeline=pipeline))
     graphdef, state = nnx.split(abstract_model, nnx.Param)
     params = nnx.to_pure_dict(state)
     shardings = param_shardings(logical_axes(state), params, rules, mesh)
@@ -164,25 +133,26 @@ def per_device_bytes(tree) -> int:
     return total
 
 
-def build_train_program(
-    cfg: ModelConfig, settings: TrainSettings, mesh: Mesh, rules: AxisRules
-) -> TrainProgram:
+def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workload: Workload,
+                        precision: Precision, train: Train) -> TrainProgram:
     """Abstract sharded params, optimizer state and batch, and the jitted train step."""
     mesh_shape = mesh_shape_of(mesh)
-    k = settings.microbatches
-    if settings.global_batch % k:
+    k = workload.microbatches
+    if workload.global_batch % k:
         raise ValueError(
-            f"workload.global_batch={settings.global_batch} is not divisible by "
+            f"workload.global_batch={workload.global_batch} is not divisible by "
             f"workload.microbatches={k}; choose a number of microbatches that divides it"
         )
-    stages = mesh_shape.get("pipeline", 1)
+    stages = rules.ways("layers", mesh_shape, params=True)
     if cfg.n_layers % stages:
-        raise ValueError(f"parallelism.pipeline={stages} does not divide model.n_layers="
+        raise ValueError(f"{stages} pipeline stages do not divide model.n_layers="
                          f"{cfg.n_layers}; each stage holds the same number of layers")
-    graphdef, params, p_shard = abstract_params(cfg, settings, mesh, rules,
-                                                pipeline_stages=stages)
+    # With pipeline stages, the microbatches are the pipeline's (models/pipeline.py).
+    pipeline = (stages, k) if stages > 1 else (1, 1)
+    graphdef, params, p_shard = abstract_params(cfg, precision, mesh, rules, remat=train.remat,
+                                                pipeline=pipeline)
 
-    tx = make_optimizer(settings)
+    tx = make_optimizer(train)
     opt_abstract = jax.eval_shape(tx.init, params)
     replicated = NamedSharding(mesh, PartitionSpec())
     opt_shard = optax.tree_map_params(
@@ -190,28 +160,30 @@ def build_train_program(
     opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                              opt_abstract, opt_shard)
 
-    micro = settings.global_batch // k
-    resolve(("batch", "seq"), (micro, settings.seq_len), rules.activations, mesh_shape,
-            what=f"micro-batch of {micro} sequences (global_batch / microbatches)")
-    batch_spec = resolve(("batch", "seq"), (settings.global_batch, settings.seq_len),
+    resolve(("batch", "seq"), (workload.micro_batch, workload.seq_len), rules.activations,
+            mesh_shape, what=f"micro-batch of {workload.micro_batch} sequences "
+                             f"(global_batch / microbatches)")
+    batch_spec = resolve(("batch", "seq"), (workload.global_batch, workload.seq_len),
                          rules.activations, mesh_shape, what="batch")
     batch_sharding = NamedSharding(mesh, batch_spec)
-    tokens = jax.ShapeDtypeStruct((settings.global_batch, settings.seq_len), jnp.int32,
+    tokens = jax.ShapeDtypeStruct((workload.global_batch, workload.seq_len), jnp.int32,
                                   sharding=batch_sharding)
     batch = {"inputs": tokens, "targets": tokens}
 
     step = jax.jit(
-        make_train_step(graphdef, tx, settings, rules, mesh, accumulate=stages == 1),
+        make_train_step(graphdef, tx, microbatches=1 if stages > 1 else k, rules=rules,
+                        mesh=mesh),
         in_shardings=(p_shard, opt_shard, {"inputs": batch_sharding, "targets": batch_sharding}),
         out_shardings=(p_shard, opt_shard, replicated),
         donate_argnums=(0, 1),
     )
+    tokens_per_step = workload.tokens_per_step
     return TrainProgram(
         step=step,
         args=(params, opt_state, batch),
         param_count=cfg.param_count(),
-        model_flops_per_step=cfg.train_flops_per_token(settings.seq_len) * settings.tokens_per_step,
-        tokens_per_step=settings.tokens_per_step,
+        model_flops_per_step=cfg.train_flops_per_token(workload.seq_len) * tokens_per_step,
+        tokens_per_step=tokens_per_step,
         param_bytes_per_device=per_device_bytes(params),
         optimizer_bytes_per_device=per_device_bytes(opt_state),
         batch_bytes_per_device=per_device_bytes(batch),

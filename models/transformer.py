@@ -5,8 +5,7 @@ Every parameter carries `logical_axes` metadata and key activations are pinned w
 `sharding.constrain`; the model never names a mesh axis. Layers are stacked (leading
 `layers` dimension) and run under `jax.lax.scan`.
 
-Array-name suffixes: B batch, L sequence, D d_model, H query heads, K kv heads, G query
-heads per kv head, E head_dim, F mlp hidden, V vocab.
+Array-name suffixes: the legend in models/__init__.py.
 """
 
 from __future__ import annotations
@@ -19,10 +18,16 @@ from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
 from models.layers import Mlp, new_param, new_weight, ones_param, project, zeros_param
 from models.moe import MoeMlp
+from models.pipeline import gpipe
+from models.program import DTYPES, REMAT_POLICIES, Precision
 from models.quant import dequantize, quantize
 from sharding.rules import active_mesh, active_rules, constrain, no_rules
 
-REMAT_POLICIES = ("none", "minimal", "full")
+
+def checkpointed(fn, remat: str):
+    """`fn` under the activation-checkpointing policy `remat` (REMAT_POLICIES)."""
+    policy = REMAT_POLICIES[remat]
+    return fn if policy is None else jax.checkpoint(fn, policy=policy)
 
 
 class Norm(nnx.Module):
@@ -54,16 +59,17 @@ def rope(x_BLHE, positions_BL, theta: float):
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, lowp: str | None = None,
-                 quant: str | None = None):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, precision: Precision):
         d, h, k, e = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.cfg = cfg
-        self.lowp = lowp
-        self.wq = new_weight(rngs, (d, h, e), ("embed", "heads", "head_dim"), param_dtype, quant)
-        self.wk = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype, quant)
-        self.wv = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), param_dtype, quant)
-        self.wo = new_weight(rngs, (h, e, d), ("heads", "head_dim", "embed"), param_dtype, quant,
-                          contract=2, scale=(h * e) ** -0.5)
+        self.precision = precision
+        self.wq = new_weight(rngs, (d, h, e), ("embed", "heads", "head_dim"), precision=precision)
+        self.wk = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"),
+                             precision=precision)
+        self.wv = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"),
+                             precision=precision)
+        self.wo = new_weight(rngs, (h, e, d), ("heads", "head_dim", "embed"), precision=precision,
+                             contract=2, scale=(h * e) ** -0.5)
 
     def __call__(self, x_BLD, positions_BL, cache=None):
         """Attention over the sequence (training, prefill) or, with `cache` = (k_BSKE,
@@ -74,9 +80,9 @@ class Attention(nnx.Module):
         """
         cfg = self.cfg
         with jax.named_scope("qkv_proj"):
-            q_BLHE = project("bld,dhe->blhe", x_BLD, self.wq, lowp=self.lowp)
-            k_BLKE = project("bld,dke->blke", x_BLD, self.wk, lowp=self.lowp)
-            v_BLKE = project("bld,dke->blke", x_BLD, self.wv, lowp=self.lowp)
+            q_BLHE = project("bld,dhe->blhe", x_BLD, self.wq, precision=self.precision)
+            k_BLKE = project("bld,dke->blke", x_BLD, self.wk, precision=self.precision)
+            v_BLKE = project("bld,dke->blke", x_BLD, self.wv, precision=self.precision)
             q_BLHE = constrain(q_BLHE, ("batch", "seq", "heads", "head_dim"))
             k_BLKE = constrain(k_BLKE, ("batch", "seq", "kv_heads", "head_dim"))
             v_BLKE = constrain(v_BLKE, ("batch", "seq", "kv_heads", "head_dim"))
@@ -93,17 +99,17 @@ class Attention(nnx.Module):
             out_BLKGE = decode_attention(q_BLKGE, k_BLKE, v_BLKE, *cache)
         out_BLHE = constrain(out_BLKGE.reshape(b, seq, h, e), ("batch", "seq", "heads", "head_dim"))
         with jax.named_scope("out_proj"):
-            out_BLD = project("blhe,hed->bld", out_BLHE, self.wo, lowp=self.lowp)
+            out_BLD = project("blhe,hed->bld", out_BLHE, self.wo, precision=self.precision)
             return constrain(out_BLD, ("batch", "seq", "embed")), (k_BLKE, v_BLKE)
 
 
-def _write_cache(cache_NBSKE, new_NB1KE, index, kv_quant: str | None):
+def _write_cache(cache_NBSKE, new_NB1KE, index, quantized: str | None):
     """Write one position into the cache in place (quantising it first if the cache is)."""
     start = (0, 0, index, 0, 0)
-    if kv_quant is None:
+    if quantized is None:
         return jax.lax.dynamic_update_slice(cache_NBSKE, new_NB1KE.astype(cache_NBSKE.dtype),
                                             start)
-    q_NB1KE, scale_NB1K1 = quantize(new_NB1KE, kv_quant, (-1,))
+    q_NB1KE, scale_NB1K1 = quantize(new_NB1KE, quantized, (-1,))
     return (jax.lax.dynamic_update_slice(cache_NBSKE[0], q_NB1KE, start),
             jax.lax.dynamic_update_slice(cache_NBSKE[1], scale_NB1K1, start))
 
@@ -137,15 +143,13 @@ def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BSKE, v_BSKE, index):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype, lowp: str | None = None,
-                 quant: str | None = None):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, precision: Precision):
+        param_dtype = DTYPES[precision.params]
         self.attn_norm = Norm(cfg, param_dtype=param_dtype)
-        self.attn = Attention(cfg, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
+        self.attn = Attention(cfg, rngs=rngs, precision=precision)
         self.mlp_norm = Norm(cfg, param_dtype=param_dtype)
-        if cfg.n_experts > 1:
-            self.mlp = MoeMlp(cfg, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
-        else:
-            self.mlp = Mlp(cfg, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
+        mlp = MoeMlp if cfg.n_experts > 1 else Mlp
+        self.mlp = mlp(cfg, rngs=rngs, precision=precision)
 
     def __call__(self, x_BLD, positions_BL, cache=None):
         with jax.named_scope("attention"):
@@ -158,39 +162,35 @@ class Block(nnx.Module):
 class Transformer(nnx.Module):
     """Token ids (B, L) -> logits (B, L, V) in float32."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32,
-                 compute_dtype=jnp.bfloat16, remat: str = "full", lowp: str | None = None,
-                 pipeline: tuple[int, int] = (1, 1), quant: str | None = None,
-                 kv_quant: str | None = None):
-        """`lowp`: weight matmuls in "float8" or "float4" (models/fp8.py); activations
-        stay in compute_dtype.
-        `pipeline`: (stages, microbatches) of a GPipe schedule over the `pipeline` mesh
-        axis (models/pipeline.py); (1, 1) runs the layers directly. `quant`: weight
-        matrices stored in "int8" | "float8" | "int4" with per-channel scales (serving;
-        models/quant.py). `kv_quant`: the KV cache's storage (decode)."""
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, precision: Precision,
+                 remat: str = "none", pipeline: tuple[int, int] = (1, 1)):
+        """`precision`: parameter, activation and matmul dtypes, quantised weights and KV
+        cache (models/program.py). `remat`: each layer's checkpointing policy.
+        `pipeline`: (stages, microbatches) of a GPipe schedule over the mesh axis the rules
+        give the `layers` dimension (models/pipeline.py); (1, 1) runs the layers directly."""
         if remat not in REMAT_POLICIES:
-            raise ValueError(f"train.remat={remat!r} is not one of {REMAT_POLICIES}")
+            raise ValueError(f"train.remat={remat!r} is not one of {tuple(REMAT_POLICIES)}")
         self.cfg = cfg
-        self.compute_dtype = compute_dtype
+        self.precision = precision
+        self.compute_dtype = DTYPES[precision.activations]
         self.remat = remat
-        self.lowp = lowp
         self.pipeline = pipeline
-        self.kv_quant = kv_quant
+        param_dtype = DTYPES[precision.params]
         v, d = cfg.padded_vocab, cfg.d_model
-        self.embed = new_param(rngs, (v, d), ("vocab", "embed"), param_dtype, scale=1.0)
+        self.embed = new_param(rngs, (v, d), ("vocab", "embed"), dtype=param_dtype, scale=1.0)
         if cfg.positions == "learned":
-            self.pos_embed = new_param(rngs, (cfg.max_seq_len, d), (None, "embed"), param_dtype,
-                                    scale=0.02)
+            self.pos_embed = new_param(rngs, (cfg.max_seq_len, d), (None, "embed"),
+                                       dtype=param_dtype, scale=0.02)
 
         @nnx.split_rngs(splits=cfg.n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_blocks(rngs):
-            return Block(cfg, rngs=rngs, param_dtype=param_dtype, lowp=lowp, quant=quant)
+            return Block(cfg, rngs=rngs, precision=precision)
 
         self.blocks = make_blocks(rngs)  # every parameter gains a leading `layers` dim
         self.final_norm = Norm(cfg, param_dtype=param_dtype)
         if not cfg.tie_embeddings:
-            self.lm_head = new_weight(rngs, (d, v), ("embed", "vocab"), param_dtype, quant)
+            self.lm_head = new_weight(rngs, (d, v), ("embed", "vocab"), precision=precision)
 
     def __call__(self, tokens_BL):
         """Training forward: logits for every position."""
@@ -205,10 +205,11 @@ class Transformer(nnx.Module):
         positions_BL = jnp.broadcast_to(jnp.arange(seq), (b, seq))
         x_BLD, (k_NBLKE, v_NBLKE) = self._layers(self._embed(tokens_BL, positions_BL),
                                                  positions_BL)
-        if self.kv_quant is not None:
+        quantized = self.precision.quantized_kv_cache
+        if quantized is not None:
             with jax.named_scope("kv_cache_quantize"):
-                k_NBLKE = quantize(k_NBLKE, self.kv_quant, (-1,))
-                v_NBLKE = quantize(v_NBLKE, self.kv_quant, (-1,))
+                k_NBLKE = quantize(k_NBLKE, quantized, (-1,))
+                v_NBLKE = quantize(v_NBLKE, quantized, (-1,))
         return self._head(x_BLD[:, -1:])[:, 0], (k_NBLKE, v_NBLKE)
 
     def decode(self, tokens_B1, cache, index):
@@ -221,8 +222,9 @@ class Transformer(nnx.Module):
         x_BLD, (k_NB1KE, v_NB1KE) = self._layers(self._embed(tokens_B1, positions_B1),
                                                  positions_B1, (k_NBSKE, v_NBSKE, index))
         with jax.named_scope("kv_cache_write"):  # in place: only the new position is written
-            k_NBSKE = _write_cache(k_NBSKE, k_NB1KE, index, self.kv_quant)
-            v_NBSKE = _write_cache(v_NBSKE, v_NB1KE, index, self.kv_quant)
+            quantized = self.precision.quantized_kv_cache
+            k_NBSKE = _write_cache(k_NBSKE, k_NB1KE, index, quantized)
+            v_NBSKE = _write_cache(v_NBSKE, v_NB1KE, index, quantized)
         return self._head(x_BLD)[:, 0], (k_NBSKE, v_NBSKE)
 
     def _embed(self, tokens_BL, positions_BL):
@@ -244,47 +246,44 @@ class Transformer(nnx.Module):
             y_BLD, kv = nnx.merge(graphdef, layer_state)(x_BLD, positions_BL, layer_cache)
             return constrain(y_BLD, ("batch", "seq", "embed")), kv
 
-        if self.remat == "full":
-            layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
-        elif self.remat == "minimal":
-            # Keep the weight matmuls' outputs; recompute the cheap elementwise work.
-            layer = jax.checkpoint(
-                layer, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-        per_layer_cache = None if cache is None else (cache[0], cache[1])
+        layer = checkpointed(layer, self.remat)
         stages, microbatches = self.pipeline
-        if stages > 1:
-            from models.pipeline import gpipe
+        if stages == 1:
+            per_layer_cache = None if cache is None else (cache[0], cache[1])
+            return jax.lax.scan(layer, x_BLD, (layers, per_layer_cache))
+        if cache is not None:
+            raise ValueError("pipeline parallelism serves no KV cache; use pipeline = 1")
+        return self._pipelined(graphdef, layers, x_BLD, positions_BL, stages, microbatches), None
 
-            if cache is not None:
-                raise ValueError("pipeline parallelism serves no KV cache; use pipeline = 1")
-            run_stage = lambda x, local, pos: jax.lax.scan(  # noqa: E731
-                lambda h, st: (stage_layer(h, st, pos), None), x, local)[0]
+    def _pipelined(self, graphdef, layers, x_BLD, positions_BL, stages: int, microbatches: int):
+        """The layers as a GPipe pipeline over the mesh axis that shards `layers`."""
+        def stage_layer(h, layer_state, pos):
+            return nnx.merge(graphdef, layer_state)(h, pos)[0]
 
-            def stage_layer(h, layer_state, pos):
-                return nnx.merge(graphdef, layer_state)(h, pos)[0]
+        stage_layer = checkpointed(stage_layer, self.remat)
 
-            if self.remat != "none":
-                stage_layer = jax.checkpoint(
-                    stage_layer, policy=jax.checkpoint_policies.nothing_saveable
-                    if self.remat == "full"
-                    else jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-            mesh, rules = active_mesh(), active_rules()
-            if mesh is None:
-                raise ValueError("pipeline parallelism needs sharding rules with a mesh "
-                                 "(sharding.use_rules)")
-            with no_rules():
-                x_BLD = gpipe(run_stage, layers, x_BLD, positions_BL, stages=stages,
-                              microbatches=microbatches, mesh=mesh,
-                              batch_axes=rules.activations.get("batch", ()))
-            return x_BLD, None
-        return jax.lax.scan(layer, x_BLD, (layers, per_layer_cache))
+        def run_stage(x, local_layers, pos):
+            return jax.lax.scan(lambda h, st: (stage_layer(h, st, pos), None), x, local_layers)[0]
+
+        mesh, rules = active_mesh(), active_rules()
+        if mesh is None:
+            raise ValueError("pipeline parallelism needs sharding rules with a mesh "
+                             "(sharding.use_rules)")
+        axes = rules.mesh_axes("layers", params=True)
+        if len(axes) != 1:
+            raise ValueError(f"pipeline parallelism needs the rule of 'layers' to name one mesh "
+                             f"axis; it names {axes}")
+        with no_rules():
+            return gpipe(run_stage, layers, x_BLD, positions_BL, stages=stages,
+                         microbatches=microbatches, mesh=mesh, axis=axes[0],
+                         batch_axes=rules.mesh_axes("batch"))
 
     def _head(self, x_BLD):
         cfg = self.cfg
         with jax.named_scope("lm_head"):
             x_BLD = self.final_norm(x_BLD)
             head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-            logits_BLV = project("bld,dv->blv", x_BLD, head_DV, lowp=self.lowp)
+            logits_BLV = project("bld,dv->blv", x_BLD, head_DV, precision=self.precision)
             return constrain(logits_BLV, ("batch", "seq", "vocab")).astype(jnp.float32)
 
 

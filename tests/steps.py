@@ -8,25 +8,42 @@ from flax import nnx
 import meshes
 import models
 import sharding
-from models.inference import ServeSettings, build_serve_program
+from models.inference import build_serve_program
 
 
-def train_both_ways(cfg, settings, par, *, seed: int, token_seed: int):
+def train_setup(*, seq_len: int, global_batch: int, microbatches: int = 1,
+                params: str = "float32", compute: str = "bfloat16", remat: str = "full"):
+    """The workload, precision and training recipe of a test step, as keyword arguments of
+    models.build_train_program."""
+    return {"workload": models.Workload(seq_len=seq_len, global_batch=global_batch,
+                                        microbatches=microbatches),
+            "precision": models.Precision(params=params, compute=compute),
+            "train": models.Train(remat=remat)}
+
+
+def train_program(cfg, mesh, **setup):
+    """The sharded train step of `cfg` over `mesh` under the default rules."""
+    return models.build_train_program(cfg, mesh, sharding.default_rules(), **train_setup(**setup))
+
+
+def train_both_ways(cfg, par, *, seed: int, token_seed: int, **setup):
     """(loss, params) after one train step without a mesh, then over mesh `par`, from the
-    same initial parameters and a random batch of settings.global_batch x seq_len tokens."""
-    model = models.make_model(cfg, settings, seed=seed)
+    same initial parameters and a random batch of global_batch x seq_len tokens."""
+    s = train_setup(**setup)
+    model = models.make_model(cfg, s["precision"], remat=s["train"].remat, seed=seed)
     graphdef, state = nnx.split(model, nnx.Param)
     params = nnx.to_pure_dict(state)
-    tx = models.make_optimizer(settings)
+    tx = models.make_optimizer(s["train"])
     opt = tx.init(params)
-    shape = (settings.global_batch, settings.seq_len)
+    shape = (s["workload"].global_batch, s["workload"].seq_len)
     tokens = jnp.asarray(np.random.default_rng(token_seed).integers(0, cfg.vocab, shape),
                          jnp.int32)
     batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
-    p1, _, loss1 = jax.jit(models.make_train_step(graphdef, tx, settings))(params, opt, batch)
+    step = models.make_train_step(graphdef, tx, microbatches=s["workload"].microbatches)
+    p1, _, loss1 = jax.jit(step)(params, opt, batch)
 
     mesh = sharding.make_mesh(meshes.get_system("h100:8"), par)
-    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+    prog = train_program(cfg, mesh, **setup)
     args = jax.device_put((params, opt, batch), jax.tree.map(lambda a: a.sharding, prog.args))
     p2, _, loss2 = prog.step(*args)
     return (loss1, p1), (loss2, p2)
@@ -37,11 +54,11 @@ def decode_both_ways(cfg, par, *, batch: int, index: int, seed: int):
     the sharded serving program: (program, mesh, (logits, cache) expected, (next token,
     cache) sharded)."""
     mesh = sharding.make_mesh(meshes.get_system("h100:8"), par)
-    s = ServeSettings(kind="decode", seq_len=16, batch=batch, param_dtype="float32",
-                      compute_dtype="float32", cache_dtype="float32")
-    prog = build_serve_program(cfg, s, mesh, sharding.default_rules())
-    model = models.make_model(cfg, models.TrainSettings(seq_len=16, global_batch=batch,
-                                                        compute_dtype="float32"), seed=1)
+    precision = models.Precision(params="float32", compute="float32")  # f32 cache too
+    prog = build_serve_program(cfg, mesh, sharding.default_rules(), precision=precision,
+                               workload=models.Workload(kind="decode", seq_len=16,
+                                                        global_batch=batch))
+    model = models.make_model(cfg, precision, seed=1)
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     rng = np.random.default_rng(seed)
     cache = tuple(jnp.asarray(rng.normal(size=a.shape), jnp.float32) for a in prog.args[1])

@@ -7,14 +7,13 @@ import pytest
 import meshes
 import models
 import sharding
-from models.inference import ServeSettings, build_serve_program
+from models.inference import build_serve_program
 from tests.steps import decode_both_ways
 
 
 def test_decode_with_the_cache_matches_the_full_forward_pass(cpu_devices):
     cfg = models.preset("tiny")
-    settings = models.TrainSettings(seq_len=16, global_batch=2, compute_dtype="float32")
-    model = models.make_model(cfg, settings, seed=3)
+    model = models.make_model(cfg, models.Precision(compute="float32"), seed=3)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab, (2, 12)), jnp.int32)
     full_logits = model(tokens)  # (B, L, V)
     # Prefill 8 tokens into a cache of 12 positions, then decode tokens 8..11 one by one.
@@ -37,8 +36,10 @@ def test_70b_decode_on_8_gpus_is_hbm_bound(cpu_devices):
     system = meshes.get_system("h200:8")
     mesh = sharding.make_mesh(system, {"tensor": 8})
     cfg = models.preset("llama3-70b")
-    s = ServeSettings(kind="decode", seq_len=8192, batch=8)
-    prog = build_serve_program(cfg, s, mesh, sharding.default_rules())
+    prog = build_serve_program(cfg, mesh, sharding.default_rules(),
+                               workload=models.Workload(kind="decode", seq_len=8192,
+                                                        global_batch=8),
+                               precision=models.Precision(params="bfloat16"))
     rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=system,
                            tokens_per_step=prog.tokens_per_step)
     # Every weight and the whole KV cache stream through HBM once per token, at the
@@ -59,9 +60,9 @@ def test_quantised_weights_and_cache_decode_close_to_full_forward(cpu_devices):
     from models.quant import QuantWeight
 
     cfg = models.preset("tiny")
-    settings = models.TrainSettings(seq_len=16, global_batch=2, compute_dtype="float32")
     for kind, tol in (("int8", 0.05), ("float8", 0.1), ("int4", 0.5)):
-        model = models.make_model(cfg, settings, seed=3, quant=kind, kv_quant=kind)
+        precision = models.Precision(compute="float32", weights=kind, kv_cache=kind)
+        model = models.make_model(cfg, precision, seed=3)
         wq = model.blocks.attn.wq
         assert isinstance(wq, QuantWeight) and wq.q[...].dtype.name.startswith(
             {"int8": "int8", "float8": "float8", "int4": "int4"}[kind])
@@ -101,9 +102,11 @@ def test_int8_weights_and_cache_halve_70b_decode_bytes(cpu_devices):
     cfg = models.preset("llama3-70b")
     reps = {}
     for kind in ("bfloat16", "int8"):
-        s = ServeSettings(kind="decode", seq_len=8192, batch=8, cache_dtype=kind,
-                          weight_dtype=None if kind == "bfloat16" else kind)
-        prog = build_serve_program(cfg, s, mesh, sharding.default_rules())
+        prog = build_serve_program(cfg, mesh, sharding.default_rules(),
+                                   workload=models.Workload(kind="decode", seq_len=8192,
+                                                            global_batch=8),
+                                   precision=models.Precision(params="bfloat16", weights=kind,
+                                                              kv_cache=kind))
         reps[kind] = (prog, sharding.analyze(prog.step, *prog.args, mesh=mesh, system=system))
     prog, rep = reps["int8"]
     # int8 weights (the bf16 embedding table aside) and int8 cache + one bf16 scale per

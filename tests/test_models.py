@@ -10,7 +10,7 @@ from flax import nnx
 import meshes
 import models
 import sharding
-from tests.steps import train_both_ways
+from tests.steps import train_both_ways, train_program
 
 
 @pytest.mark.parametrize("name, billions", [
@@ -24,16 +24,14 @@ def test_preset_parameter_counts_match_the_model_cards(name, billions):
 def test_analytic_count_equals_the_built_model():
     for cfg in (models.preset("tiny"), models.preset("tiny", mlp="gelu", norm="layernorm",
                                                      positions="learned", tie_embeddings=True)):
-        settings = models.TrainSettings(seq_len=8, global_batch=2)
-        model = nnx.eval_shape(lambda cfg=cfg: models.make_model(cfg, settings))
+        model = nnx.eval_shape(lambda cfg=cfg: models.make_model(cfg, models.Precision()))
         state = nnx.state(model, nnx.Param)
         assert sum(x.size for x in jax.tree.leaves(state)) == cfg.param_count()
 
 
 def test_abstract_405b_costs_no_memory():
     cfg = models.preset("llama3-405b")
-    settings = models.TrainSettings(seq_len=8192, global_batch=8)
-    model = nnx.eval_shape(lambda: models.make_model(cfg, settings))
+    model = nnx.eval_shape(lambda: models.make_model(cfg, models.Precision()))
     leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
 
@@ -53,9 +51,9 @@ def test_preset_overrides_and_bad_fields():
                                         ({"data": 4, "pipeline": 2}, "full")])
 def test_sharded_train_step_matches_unsharded(cpu_devices, par, remat):
     cfg = models.preset("tiny", n_heads=4, n_kv_heads=2)
-    settings = models.TrainSettings(seq_len=16, global_batch=16, microbatches=2, remat=remat,
-                                    compute_dtype="float32")
-    (loss1, p1), (loss2, p2) = train_both_ways(cfg, settings, par, seed=1, token_seed=0)
+    (loss1, p1), (loss2, p2) = train_both_ways(cfg, par, seed=1, token_seed=0, seq_len=16,
+                                               global_batch=16, microbatches=2, remat=remat,
+                                               compute="float32")
     assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
     np.testing.assert_allclose(np.asarray(p2["embed"]), np.asarray(p1["embed"]), rtol=1e-4,
                                atol=1e-6)
@@ -101,14 +99,15 @@ def test_activation_memory_by_hand():
     cfg = models.preset("llama3-8b")
     # 36 sequences per micro-batch over data 9 x fsdp 1: 4 sequences of 8192 per device.
     parts = dict(activation_components(cfg, micro_batch=36, seq_len=8192,
-                                       compute_dtype="bfloat16", remat="full",
-                                       mesh_shape={"data": 9, "fsdp": 1, "tensor": 1}))
+                                       precision=models.Precision(), remat="full",
+                                       mesh_shape={"data": 9, "fsdp": 1, "tensor": 1},
+                                       rules=sharding.default_rules()))
     tokens = 4 * 8192
     assert parts["saved activations (full remat, 32 layers)"] == 32 * tokens * 4096 * 2
     assert parts["logits and their gradient (f32)"] == 2 * tokens * 128256 * 4
     minimal = dict(activation_components(cfg, micro_batch=36, seq_len=8192,
-                                         compute_dtype="bfloat16", remat="minimal",
-                                         mesh_shape={"data": 9}))
+                                         precision=models.Precision(), remat="minimal",
+                                         mesh_shape={"data": 9}, rules=sharding.default_rules()))
     assert minimal["saved activations (minimal remat, 32 layers)"] > \
         4 * parts["saved activations (full remat, 32 layers)"]
 
@@ -117,7 +116,8 @@ def test_tensor_parallelism_shards_head_and_mlp_activations_only():
     from models.memory import activation_components
 
     cfg = models.preset("llama3-8b")
-    kw = dict(micro_batch=8, seq_len=4096, compute_dtype="bfloat16", remat="full")
+    kw = dict(micro_batch=8, seq_len=4096, precision=models.Precision(), remat="full",
+              rules=sharding.default_rules())
     one = dict(activation_components(cfg, mesh_shape={"tensor": 1}, **kw))
     eight = dict(activation_components(cfg, mesh_shape={"tensor": 8}, **kw))
     key = "saved activations (full remat, 32 layers)"
@@ -134,9 +134,8 @@ def test_fp8_matmuls_follow_the_recipe_and_the_chip_rate(cpu_devices):
     mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"data": 8})
     costs = {}
     for compute in ("bfloat16", "float8"):
-        settings = models.TrainSettings(seq_len=32, global_batch=16, compute_dtype=compute,
-                                        remat="none")  # no recomputed forward matmuls
-        prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+        prog = train_program(cfg, mesh, seq_len=32, global_batch=16, compute=compute,
+                             remat="none")  # no recomputed forward matmuls
         with jax.set_mesh(mesh):
             text = sharding.compile_to_hlo(prog.step, *prog.args).hlo_text
         costs[compute] = compute_cost(parse_hlo(text), meshes.get_system("h100:8").chip)
@@ -155,7 +154,8 @@ def test_fp8_matmuls_follow_the_recipe_and_the_chip_rate(cpu_devices):
 
 
 def test_fp4_blocks_share_a_power_of_two_scale_and_fit_e2m1():
-    from models.fp8 import E2M1_MAX, MX_BLOCK, quantize_blocks, quantize_blocks_raw
+    from models.fp8 import MX_BLOCK, quantize_blocks, quantize_blocks_raw
+    from models.quant import FORMAT_MAX
 
     x = jax.random.normal(jax.random.key(0), (8, 128), jnp.float32) * 3
     q, scale = quantize_blocks_raw(x, 1)
@@ -163,7 +163,7 @@ def test_fp4_blocks_share_a_power_of_two_scale_and_fit_e2m1():
     assert scale.dtype == jnp.float8_e8m0fnu and scale.shape == (8, 4, 1)
     s = np.asarray(scale.astype(jnp.float32))
     np.testing.assert_array_equal(np.exp2(np.round(np.log2(s))), s)  # powers of two
-    assert np.abs(np.asarray(q.astype(jnp.float32))).max() <= E2M1_MAX
+    assert np.abs(np.asarray(q.astype(jnp.float32))).max() <= FORMAT_MAX["float4"]
     # The rounding error of a block is at most half E2M1's largest step (2) times its scale.
     err = np.abs(np.asarray(quantize_blocks(x, 1)) - np.asarray(x)).reshape(8, 4, 32)
     assert (err <= s + 1e-6).all()
@@ -178,9 +178,8 @@ def test_fp4_matmuls_run_at_the_fp4_rate_and_train(cpu_devices):
     mesh = sharding.make_mesh(system, {"fsdp": 8})
     flops, losses = {}, {}
     for compute in ("float8", "float4"):
-        settings = models.TrainSettings(seq_len=32, global_batch=16, compute_dtype=compute,
-                                        remat="none")
-        prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+        prog = train_program(cfg, mesh, seq_len=32, global_batch=16, compute=compute,
+                             remat="none")
         with jax.set_mesh(mesh):
             text = sharding.compile_to_hlo(prog.step, *prog.args).hlo_text
         flops[compute] = compute_cost(parse_hlo(text), system.chip).flops_by_dtype
@@ -191,8 +190,7 @@ def test_fp4_matmuls_run_at_the_fp4_rate_and_train(cpu_devices):
     # And the step trains: its loss is the bf16 step's, up to FP4 rounding.
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab, (4, 32)), jnp.int32)
     for compute in ("bfloat16", "float4"):
-        m = models.make_model(cfg, models.TrainSettings(seq_len=32, global_batch=4,
-                                                        compute_dtype=compute), seed=0)
+        m = models.make_model(cfg, models.Precision(compute=compute), seed=0)
         losses[compute], grads = nnx.value_and_grad(
             lambda m: models.loss_fn(m, tokens, jnp.roll(tokens, -1, 1)))(m)
         assert np.isfinite(np.asarray(grads.blocks.mlp.w_up[...])).all()

@@ -12,7 +12,7 @@ import meshes
 import models
 import sharding
 from models.moe import capacity, group_size, route
-from tests.steps import train_both_ways
+from tests.steps import train_both_ways, train_program
 
 
 @pytest.mark.parametrize("name, total, active", [
@@ -54,7 +54,7 @@ def test_routing_keeps_first_choices_first_and_drops_beyond_capacity():
     np.testing.assert_array_equal(kept[0, :, 0], np.arange(s) < 4)
     np.testing.assert_array_equal(kept[0, :, 1], np.arange(s) < 4)
     np.testing.assert_allclose(weight.sum(-1), 1.0, rtol=1e-6)
-    dropless = models.preset("tiny", n_experts=4, experts_per_token=2, capacity_factor=0)
+    dropless = models.preset("tiny", n_experts=4, experts_per_token=2, dropless=True)
     assert capacity(dropless, s) == s
     assert bool(route(dropless, logits)[3].all())
     assert group_size(cfg, 24) == 24 and group_size(dropless.__class__(
@@ -65,14 +65,15 @@ def _tiny_moe(**kw):
     return models.preset("tiny", n_experts=4, experts_per_token=2, moe_group_size=8, **kw)
 
 
-@pytest.mark.parametrize("par, capacity_factor", [
-    ({"data": 2, "expert": 4}, 1.0), ({"expert": 2, "fsdp": 2, "tensor": 2}, 1.25),
-    ({"expert": 4, "tensor": 2}, 0.0)])
-def test_expert_parallel_train_step_matches_unsharded(cpu_devices, par, capacity_factor):
-    cfg = _tiny_moe(capacity_factor=capacity_factor)
-    settings = models.TrainSettings(seq_len=16, global_batch=16, remat="full",
-                                    compute_dtype="float32")
-    (loss1, p1), (loss2, p2) = train_both_ways(cfg, settings, par, seed=3, token_seed=1)
+@pytest.mark.parametrize("par, routing", [
+    ({"data": 2, "expert": 4}, {"capacity_factor": 1.0}),
+    ({"expert": 2, "fsdp": 2, "tensor": 2}, {"capacity_factor": 1.25}),
+    ({"expert": 4, "tensor": 2}, {"dropless": True})])
+def test_expert_parallel_train_step_matches_unsharded(cpu_devices, par, routing):
+    cfg = _tiny_moe(**routing)
+    (loss1, p1), (loss2, p2) = train_both_ways(cfg, par, seed=3, token_seed=1, seq_len=16,
+                                               global_batch=16, remat="full",
+                                               compute="float32")
     assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
     w1 = np.asarray(p1["blocks"]["mlp"]["w_up"])
     np.testing.assert_allclose(np.asarray(p2["blocks"]["mlp"]["w_up"]), w1, rtol=1e-4, atol=1e-6)
@@ -84,10 +85,9 @@ def test_all_to_all_bytes_are_tokens_times_top_k_times_d_model(cpu_devices):
     # tokens x top-k x d_model.
     cfg = _tiny_moe(capacity_factor=1.0)
     par = {"data": 2, "expert": 4}
-    settings = models.TrainSettings(seq_len=32, global_batch=16, remat="full",
-                                    compute_dtype="bfloat16")
     mesh = sharding.make_mesh(meshes.get_system("h100:8"), par)
-    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+    prog = train_program(cfg, mesh, seq_len=32, global_batch=16, remat="full",
+                         compute="bfloat16")
     rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system="h100:8")
     a2a = [c for c in rep.collectives if c.kind == "all-to-all"]
     tokens_per_device = 16 * 32 // 8
@@ -104,9 +104,8 @@ def test_all_to_all_bytes_are_tokens_times_top_k_times_d_model(cpu_devices):
 
 def test_expert_axis_shards_dense_batch_and_expert_weights(cpu_devices):
     cfg = _tiny_moe()
-    settings = models.TrainSettings(seq_len=16, global_batch=16)
     mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"data": 2, "expert": 4})
-    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+    prog = train_program(cfg, mesh, seq_len=16, global_batch=16)
     params, _, batch = prog.args
     assert params["blocks"]["mlp"]["w_up"].sharding.spec[:2] == (None, "expert")
     assert params["blocks"]["attn"]["wq"].sharding.spec == jax.sharding.PartitionSpec()

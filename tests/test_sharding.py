@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 import meshes
 import models
 import sharding
+from tests.steps import train_program
 
 H100 = meshes.get_system("h100:8")
 F32 = 4
@@ -26,9 +27,8 @@ def tiny(**kw):
 
 def train_report(cfg, par, *, dtype="float32", batch=16, seq=32, remat="full"):
     mesh = sharding.make_mesh(H100, par)
-    settings = models.TrainSettings(seq_len=seq, global_batch=batch, param_dtype=dtype,
-                                    compute_dtype=dtype, remat=remat)
-    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+    prog = train_program(cfg, mesh, seq_len=seq, global_batch=batch, params=dtype,
+                         compute=dtype, remat=remat)
     return sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100), prog
 
 
@@ -72,8 +72,7 @@ def test_tensor_parallel_layers_all_reduce_activations(cpu_devices):
     cfg = tiny(n_heads=8, n_kv_heads=8, n_layers=3)
     mesh = sharding.make_mesh(H100, {"data": 2, "tensor": 4})
     rules = sharding.default_rules()
-    settings = models.TrainSettings(seq_len=32, global_batch=8, compute_dtype="bfloat16")
-    model = nnx.eval_shape(lambda: models.make_model(cfg, settings))
+    model = nnx.eval_shape(lambda: models.make_model(cfg, models.Precision()))
     graphdef, state = nnx.split(model, nnx.Param)
     params = nnx.to_pure_dict(state)
     shard = models.train.param_shardings(models.logical_axes(state), params, rules, mesh)
@@ -221,8 +220,9 @@ jax.config.update("jax_num_cpu_devices", 16)
 import meshes, models, sharding
 s = meshes.get_system("h100:16")
 mesh = sharding.make_mesh(s, {"fsdp": 16})
-prog = models.build_train_program(models.preset("tiny"), models.TrainSettings(seq_len=32,
-    global_batch=16), mesh, sharding.default_rules())
+prog = models.build_train_program(models.preset("tiny"), mesh, sharding.default_rules(),
+    workload=models.Workload(seq_len=32, global_batch=16), precision=models.Precision(),
+    train=models.Train())
 rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=s)
 print(rep.slowest_hop())
 print(sorted({(c.link, bool(c.algorithm)) for c in rep.collectives}))
@@ -256,9 +256,8 @@ def test_context_parallelism_gathers_keys_and_values(cpu_devices):
 def test_pipeline_stages_pass_microbatch_activations_to_their_neighbours(cpu_devices):
     cfg = tiny(n_layers=4)
     mesh = sharding.make_mesh(H100, {"data": 2, "pipeline": 4})
-    settings = models.TrainSettings(seq_len=16, global_batch=16, microbatches=4,
-                                    compute_dtype="float32")
-    prog = models.build_train_program(cfg, settings, mesh, sharding.default_rules())
+    prog = train_program(cfg, mesh, seq_len=16, global_batch=16, microbatches=4,
+                         compute="float32")
     rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
     permutes = [c for c in rep.collectives if c.kind == "collective-permute"]
     assert permutes and all(c.mesh_axes == ("pipeline",) for c in permutes)

@@ -1,0 +1,139 @@
+"""What a step is asked to run -- the workload, the precision, the training recipe -- and the
+program built from them (training: models/train.py; serving: models/inference.py).
+
+`Workload`, `Precision` and `Train` are the experiment config's [workload], [precision] and
+[train] tables, field for field; each checks its own values. Everything else is derived
+from them here, once (`Precision.activations`, `Precision.quantized_weights`, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from models.quant import STORAGE_DTYPES
+
+WORKLOAD_KINDS = ("train", "prefill", "decode")
+PARAM_DTYPES = ("float32", "bfloat16")
+# "float8" / "float4": weight matmuls in FP8 / block-scaled FP4 (models/fp8.py), with
+# activations in bfloat16 between them.
+COMPUTE_DTYPES = ("bfloat16", "float32", "float8", "float4")
+LOW_PRECISION_MATMULS = ("float8", "float4")
+OPTIMIZERS = ("adamw",)
+# Activation checkpointing policy of each decoder layer: what its backward pass finds saved.
+REMAT_POLICIES = {
+    "none": None,  # everything saved
+    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # matmul outputs
+    "full": jax.checkpoint_policies.nothing_saveable,  # only the layer's input
+}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def check_choice(key: str, value, valid) -> None:
+    """A ValueError naming the key, the value and the valid choices."""
+    if value not in valid:
+        raise ValueError(f"{key}={value!r} is not one of {', '.join(map(repr, valid))}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workload:
+    """kind: "train" | "prefill" | "decode". seq_len: tokens per sequence (prefill: the
+    prompt; decode: the tokens already in the KV cache). global_batch: sequences per step.
+    microbatches: gradient-accumulation steps (also the pipeline's microbatches)."""
+
+    kind: str = "train"
+    seq_len: int
+    global_batch: int
+    microbatches: int = 1
+
+    def __post_init__(self):
+        check_choice("workload.kind", self.kind, WORKLOAD_KINDS)
+        if self.kind != "train" and self.microbatches != 1:
+            raise ValueError(f"workload.microbatches={self.microbatches} applies to training "
+                             f"only; remove it for workload.kind={self.kind!r}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens processed per step: every position when training or prefilling, one new
+        token per sequence when decoding."""
+        return self.global_batch * (1 if self.kind == "decode" else self.seq_len)
+
+    @property
+    def micro_batch(self) -> int:
+        return self.global_batch // self.microbatches
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Precision:
+    """params: the parameters' dtype. compute: the matmuls' ("float8" / "float4": low
+    precision weight matmuls). weights, kv_cache (serving): "int8" | "float8" | "int4"
+    store them quantised with scales (models/quant.py); "" (or "bfloat16" for weights)
+    keeps the parameters' / activations' dtype."""
+
+    params: str = "float32"
+    compute: str = "bfloat16"
+    weights: str = ""
+    kv_cache: str = ""
+
+    def __post_init__(self):
+        check_choice("precision.params", self.params, PARAM_DTYPES)
+        check_choice("precision.compute", self.compute, COMPUTE_DTYPES)
+        if self.weights:
+            check_choice("precision.weights", self.weights, (*STORAGE_DTYPES, "bfloat16"))
+        if self.kv_cache:
+            check_choice("precision.kv_cache", self.kv_cache, (*STORAGE_DTYPES, "bfloat16"))
+
+    @property
+    def low_precision_matmuls(self) -> str | None:
+        """"float8" | "float4" when the weight matmuls run in that format, else None."""
+        return self.compute if self.compute in LOW_PRECISION_MATMULS else None
+
+    @property
+    def activations(self) -> str:
+        """The activations' dtype: bf16 between low-precision matmuls, else `compute`."""
+        return "bfloat16" if self.low_precision_matmuls else self.compute
+
+    @property
+    def quantized_weights(self) -> str | None:
+        """The quantised storage of the weight matrices, or None."""
+        return self.weights if self.weights in STORAGE_DTYPES else None
+
+    @property
+    def quantized_kv_cache(self) -> str | None:
+        """The quantised storage of the KV cache, or None."""
+        return self.kv_cache if self.kv_cache in STORAGE_DTYPES else None
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The KV cache's storage: `kv_cache`, else the activations' dtype."""
+        return self.kv_cache or self.activations
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Train:
+    """remat: the decoder layer's checkpointing policy (REMAT_POLICIES). optimizer: AdamW
+    with `learning_rate` and `weight_decay`."""
+
+    remat: str = "full"
+    optimizer: str = "adamw"
+    learning_rate: float = 3e-4
+    weight_decay: float = 0.1
+
+    def __post_init__(self):
+        check_choice("train.remat", self.remat, tuple(REMAT_POLICIES))
+        check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Program:
+    """A jitted step and abstract, sharded arguments to lower it with (nothing allocated),
+    with what the estimate needs to know about it."""
+
+    step: object  # jax.jit-wrapped
+    args: tuple
+    param_count: int
+    model_flops_per_step: float
+    tokens_per_step: int
+    param_bytes_per_device: int
