@@ -29,6 +29,7 @@ from meshes.links import (
 )
 from meshes.system import CollectiveTiming, System, bus_factor
 
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GpuFamily:
     name: str
@@ -146,8 +147,9 @@ class GpuSystem(System):
     def _domain_busbw(self, kind: str, nbytes: float, n: int) -> tuple[float, str]:
         f = self.family
         curve = f.small_group_curve
-        if n > 8 and f.large_group_curve is not None and nbytes >= f.large_group_curve.sizes_bytes[0]:
-            curve = f.large_group_curve
+        large = f.large_group_curve
+        if n > 8 and large is not None and nbytes >= large.sizes_bytes[0]:
+            curve = large
         busbw = curve(nbytes)
         if kind == "all-reduce" and f.has_nvls:
             return busbw, "nvls" if curve is H100_NVLS_ALL_REDUCE else "ring"

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from meshes.chips import Chip
+from meshes.links import Link
 
 COLLECTIVE_KINDS = (
     "all-reduce",

@@ -16,6 +16,7 @@ from meshes.chips import CHIPS
 from meshes.links import TPU_ICI_EFFICIENCY, TPU_ICI_HOP_LATENCY_S, Link
 from meshes.system import CollectiveTiming, System, bus_factor
 
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TpuFamily:
     name: str

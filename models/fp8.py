@@ -18,7 +18,6 @@ import jax.numpy as jnp
 from models.quant import FORMAT_MAX, quantize
 
 
-
 def _per_tensor_e4m3(x):
     """(x in e4m3 scaled per tensor to the format's range, the f32 scale that restores it)."""
     return quantize(x, "float8", scale_dtype=jnp.float32)

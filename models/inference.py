@@ -74,7 +74,8 @@ def build_serve_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
     one = NamedSharding(mesh, cache_spec)
     if kv_quant is None:
         cache_sharding = one
-        one_cache = jax.ShapeDtypeStruct(cache_shape, DTYPES[precision.kv_cache_dtype], sharding=one)
+        one_cache = jax.ShapeDtypeStruct(cache_shape, DTYPES[precision.kv_cache_dtype],
+                                         sharding=one)
     else:
         scale_spec = resolve(CACHE_AXES, (*cache_shape[:-1], 1), rules.activations, mesh_shape,
                              what="KV cache scales")

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+
 def gpipe(run_stage: Callable, layers, x_BLD, positions_BL, *, stages: int, microbatches: int,
           mesh, axis: str, batch_axes: tuple[str, ...] = ()):
     """Run `run_stage(x, local_layers, positions)` as an S-stage, M-microbatch GPipe.

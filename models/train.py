@@ -83,7 +83,8 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
                 return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
 
             zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-            (loss, grads), _ = jax.lax.scan(add_microbatch, (jnp.zeros((), jnp.float32), zeros), micro)
+            init = (jnp.zeros((), jnp.float32), zeros)
+            (loss, grads), _ = jax.lax.scan(add_microbatch, init, micro)
             loss, grads = loss / k, jax.tree.map(lambda g: g / k, grads)
         with jax.named_scope("optimizer"):
             updates, opt_state = tx.update(grads, opt_state, params)

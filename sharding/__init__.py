@@ -26,17 +26,17 @@ May import `meshes`; knows nothing of models or configs.
 """
 
 from sharding.api import analyze, analyze_hlo, analyze_module
-from sharding.compiler import Compiled, compile_to_hlo
 from sharding.collectives import Collective, extract_collectives
+from sharding.compiler import Compiled, compile_to_hlo
 from sharding.hlo import HloParseError, parse_hlo
 from sharding.mesh import ensure_cpu_devices, make_mesh
 from sharding.report import Memory, Report
 from sharding.rules import (
     LOGICAL_AXES,
     MESH_AXES,
+    RULE_PRESETS,
     AxisRules,
     constrain,
-    RULE_PRESETS,
     default_rules,
     resolve,
     rules_preset,

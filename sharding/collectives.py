@@ -10,7 +10,14 @@ import dataclasses
 from collections.abc import Sequence
 
 from meshes import COLLECTIVE_KINDS, bus_factor
-from sharding.hlo import DTYPE_NAMES, ArrayShape, HloModule, Instruction, parse_shape, split_top_level
+from sharding.hlo import (
+    DTYPE_NAMES,
+    ArrayShape,
+    HloModule,
+    Instruction,
+    parse_shape,
+    split_top_level,
+)
 from sharding.loops import execution_counts
 from sharding.replica_groups import mesh_axes_of, parse_replica_groups, parse_source_target_pairs
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from sharding.dataflow import MATMUL_OPS, VIEW_OPS, read_bytes, through_views
 from sharding.hlo import Computation
 
-
 # Storage types that a matmul's operand load widens (weight-only quantisation).
 NARROW_TYPES = frozenset({"s8", "u8", "s4", "u4", "f8e4m3fn", "f8e5m2", "f8e4m3", "f4e2m1fn",
                      "f8e8m0fnu"})

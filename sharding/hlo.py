@@ -6,8 +6,9 @@ every backend (CPU, TPU, GPU): tuple shapes, tiled layouts like `{1,0:T(8,128)(2
 `metadata={op_name=...}`, called computations (fusion, call, while, conditional, async).
 
 Replica groups are read by sharding/replica_groups.py, loop trip counts and execution counts
-worked out by sharding/loops.py. Only what the explorer needs is parsed eagerly (name, shape, opcode, operands); attributes
-are scanned on demand so that a multi-megabyte module parses quickly.
+worked out by sharding/loops.py. Only what the explorer needs is parsed eagerly (name,
+shape, opcode, operands); attributes are scanned on demand so that a multi-megabyte module
+parses quickly.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import numpy as np
 
 from sharding.hlo import HloParseError
 
+
 def parse_replica_groups(
     text: str | None, num_devices: int | None = None, device_ids: str | None = None
 ) -> list[list[int]]:

@@ -37,7 +37,6 @@ from sharding.dataflow import (
 from sharding.dequant import dequant_ops
 from sharding.hlo import Computation, HloModule, Instruction
 
-
 # Ops that move no data of their own (views, bookkeeping, control).
 FREE_OPS = frozenset({
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "reshape", "broadcast",
@@ -141,7 +140,8 @@ def _kernel_traffic(
     return sum(read.values()) + written, elems
 
 
-def _fusion_io(module: HloModule | None, inst: Instruction) -> tuple[dict[int, float], float | None]:
+def _fusion_io(module: HloModule | None,
+               inst: Instruction) -> tuple[dict[int, float], float | None]:
     """What a compiler-made fusion really moves: an operand the fused computation only
     slices is read for the slices' size (a layer's weights out of the stacked array), an
     operand it only updates in place is not read, and a dynamic-update-slice root writes

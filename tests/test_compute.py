@@ -81,7 +81,7 @@ def test_small_matmuls_run_below_the_large_matmul_rate():
     assert size_factor("gpu", 16384) == pytest.approx(1377 / 1290)
     assert H100.efficiency_for("bfloat16", 2048) < H100.efficiency_for("bfloat16", 8192)
     # v6e: the tpu-recipes bf16 8192^3 matmul microbenchmark measured 827 of the chip's
-    # 920 TFLOP/s (shared/reference/collectives.md, "achieved compute and memory on real chips"); at 8192
-    # the size curve is 1.
+    # 920 TFLOP/s (shared/reference/collectives.md, achieved compute on real chips); at
+    # 8192 the size curve is 1.
     tpu = meshes.get_system("tpu-v6e:2x4").chip
     assert tpu.efficiency_for("bfloat16", 8192) == pytest.approx(827 / 920)

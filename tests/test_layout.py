@@ -4,6 +4,7 @@ experiments), and no module of a package imports itself back through its neighbo
 import ast
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -83,6 +84,13 @@ def test_import_direction(package):
 def test_no_import_cycle_inside_a_package(package):
     cycle = find_cycle(package_graph(package))
     assert cycle is None, f"import cycle in {package}: {' -> '.join(cycle)}"
+
+
+def test_the_code_passes_the_linter():
+    # ruff with the project's settings (pyproject.toml): pyflakes, pycodestyle, import order.
+    p = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=REPO,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-1000:]
 
 
 def test_cycle_finder_finds_cycles():

@@ -77,9 +77,9 @@ def test_flash_attention_matches_dense_values_and_gradients():
 
 def test_flash_attention_skips_the_masked_half(cpu_devices):
     # Causal flash over 4 blocks computes 1+2+3+4 = 10 of 16 score tiles; dense computes all.
+    from models.attention import dense_attention, flash_attention
     from sharding.compute import compute_cost
     from sharding.hlo import parse_hlo
-    from models.attention import dense_attention, flash_attention
 
     q = jax.ShapeDtypeStruct((1, 256, 1, 1, 64), jnp.float32)
     k = jax.ShapeDtypeStruct((1, 256, 1, 64), jnp.float32)

@@ -58,7 +58,8 @@ def test_fsdp_gathers_parameters_and_reduce_scatters_gradients(cpu_devices):
     in_loop = [c for c in rep.collectives if c.count == cfg.n_layers]
     # Each layer's matmul weights are gathered twice: in the forward pass and again when
     # full remat recomputes the forward inside the backward pass.
-    gathered = sum(c.bytes * c.count for c in in_loop if c.kind == "all-gather" and len(c.shape) >= 2)
+    gathered = sum(c.bytes * c.count for c in in_loop
+                   if c.kind == "all-gather" and len(c.shape) >= 2)
     assert gathered == 2 * cfg.n_layers * F32 * layer_matmul_params(cfg)
     # Gradients are reduce-scattered over fsdp: all parameters but the embedding table, whose
     # gradient is a scatter-add the partitioner keeps shard-local behind an all-to-all.
