@@ -58,6 +58,28 @@ def serving_rules(rules: AxisRules, kind: str) -> AxisRules:
     return rules
 
 
+def _abstract_cache(cfg: ModelConfig, w: Workload, precision: Precision, mesh: Mesh,
+                    rules: AxisRules):
+    """(keys and values as sharded ShapeDtypeStructs, their shardings): each (N, B, S, K, E)
+    in the cache's dtype, or a (values, per position x kv head scales) pair when quantised."""
+    mesh_shape = mesh_shape_of(mesh)
+    cache_shape = (cfg.n_layers, w.global_batch, w.seq_len, cfg.n_kv_heads, cfg.head_dim)
+    cache_spec = resolve(CACHE_AXES, cache_shape, rules.activations, mesh_shape, what="KV cache")
+    one = NamedSharding(mesh, cache_spec)
+    quantized = precision.quantized_kv_cache
+    if quantized is None:
+        one_cache = jax.ShapeDtypeStruct(cache_shape, DTYPES[precision.kv_cache_dtype],
+                                         sharding=one)
+        return (one_cache, one_cache), (one, one)
+    scale_shape = (*cache_shape[:-1], 1)
+    scale_spec = resolve(CACHE_AXES, scale_shape, rules.activations, mesh_shape,
+                         what="KV cache scales")
+    sharding = (one, NamedSharding(mesh, scale_spec))
+    one_cache = (jax.ShapeDtypeStruct(cache_shape, STORAGE_DTYPES[quantized], sharding=one),
+                 jax.ShapeDtypeStruct(scale_shape, SCALE_DTYPE, sharding=sharding[1]))
+    return (one_cache, one_cache), (sharding, sharding)
+
+
 def build_serve_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workload: Workload,
                         precision: Precision) -> ServeProgram:
     """The jitted prefill or decode step over abstract, sharded weights and KV cache."""
@@ -67,23 +89,7 @@ def build_serve_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
     mesh_shape = mesh_shape_of(mesh)
     rules = serving_rules(rules, w.kind)
     graphdef, params, p_shard = abstract_params(cfg, precision, mesh, rules)
-    kv_quant = precision.quantized_kv_cache
-
-    cache_shape = (cfg.n_layers, w.global_batch, w.seq_len, cfg.n_kv_heads, cfg.head_dim)
-    cache_spec = resolve(CACHE_AXES, cache_shape, rules.activations, mesh_shape, what="KV cache")
-    one = NamedSharding(mesh, cache_spec)
-    if kv_quant is None:
-        cache_sharding = one
-        one_cache = jax.ShapeDtypeStruct(cache_shape, DTYPES[precision.kv_cache_dtype],
-                                         sharding=one)
-    else:
-        scale_spec = resolve(CACHE_AXES, (*cache_shape[:-1], 1), rules.activations, mesh_shape,
-                             what="KV cache scales")
-        cache_sharding = (one, NamedSharding(mesh, scale_spec))
-        one_cache = (jax.ShapeDtypeStruct(cache_shape, STORAGE_DTYPES[kv_quant], sharding=one),
-                     jax.ShapeDtypeStruct((*cache_shape[:-1], 1), SCALE_DTYPE,
-                                          sharding=cache_sharding[1]))
-    cache = (one_cache, one_cache)
+    cache, cache_sharding = _abstract_cache(cfg, w, precision, mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
     tokens_len = w.seq_len if w.kind == "prefill" else 1
     tok_spec = resolve(("batch", "seq"), (w.global_batch, tokens_len), rules.activations,
@@ -99,7 +105,7 @@ def build_serve_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
                 return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), kv
 
         step = jax.jit(prefill, in_shardings=(p_shard, tok_sharding),
-                       out_shardings=(out_tokens, (cache_sharding, cache_sharding)))
+                       out_shardings=(out_tokens, cache_sharding))
         args = (params, tokens)
     else:
         def decode(p, kv, t, index):
@@ -107,9 +113,8 @@ def build_serve_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
                 logits_BV, kv = nnx.merge(graphdef, p).decode(t, kv, index)
                 return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), kv
 
-        step = jax.jit(decode, in_shardings=(p_shard, (cache_sharding, cache_sharding),
-                                             tok_sharding, replicated),
-                       out_shardings=(out_tokens, (cache_sharding, cache_sharding)),
+        step = jax.jit(decode, in_shardings=(p_shard, cache_sharding, tok_sharding, replicated),
+                       out_shardings=(out_tokens, cache_sharding),
                        donate_argnums=(1,))
         index = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
         args = (params, cache, tokens, index)

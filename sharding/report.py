@@ -286,6 +286,11 @@ def fmt_s(t: float) -> str:
 
 
 def format_report(r: Report) -> str:
+    """The terminal report: collectives by group and by model operation, then the step."""
+    return "\n".join([*_collective_lines(r), "", *_summary_lines(r)])
+
+
+def _collective_lines(r: Report) -> list[str]:
     lines = []
     title = f"{r.name}  " if r.name else ""
     lines.append(f"{title}on {r.system} ({r.num_devices} devices), HLO from {r.compiler}")
@@ -313,7 +318,11 @@ def format_report(r: Report) -> str:
             what = f"{o['kind']} over {','.join(o['mesh_axes']) or '-'}"
             lines.append(f"  {o['operation'][:44]:<46}{what:<30}"
                          f"{fmt_bytes(o['bytes']):>12}{fmt_s(o['time_s']):>12}")
-    lines.append("")
+    return lines
+
+
+def _summary_lines(r: Report) -> list[str]:
+    lines = []
     c = r.compute
     lines.append(f"compute        {fmt_s(r.compute_s)}  (matmul {fmt_s(c.matmul_s)}, "
                  f"memory-bound {fmt_s(c.memory_bound_s)}; {c.matmul_flops / 1e12:.1f} TFLOP "
@@ -351,4 +360,4 @@ def format_report(r: Report) -> str:
         lines.append(f"warning        {w}")
     for u in r.unknown_ops:
         lines.append(f"unrecognised   {u}")
-    return "\n".join(lines)
+    return lines

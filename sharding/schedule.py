@@ -148,12 +148,7 @@ def _list_schedule(kind: list[str], dur: list[float],
     their inputs arrive, each link class its own queue, free ops as soon as ready.
     Returns (finish times, successors)."""
     n = len(kind)
-    succs: list[list[int]] = [[] for _ in range(n)]
-    missing = [0] * n
-    for i, ps in enumerate(preds):
-        for p in set(ps):
-            succs[p].append(i)
-            missing[i] += 1
+    succs, missing = _successors(preds)
     finish = [0.0] * n
     ready_at = [0.0] * n
     stream_free: dict[str, float] = {}
@@ -206,6 +201,17 @@ def _list_schedule(kind: list[str], dur: list[float],
         else:
             break  # unreachable ops (dead code): nothing more can run
     return finish, succs
+
+
+def _successors(preds: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """(successors of each node, how many distinct predecessors each node waits for)."""
+    succs: list[list[int]] = [[] for _ in preds]
+    missing = [0] * len(preds)
+    for i, ps in enumerate(preds):
+        for p in set(ps):
+            succs[p].append(i)
+            missing[i] += 1
+    return succs, missing
 
 
 def _core_makespan(kind: list[str], finish: list[float], succs: list[list[int]]) -> float:
