@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from models.config import ModelConfig
 from models.inference import serving_rules
-from models.moe import capacity, group_size
+from models.moe import capacity, routing_group_size
 from models.program import Precision, Train, Workload
 from models.train import TrainProgram
 from sharding.report import Memory
@@ -54,7 +54,7 @@ def expert_slots_per_token(cfg: ModelConfig, local_tokens: int) -> float:
     experts_per_token x capacity_factor); 1 for a dense MLP."""
     if cfg.n_experts == 1:
         return 1.0
-    s = group_size(cfg, local_tokens)
+    s = routing_group_size(cfg, local_tokens)
     return cfg.n_experts * capacity(cfg, s) / s
 
 

@@ -1,8 +1,8 @@
 """Mixture-of-experts MLP: a top-k router, experts sharded over the `expert` mesh axis, and
 token dispatch and combine as all-to-alls (GShard / Switch / MaxText's "dense" MoE path).
 
-Tokens are routed in groups of up to `moe_group_size` consecutive tokens of the flattened
-(batch x sequence) stream; a group never spans the devices the batch is split over, so
+Tokens are routed in routing groups of up to `moe_group_size` consecutive tokens of the
+flattened (batch x sequence) stream; a group never spans the devices the batch is split over, so
 dispatch within a group is local (GShard's groups). Training sequences are usually at
 least a group long, so a group is part of one sequence and the routing does not depend on
 the sharding; in decode (one token per sequence) a group is a device's share of the
@@ -54,7 +54,7 @@ def capacity(cfg: ModelConfig, group_size: int) -> int:
     return min(max(c, 1), group_size)
 
 
-def group_size(cfg: ModelConfig, local_tokens: int) -> int:
+def routing_group_size(cfg: ModelConfig, local_tokens: int) -> int:
     """Tokens per routing group: the largest divisor of a device's `local_tokens` that is at
     most `moe_group_size`."""
     s = min(cfg.moe_group_size, local_tokens)
@@ -124,7 +124,7 @@ class MoeMlp(nnx.Module):
     def __call__(self, x_BLD):
         cfg = self.cfg
         b, seq, d = x_BLD.shape
-        s = group_size(cfg, b * seq // _batch_ways())
+        s = routing_group_size(cfg, b * seq // _batch_ways())
         g, n_x, cap = b * seq // s, cfg.n_experts, capacity(cfg, s)
         x_RTD = constrain(x_BLD.reshape(g, s, d), ("batch", None, "embed"))
         with jax.named_scope("router"):

@@ -98,7 +98,7 @@ def render_html(r: Report, *, peak_flops: float, hbm_bw: float) -> str:
         f"<td>{html.escape(g['algorithm'])}</td><td>{fmt_bytes(g['bytes'])}</td>"
         f"<td>{g['count']}</td><td>{fmt_s(g['time_s'])}</td>"
         f"<td>{html.escape(', '.join(sorted(g['ops']))[:200])}</td></tr>"
-        for g in r.groups()
+        for g in r.rows()
     )
     summary = html.escape(r.format_table().split("\n\n")[-1])
     title = html.escape(r.name or "report")

@@ -152,8 +152,9 @@ class Report:
             d["time_s"] += c.total_time_s
         return out
 
-    def groups(self) -> list[dict]:
-        """Collectives grouped by (kind, mesh axes, link, algorithm), slowest first."""
+    def rows(self) -> list[dict]:
+        """The report's collective rows: collectives summed by (kind, mesh axes, link,
+        algorithm), slowest first."""
         rows: dict[tuple, dict] = {}
         for c in self.collectives:
             key = (c.kind, c.mesh_axes, c.link, c.algorithm)
@@ -185,8 +186,8 @@ class Report:
         step = self.step_time_s
         if step <= 0:
             return "nothing to run"
-        groups = self.groups()
-        worst = groups[0] if groups else None
+        rows = self.rows()
+        worst = rows[0] if rows else None
         cost = self.compute
         hbm_s = cost.hbm_bound_matmul_s + cost.memory_bound_s
         math_s = cost.matmul_s - cost.hbm_bound_matmul_s
@@ -204,13 +205,13 @@ class Report:
     def slowest_hop(self) -> str | None:
         """The link class that moves this program's bytes slowest: the lowest achieved
         bandwidth per device (wire bytes / time, over all its collectives), with the
-        collective group that spends the most time on it."""
+        collective row that spends the most time on it."""
         links = self.by_link()
         rates = {k: d["wire_bytes"] / d["time_s"] for k, d in links.items() if d["time_s"] > 0}
         if not rates:
             return None
         link = min(rates, key=rates.get)
-        top = next(g for g in self.groups() if g["link"] == link)
+        top = next(g for g in self.rows() if g["link"] == link)
         axes = ",".join(top["mesh_axes"]) or "?"
         return (f"{link} at {rates[link] / 1e9:.1f} GB/s per device; most of its time: "
                 f"{top['kind']} over {axes} ({top['algorithm']})")
@@ -286,7 +287,7 @@ def fmt_s(t: float) -> str:
 
 
 def format_report(r: Report) -> str:
-    """The terminal report: collectives by group and by model operation, then the step."""
+    """The terminal report: collectives by row and by model operation, then the step."""
     return "\n".join([*_collective_lines(r), "", *_summary_lines(r)])
 
 
@@ -299,7 +300,7 @@ def _collective_lines(r: Report) -> list[str]:
              f"{'bytes/step':>12}{'count':>8}{'time/step':>12}"
     lines.append(header)
     lines.append("-" * len(header))
-    for g in r.groups():
+    for g in r.rows():
         lines.append(
             f"{g['kind']:<20}{','.join(g['mesh_axes']) or '-':<14}{g['link']:<12}"
             f"{g['algorithm'][:25]:<26}{fmt_bytes(g['bytes']):>12}{g['count']:>8}"

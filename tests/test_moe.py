@@ -1,6 +1,7 @@
 """Mixture of experts: routing with capacity, the all-to-alls of expert parallelism, and a
 sharded step equal to the unsharded one."""
 
+import dataclasses
 import math
 
 import jax
@@ -11,7 +12,7 @@ import pytest
 import meshes
 import models
 import sharding
-from models.moe import capacity, group_size, route
+from models.moe import capacity, route, routing_group_size
 from tests.steps import train_both_ways, train_program
 
 
@@ -57,8 +58,8 @@ def test_routing_keeps_first_choices_first_and_drops_beyond_capacity():
     dropless = models.preset("tiny", n_experts=4, experts_per_token=2, dropless=True)
     assert capacity(dropless, s) == s
     assert bool(route(dropless, logits)[3].all())
-    assert group_size(cfg, 24) == 24 and group_size(dropless.__class__(
-        **{**dropless.__dict__, "moe_group_size": 16}), 24) == 12
+    assert routing_group_size(cfg, 24) == 24
+    assert routing_group_size(dataclasses.replace(dropless, moe_group_size=16), 24) == 12
 
 
 def _tiny_moe(**kw):
