@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from meshes import System, get_system
+from meshes.catalog import OVERRIDES
 from models.config import PRESETS, ModelConfig, preset
 from models.program import Precision, Train, Workload
 from sharding.rules import MESH_AXES, RULE_PRESETS, AxisRules, divisors, rules_preset
@@ -64,7 +65,7 @@ _TABLES = {"parallelism": Parallelism, "workload": Workload, "precision": Precis
            "train": Train}
 _SECTIONS = {
     "model": {"preset"} | _MODEL_FIELDS,
-    "system": {"name"},
+    "system": {"name", *OVERRIDES},
     **{name: {f.name for f in dataclasses.fields(cls)} for name, cls in _TABLES.items()},
 }
 _REQUIRED = {"name": None, "model": None, "system": {"name"},
@@ -188,10 +189,11 @@ def _check_structure(raw: Mapping[str, Any]) -> None:
 def from_dict(raw: Mapping[str, Any]) -> Experiment:
     _check_structure(raw)
     model = _model(raw["model"])
+    overrides = {k: v for k, v in raw["system"].items() if k != "name"}
     try:
-        system = get_system(raw["system"]["name"])
+        system = get_system(raw["system"]["name"], **overrides)
     except ValueError as e:
-        raise ConfigError(f"system.name: {e}") from None
+        raise ConfigError(f"{'[system]' if overrides else 'system.name'}: {e}") from None
     tables = {name: _typed(name, raw.get(name, {}), cls) for name, cls in _TABLES.items()}
     if tables["parallelism"].rules not in RULE_PRESETS:
         raise ConfigError(f"parallelism.rules={tables['parallelism'].rules!r} is not a rule "

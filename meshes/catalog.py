@@ -24,37 +24,77 @@ def system_names() -> list[str]:
     return gpus + tpus
 
 
-def get_system(name: str) -> System:
-    """Parse `<family>:<size>` into a System.
+# Overrides of the catalog's network, for a real cluster: (systems they apply to, type,
+# what they mean). `[system]` in a config takes the same keys.
+OVERRIDES = {
+    "nic_gbps": ("gpu", float, "scale-out bandwidth per GPU, Gb/s"),
+    "sharp": ("gpu", bool, "in-network reduction on the scale-out fabric (IB SHARP)"),
+    "gpus_per_domain": ("gpu", int, "GPUs of each NVLink domain the job uses"),
+    "dcn_gbps": ("tpu", float, "DCN bandwidth per chip between slices, Gb/s"),
+}
+
+
+def get_system(name: str, **overrides) -> System:
+    """Parse `<family>:<size>` into a System, with the real network's `overrides` of the
+    catalog (OVERRIDES: nic_gbps, sharp, gpus_per_domain for GPUs; dcn_gbps for TPUs).
 
     Raises:
-        ValueError: unknown family or a size the family cannot have.
+        ValueError: unknown family, a size the family cannot have, or a bad override.
     """
     family, sep, size = name.partition(":")
     valid = ", ".join(system_names())
     if not sep or not size:
         raise ValueError(f"system {name!r} needs the form <family>:<size>; e.g. {valid}")
     if family in GPU_FAMILIES:
-        return _gpu_system(GPU_FAMILIES[family], name, size)
+        _check_overrides(name, "gpu", overrides)
+        return _gpu_system(GPU_FAMILIES[family], name, size, overrides)
     if family in TPU_FAMILIES:
-        return _tpu_system(TPU_FAMILIES[family], name, size)
+        _check_overrides(name, "tpu", overrides)
+        return _tpu_system(TPU_FAMILIES[family], name, size, overrides)
     raise ValueError(f"unknown system family {family!r} in {name!r}; valid: {valid}")
 
 
-def _gpu_system(f: GpuFamily, name: str, size: str) -> GpuSystem:
+def _check_overrides(name: str, kind: str, overrides: dict) -> None:
+    mine = [k for k, (applies, _, _) in OVERRIDES.items() if applies == kind]
+    for key, value in overrides.items():
+        if key not in OVERRIDES:
+            raise ValueError(f"unknown system override {key!r}; valid: "
+                             f"{', '.join(OVERRIDES)}")
+        applies, want, meaning = OVERRIDES[key]
+        if applies != kind:
+            raise ValueError(f"system override {key!r} ({meaning}) applies to {applies.upper()} "
+                             f"systems, not {name!r}; for it use {', '.join(mine)}")
+        ok = isinstance(value, bool) if want is bool else (
+            isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+            and (want is not int or float(value).is_integer()))
+        if not ok:
+            what = "true or false" if want is bool else f"a positive {want.__name__}"
+            raise ValueError(f"system override {key}={value!r} must be {what} ({meaning})")
+
+
+def _gpu_system(f: GpuFamily, name: str, size: str, overrides: dict) -> GpuSystem:
     if not size.isdigit() or int(size) < 1:
         raise ValueError(f"system {name!r}: size {size!r} must be a GPU count, e.g. {f.name}:"
                          f"{f.domain_size}")
     n = int(size)
-    if n > f.domain_size and n % f.domain_size:
+    domain = int(overrides.get("gpus_per_domain", f.domain_size))
+    if domain > f.domain_size:
+        raise ValueError(f"system override gpus_per_domain={domain} exceeds the {f.domain_size} "
+                         f"GPUs of a {f.name} NVLink domain; use at most {f.domain_size}")
+    if n > domain and n % domain:
         raise ValueError(
-            f"system {name!r}: {n} GPUs is not a whole number of {f.domain_size}-GPU NVLink "
-            f"domains; use at most {f.domain_size} or a multiple of {f.domain_size}"
+            f"system {name!r}: {n} GPUs is not a whole number of {domain}-GPU NVLink "
+            f"domains; use at most {domain} or a multiple of {domain}, or set "
+            f"gpus_per_domain to the GPUs of each domain the job uses"
         )
-    return GpuSystem(f, n)
+    nic = overrides.get("nic_gbps")
+    return GpuSystem(f, n, nic_bytes_per_s=nic * 1e9 / 8 if nic else None,
+                     sharp=bool(overrides.get("sharp", False)),
+                     gpus_per_domain=domain if "gpus_per_domain" in overrides else None,
+                     overrides=overrides)
 
 
-def _tpu_system(f: TpuFamily, name: str, size: str) -> TpuSystem:
+def _tpu_system(f: TpuFamily, name: str, size: str, overrides: dict) -> TpuSystem:
     m = _TOPOLOGY.match(size)
     example = "x".join(["4"] * f.ndim)
     if not m:
@@ -68,4 +108,9 @@ def _tpu_system(f: TpuFamily, name: str, size: str) -> TpuSystem:
     if any(s < 1 for s in shape) or any(s > mx for s, mx in zip(shape, f.max_shape)) or slices < 1:
         raise ValueError(f"system {name!r}: shape {size} exceeds the largest {f.name} slice "
                          f"{'x'.join(map(str, f.max_shape))} or is empty")
-    return TpuSystem(f, shape, slices)
+    dcn = overrides.get("dcn_gbps")
+    if dcn and slices == 1:
+        raise ValueError(f"system override dcn_gbps applies to several slices over DCN; "
+                         f"{name!r} is one slice (write e.g. {name}*2)")
+    return TpuSystem(f, shape, slices, dcn_bytes_per_s_per_chip=dcn * 1e9 / 8 if dcn else None,
+                     overrides=overrides)

@@ -114,35 +114,52 @@ NIC_EFFICIENCY = 1.0
 
 
 class GpuSystem(System):
-    """GPUs in NVLink domains of `family.domain_size`, domains joined by one NIC per GPU."""
+    """GPUs in NVLink domains, domains joined by one NIC per GPU.
 
-    def __init__(self, family: GpuFamily, num_devices: int):
+    Args:
+        family: the catalog row.
+        num_devices: GPUs in the job.
+        nic_bytes_per_s: scale-out bandwidth per GPU, where the cluster's differs from the
+            catalog's (e.g. GCP A3: 4 x 200 Gb/s per 8 GPUs).
+        sharp: in-network reduction on the scale-out fabric (InfiniBand SHARP, NCCL's
+            CollNet): an all-reduce across domains sends each byte to the switch once and
+            receives the result once.
+        gpus_per_domain: GPUs of each NVLink domain the job uses (MLPerf GB200 runs use 64
+            of each NVL72 rack); the family's domain size by default.
+    """
+
+    def __init__(self, family: GpuFamily, num_devices: int, *,
+                 nic_bytes_per_s: float | None = None, sharp: bool = False,
+                 gpus_per_domain: int | None = None, overrides: dict | None = None):
         self.family = family
         self.name = f"{family.name}:{num_devices}"
         self.chip = CHIPS[family.chip]
         self.num_devices = num_devices
+        self.domain_size = gpus_per_domain or family.domain_size
+        self.sharp = sharp
+        self.overrides = dict(overrides or {})
         domain = "rack" if family.domain_size > 8 else "node"
-        self.coord_names = (domain, "tray", "gpu") if family.tray_size < family.domain_size else (
+        self.coord_names = (domain, "tray", "gpu") if family.tray_size < self.domain_size else (
             domain, "gpu")
+        nic_source = family.nic_source if nic_bytes_per_s is None else "config override"
         self.links = {
             "nvlink": Link(name="nvlink", bytes_per_s=family.nvlink_bytes_per_s,
                            latency_s=0.0, efficiency=family.nvlink_p2p_efficiency,
                            source=family.nvlink_source),
-            "infiniband": Link(name="infiniband", bytes_per_s=family.nic_bytes_per_s,
-                               latency_s=0.0, efficiency=NIC_EFFICIENCY,
-                               source=family.nic_source),
+            "infiniband": Link(name="infiniband",
+                               bytes_per_s=nic_bytes_per_s or family.nic_bytes_per_s,
+                               latency_s=0.0, efficiency=NIC_EFFICIENCY, source=nic_source),
         }
 
     def coords(self, device_id: int) -> tuple[int, ...]:
         self._check_ids([device_id])
-        f = self.family
-        domain, local = divmod(device_id, f.domain_size)
+        domain, local = divmod(device_id, self.domain_size)
         if len(self.coord_names) == 2:
             return (domain, local)
-        return (domain, local // f.tray_size, local % f.tray_size)
+        return (domain, local // self.family.tray_size, local % self.family.tray_size)
 
     def domain_of(self, device_id: int) -> int:
-        return device_id // self.family.domain_size
+        return device_id // self.domain_size
 
     def _domain_busbw(self, kind: str, nbytes: float, n: int) -> tuple[float, str]:
         f = self.family
@@ -227,6 +244,13 @@ class GpuSystem(System):
                 t = t_inner + t_outer / share + _nccl_latency_s(kind, algo, proto, n, d, m)
                 if best is None or t < best[0]:
                     best = (t, algo, proto)
+        if kind == "all-reduce" and self.sharp:
+            # In-network reduction: each GPU sends its 1/m share up once and receives the
+            # reduced share once (full duplex): bus factor 1 instead of the ring's
+            # 2 (d - 1) / d, which halves the traffic for many domains.
+            t = t_inner + (nbytes / m) / nic_bw + _collnet_latency_s(m)
+            if t < best[0]:
+                best = (t, "sharp", "Simple")
         t, algo, proto = best
         name = f"hierarchical {algo} ({proto})" if m > 1 else f"{algo} ({proto})"
         return CollectiveTiming(t, "infiniband", name)
@@ -244,6 +268,15 @@ def _nccl_latency_s(kind: str, algo: str, proto: str, n: int, nodes: int, ppn: i
     steps = 2 * (n - 1) if kind == "all-reduce" else n - 1
     inter_steps = 2 * (nodes - 1) if kind == "all-reduce" else nodes - 1
     return 1e-6 * (base + (steps - inter_steps) * intra + inter_steps * inter)
+
+
+def _collnet_latency_s(ppn: int) -> float:
+    """NCCL's CollNet latency (tuning.cc): base + 2 (ppn - 1) NVLink steps + one network
+    hop, with the tree's Simple-protocol constants."""
+    base = NCCL_BASE_LATENCY_US[("tree", "Simple")]
+    intra = NCCL_HW_LATENCY_US["nvlink"][("tree", "Simple")]
+    inter = NCCL_HW_LATENCY_US["net"][("tree", "Simple")]
+    return 1e-6 * (base + 2 * (ppn - 1) * intra + inter)
 
 
 def _distinct_shapes(groups, key):

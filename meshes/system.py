@@ -59,6 +59,15 @@ class System(abc.ABC):
     chip: Chip
     num_devices: int
     links: dict[str, Link]
+    # The real network where it differs from the catalog (meshes/catalog.py OVERRIDES).
+    overrides: dict[str, object] = {}
+
+    @property
+    def label(self) -> str:
+        """The name, with the overrides of the catalog's network, for reports."""
+        if not self.overrides:
+            return self.name
+        return f"{self.name} [{', '.join(f'{k}={v}' for k, v in self.overrides.items())}]"
 
     @abc.abstractmethod
     def coords(self, device_id: int) -> tuple[int, ...]:

@@ -57,8 +57,12 @@ TPU_FAMILIES: dict[str, TpuFamily] = {
 class TpuSystem(System):
     """`num_slices` TPU slices of torus `shape`, joined over DCN."""
 
-    def __init__(self, family: TpuFamily, shape: tuple[int, ...], num_slices: int):
+    def __init__(self, family: TpuFamily, shape: tuple[int, ...], num_slices: int, *,
+                 dcn_bytes_per_s_per_chip: float | None = None, overrides: dict | None = None):
+        """`dcn_bytes_per_s_per_chip`: the DCN bandwidth per chip where the cluster's
+        differs from the catalog's."""
         self.family = family
+        self.overrides = dict(overrides or {})
         self.shape = shape
         self.num_slices = num_slices
         self.chip = CHIPS[family.chip]
@@ -76,8 +80,10 @@ class TpuSystem(System):
                         source=f"{family.source}; per link ({wrap_txt})"),
         }
         if num_slices > 1:
-            self.links["dcn"] = Link(name="dcn", bytes_per_s=family.dcn_bytes_per_s_per_chip,
-                                     latency_s=0.0, efficiency=1.0, source=family.source)
+            self.links["dcn"] = Link(
+                name="dcn", bytes_per_s=dcn_bytes_per_s_per_chip or family.dcn_bytes_per_s_per_chip,
+                latency_s=0.0, efficiency=1.0,
+                source="config override" if dcn_bytes_per_s_per_chip else family.source)
 
     def _axis_wraps(self, axis: int) -> bool:
         if self.family.wrap_rule == "16":

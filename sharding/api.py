@@ -97,7 +97,7 @@ def analyze_module(
     dtype = compute_dtype or "bfloat16"
     return Report(
         name=name,
-        system=system.name,
+        system=system.label,
         num_devices=n,
         compiler=compiler,
         collectives=collectives,

@@ -226,7 +226,7 @@ def gpu_target_config(system: GpuSystem) -> str:
 def gpu_topology_name(system: GpuSystem) -> str:
     """"<NVLink domains>x<hosts per domain>x<GPUs per host>", XLA's GpuTopology."""
     f = system.family
-    per_domain = min(system.num_devices, f.domain_size)
+    per_domain = min(system.num_devices, system.domain_size)
     per_host = min(per_domain, f.tray_size)
     return f"{system.num_devices // per_domain}x{per_domain // per_host}x{per_host}"
 

@@ -232,3 +232,69 @@ def test_small_collectives_choose_latency_optimal_algorithms():
     tiny = s.collective_timing("all-reduce", 1e3, [list(range(8))])
     assert tiny.algorithm.startswith("ring (LL")
     assert tiny.time_s == pytest.approx(1e-6 * (3.6 + 2 * 7 * 0.47), rel=1e-9)
+
+
+# --- The real cluster's network: [system] overrides --------------------------------------
+
+
+def test_nic_override_sets_the_scale_out_bandwidth():
+    # One GPU in each of 2 HGX nodes, all-gather of 1 GB: no NVLink stage, S x 1/2 over the
+    # NIC, plus NCCL's Simple ring latency for 2 ranks on 2 nodes (base 8.4 us, one network
+    # step of 9.6 us). GCP A3: 4 x 200 Gb/s per 8 GPUs = 100 Gb/s = 12.5 GB/s per GPU.
+    S = 1e9
+    default = get_system("h100:16").collective_time_s("all-gather", S, [[0, 8]])
+    a3 = get_system("h100:16", nic_gbps=100).collective_time_s("all-gather", S, [[0, 8]])
+    assert default == pytest.approx(S / 2 / 50e9 + 18e-6, rel=1e-9)
+    assert a3 == pytest.approx(S / 2 / 12.5e9 + 18e-6, rel=1e-9)
+
+
+def test_sharp_halves_the_all_reduce_traffic_across_many_nodes():
+    # One GPU in each of 8 nodes, 4 GB all-reduce: a ring sends 2 x 7/8 of S through each
+    # NIC; in-network reduction sends S up and receives S down once (full duplex), plus
+    # NCCL's CollNet latency (base 0 + one network hop of 50 us, tree Simple constants).
+    S, group = 4e9, list(range(0, 64, 8))
+    ring = get_system("h100:64").collective_timing("all-reduce", S, [group])
+    sharp = get_system("h100:64", sharp=True).collective_timing("all-reduce", S, [group])
+    ring_latency = 1e-6 * (8.4 + 14 * 9.6)  # 2 x 7 network steps of a Simple ring
+    assert ring.time_s == pytest.approx(S * 2 * 7 / 8 / 50e9 + ring_latency, rel=1e-9)
+    assert sharp.time_s == pytest.approx(S / 50e9 + 50e-6, rel=1e-9)
+    assert sharp.algorithm.startswith("sharp")
+    # Other kinds are untouched by SHARP here.
+    ag = [get_system("h100:64", sharp=s).collective_time_s("all-gather", S, [group])
+          for s in (False, True)]
+    assert ag[0] == ag[1]
+
+
+def test_gpus_per_domain_places_a_job_on_part_of_each_rack():
+    # MLPerf GB200 runs: 256 GPUs as 4 NVLink domains of 64 (not a multiple of 72).
+    with pytest.raises(ValueError, match="gpus_per_domain"):
+        get_system("gb200-nvl72:256")
+    s = get_system("gb200-nvl72:256", gpus_per_domain=64)
+    assert s.place(63) == {"rack": 0, "tray": 15, "gpu": 3}
+    assert s.place(64) == {"rack": 1, "tray": 0, "gpu": 0}
+    assert s.collective_timing("all-gather", 64 * MB, [list(range(64))]).link == "nvlink"
+    assert s.collective_timing("all-gather", 64 * MB, [[63, 64]]).link == "infiniband"
+    assert s.label == "gb200-nvl72:256 [gpus_per_domain=64]"
+
+
+def test_dcn_override_sets_the_bandwidth_between_slices():
+    # Two v5e slices, one chip of each: an all-reduce of S crosses DCN only, S x 1 (bus
+    # factor of 2) at the DCN rate per chip: 3.125 GB/s in the catalog, 12.5 with 100 Gb/s.
+    S = 1e8
+    for overrides, bw in (({}, 3.125e9), ({"dcn_gbps": 100}, 12.5e9)):
+        s = get_system("tpu-v5e:16x16*2", **overrides)
+        assert s.collective_time_s("all-reduce", S, [[0, 256]]) == pytest.approx(S / bw)
+
+
+@pytest.mark.parametrize("name, overrides, fragment", [
+    ("h100:8", {"nic_gb": 100}, "unknown system override 'nic_gb'; valid: nic_gbps, sharp"),
+    ("tpu-v5e:4x4*2", {"sharp": True}, "applies to GPU systems"),
+    ("h100:8", {"dcn_gbps": 100}, "applies to TPU systems"),
+    ("h100:8", {"nic_gbps": -1}, "must be a positive float"),
+    ("gb200-nvl72:72", {"gpus_per_domain": 96}, "exceeds the 72 GPUs"),
+    ("tpu-v5e:4x4", {"dcn_gbps": 100}, "one slice"),
+])
+def test_bad_overrides_say_what_is_valid(name, overrides, fragment):
+    with pytest.raises(ValueError, match=fragment) as e:
+        get_system(name, **overrides)
+    assert "\n" not in str(e.value)
