@@ -8,7 +8,7 @@ DEFAULT_EXPERIMENT := experiments/configs/llama3-8b-nvl72.toml
 GPU_VENV  := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed-stamp
 
-.PHONY: run test test-fast test-gpu bench clean
+.PHONY: run test test-fast test-gpu bench validate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ $(GPU_STAMP): pyproject.toml
 
 test-gpu: $(GPU_STAMP)
 	$(GPU_VENV)/bin/python -m pytest -q -m gpu tests/test_gpu.py
+
+# The validation set (experiments/validation): every published run compiled and estimated,
+# with the error summary. A few minutes on 2 cores; not part of `make test`.
+validate: $(STAMP)
+	$(VENV)/bin/shardscope validate
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_stages.py $(DEFAULT_EXPERIMENT)

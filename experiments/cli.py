@@ -82,6 +82,23 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def cmd_validate(args) -> int:
+    import time
+
+    from experiments import validate
+
+    t0 = time.perf_counter()
+    rows = validate.validate(args.dir, backend=args.backend, workers=args.workers)
+    stats = validate.summary(rows)
+    print(validate.format_table(rows, stats))
+    for line in validate.timing_lines(rows, time.perf_counter() - t0):
+        print(line)
+    if args.json:
+        _write_json(args.json, {"cases": [r.to_dict() for r in rows], "summary": stats})
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 def cmd_systems(args) -> int:
     from meshes import get_system, system_names
 
@@ -126,6 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--mesh", help="mesh axes of the program, e.g. data=2,fsdp=4,tensor=2")
     i.add_argument("--json", metavar="OUT")
     i.set_defaults(fn=cmd_inspect)
+    v = sub.add_parser("validate", help="run configs with a [measured] table and compare")
+    v.add_argument("dir", nargs="?", default=None,
+                   help="folder of configs with [measured] tables (default: the bundled "
+                        "validation set, experiments/validation)")
+    v.add_argument("--backend", default="cpu", help="cpu (default), auto, tpu or gpu")
+    v.add_argument("--workers", type=int, default=None,
+                   help="cases compiled at once (default: the core count)")
+    v.add_argument("--json", metavar="OUT")
+    v.set_defaults(fn=cmd_validate)
     sub.add_parser("systems", help="the system catalog").set_defaults(fn=cmd_systems)
     sub.add_parser("models", help="the model presets").set_defaults(fn=cmd_models)
     return p

@@ -50,6 +50,24 @@ Parallelism = dataclasses.make_dataclass(
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Measured:
+    """A published measurement of the run (validation configs only, experiments/validation):
+    the step time, where it comes from and how it was obtained (calibration.md's labels:
+    MEASURED-LOG, MEASURED-TABLE, DERIVED), and the published throughput when given
+    (0 when not published)."""
+
+    step_time_s: float
+    source: str = ""
+    evidence: str = ""
+    tflops_per_chip: float = 0.0
+    mfu: float = 0.0
+
+    def __post_init__(self):
+        if self.step_time_s <= 0:
+            raise ValueError(f"measured.step_time_s={self.step_time_s} must be above 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Experiment:
     name: str
     model: ModelConfig
@@ -58,6 +76,7 @@ class Experiment:
     workload: Workload
     precision: Precision
     train: Train
+    measured: Measured | None = None
 
 
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} - {"name"}
@@ -67,6 +86,7 @@ _SECTIONS = {
     "model": {"preset"} | _MODEL_FIELDS,
     "system": {"name", *OVERRIDES},
     **{name: {f.name for f in dataclasses.fields(cls)} for name, cls in _TABLES.items()},
+    "measured": {f.name for f in dataclasses.fields(Measured)},
 }
 _REQUIRED = {"name": None, "model": None, "system": {"name"},
              "workload": {"seq_len", "global_batch"}}
@@ -198,7 +218,8 @@ def from_dict(raw: Mapping[str, Any]) -> Experiment:
     if tables["parallelism"].rules not in RULE_PRESETS:
         raise ConfigError(f"parallelism.rules={tables['parallelism'].rules!r} is not a rule "
                           f"preset; valid: {', '.join(RULE_PRESETS)}")
-    exp = Experiment(name=raw["name"], model=model, system=system, **tables)
+    measured = _typed("measured", raw["measured"], Measured) if "measured" in raw else None
+    exp = Experiment(name=raw["name"], model=model, system=system, measured=measured, **tables)
     validate(exp)
     return exp
 

@@ -110,6 +110,8 @@ BAD = {
                      "gpus_per_domain, name, nic_gbps, sharp"),
     "override value": (TINY.replace('name = "h100:8"', 'name = "h100:8"\nsharp = "yes"'),
                        "[system]: system override sharp='yes' must be true or false"),
+    "measured": (TINY + "[measured]\nstep_time_s = -1\n",
+                 "measured.step_time_s=-1 must be above 0"),
     "rules": (TINY.replace("fsdp = 4", 'fsdp = 4\nrules = "megatron"'),
               "parallelism.rules='megatron' is not a rule preset; valid: default"),
     "dropless sentinel": (TINY.replace('preset = "tiny"', 'preset = "tiny"\nn_experts = 4\n'

@@ -1,0 +1,95 @@
+"""`shardscope validate`: rows, errors, the summary, and one process per case."""
+
+import json
+import math
+
+import pytest
+
+from experiments import cli
+from experiments.validate import Row, percentile, summary
+from tests.test_cli import TINY, run_cli, write
+
+
+def row(name, family, measured, estimate, status="ok"):
+    return Row(name=name, path=f"{name}.toml", family=family, measured_s=measured,
+               status=status, estimate_s=estimate, mfu=None if estimate is None else 0.5)
+
+
+def test_error_is_relative_to_the_measurement_and_positive_when_too_slow():
+    r = row("a", "h100 bf16", 2.0, 2.5)
+    assert r.error == pytest.approx(0.25)
+    # The run's MFU with our FLOP count: ours (50%) x estimate / measured.
+    assert r.measured_mfu == pytest.approx(0.5 * 2.5 / 2.0)
+    assert row("b", "h100 bf16", 2.0, None, status="refused").error is None
+
+
+def test_percentiles_interpolate_between_order_statistics():
+    assert percentile([0.1, 0.3, 0.2], 50) == pytest.approx(0.2)
+    # p90 of 0.0, 0.1, ..., 1.0: rank 0.9 x 10 = 9 -> 0.9.
+    assert percentile([i / 10 for i in range(11)], 90) == pytest.approx(0.9)
+    assert math.isnan(percentile([], 50))
+
+
+def test_summary_overall_and_per_family_counts_only_cases_that_ran():
+    rows = [row("a", "h100 bf16", 1.0, 1.1), row("b", "h100 bf16", 1.0, 0.7),
+            row("c", "tpu-v6e bf16", 2.0, 3.0), row("d", "tpu-v6e bf16", 2.0, None, "error")]
+    s = summary(rows)
+    assert s["overall"]["cases"] == 4 and s["overall"]["ran"] == 3
+    assert s["overall"]["median_abs_error"] == pytest.approx(0.3)  # of 0.1, 0.3, 0.5
+    assert s["families"]["h100 bf16"]["median_abs_error"] == pytest.approx(0.2)
+    assert s["families"]["tpu-v6e bf16"]["ran"] == 1
+
+
+MEASURED = '\n[measured]\nstep_time_s = 0.5\nsource = "test"\nevidence = "MEASURED-LOG"\n'
+
+
+@pytest.mark.slow
+def test_validate_runs_each_case_in_its_own_process(tmp_path, capsys, cpu_devices):
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    write(cases, TINY + MEASURED, "tiny.toml")
+    # A pipeline in bf16 is refused on XLA:CPU: the case is a row, the run goes on.
+    refused = TINY.replace("data = 2\nfsdp = 4", "data = 4\npipeline = 2").replace(
+        "[workload]", "[workload]\nmicrobatches = 2")
+    write(cases, refused + MEASURED, "refused.toml")
+    out_json = tmp_path / "v.json"
+    code, out, _ = run_cli(["validate", str(cases), "--workers", "2", "--json", str(out_json)],
+                           capsys)
+    assert code == 0
+    d = json.loads(out_json.read_text())
+    by_name = {c["name"]: c for c in d["cases"]}
+    ok = by_name["t"] if "t" in by_name else next(c for c in d["cases"] if c["status"] == "ok")
+    assert ok["status"] == "ok" and ok["error"] == pytest.approx((ok["estimate_s"] - 0.5) / 0.5)
+    bad = next(c for c in d["cases"] if c["status"] != "ok")
+    assert bad["status"] == "refused" and "does not compile on XLA:CPU" in bad["message"]
+    assert d["summary"]["overall"] == {**d["summary"]["overall"], "cases": 2, "ran": 1}
+    assert "median |error|" in out and "after compile" in out
+    # The same config through `shardscope run`: the same estimate.
+    code, out, _ = run_cli(["run", str(cases / "tiny.toml"), "--json", str(tmp_path / "r.json")],
+                           capsys)
+    assert json.loads((tmp_path / "r.json").read_text())["step_time_s"] == \
+        pytest.approx(ok["estimate_s"], rel=1e-9)
+
+
+def test_validate_needs_measured_tables(tmp_path, capsys):
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    write(cases, TINY, "plain.toml")
+    code, _, err = run_cli(["validate", str(cases)], capsys)
+    assert code == 2 and "no [measured] table" in err and err.count("\n") == 1
+    code, _, err = run_cli(["validate", str(tmp_path / "nowhere")], capsys)
+    assert code == 2 and "not found" in err
+
+
+def test_bundled_validation_set_loads_and_names_its_sources():
+    from experiments import config
+    from experiments.validate import VALIDATION_DIR, find_cases
+
+    for path in find_cases(VALIDATION_DIR):
+        exp = config.load(path)
+        assert exp.measured is not None and exp.measured.source and exp.measured.evidence, path
+        assert exp.measured.evidence.startswith(("MEASURED-LOG", "MEASURED-TABLE")), path
+
+
+def test_cli_has_validate():
+    assert "validate" in cli.build_parser().format_help()
