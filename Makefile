@@ -44,6 +44,8 @@ validate: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_stages.py $(DEFAULT_EXPERIMENT)
 	$(PY) benchmarks/bench_parse.py
+	@echo "validate (experiments/validation):"
+	@$(VENV)/bin/shardscope validate | tail -n 1
 
 clean:
 	rm -rf $(VENV) $(GPU_VENV) *.egg-info .pytest_cache .hypothesis

@@ -41,7 +41,7 @@ def cmd_run(args) -> int:
     from experiments import runner
 
     exp = config_mod.load(args.config, args.set or [])
-    report = runner.run(exp, backend=args.backend)
+    report = runner.run(exp, backend=args.backend, calibration=_calibration(args))
     print(report.format_table())
     if args.json:
         _write_json(args.json, report.to_dict())
@@ -82,13 +82,24 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def _calibration(args):
+    """The --calibration file's values, or None for the catalog's."""
+    if not getattr(args, "calibration", None):
+        return None
+    from meshes.calibration import load_calibration
+
+    return load_calibration(args.calibration)
+
+
 def cmd_validate(args) -> int:
     import time
 
     from experiments import validate
 
+    _calibration(args)  # a bad file is one line before anything compiles
     t0 = time.perf_counter()
-    rows = validate.validate(args.dir, backend=args.backend, workers=args.workers)
+    rows = validate.validate(args.dir, backend=args.backend, workers=args.workers,
+                             calibration=args.calibration)
     stats = validate.summary(rows)
     print(validate.format_table(rows, stats))
     for line in validate.timing_lines(rows, time.perf_counter() - t0):
@@ -96,6 +107,38 @@ def cmd_validate(args) -> int:
     if args.json:
         _write_json(args.json, {"cases": [r.to_dict() for r in rows], "summary": stats})
         print(f"\nwrote {args.json}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    import json as json_mod
+    import time
+
+    from experiments import calibrate, validate
+
+    out = Path(args.out)
+    if not out.parent.exists():
+        raise ConfigError(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist")
+    t0 = time.perf_counter()
+    rows = validate.validate(args.dir, backend=args.backend, workers=args.workers)
+    failed = [r for r in rows if r.status != "ok"]
+    for r in failed:
+        print(f"skipped {r.name}: {r.status}: {r.message}")
+    cases = [(r.name, r.features, r.measured_s) for r in rows if r.status == "ok"]
+    if len(cases) < 2:
+        raise ConfigError(f"{len(cases)} run(s) compiled; calibrating needs at least 2 runs "
+                          f"with a [measured] table")
+    result = calibrate.calibrate(cases)
+    fitted_on = args.dir or "experiments/validation"
+    calibrate.write_calibration(result, out, fitted_on=fitted_on,
+                                best=calibrate.best_mfu(rows))
+    print(calibrate.format_fit(result))
+    if args.features:
+        Path(args.features).write_text(json_mod.dumps(
+            {"fitted_on": fitted_on, "cases": [{"name": n, "features": f, "measured_s": m}
+                                               for n, f, m in cases]}, indent=1) + "\n")
+        print(f"wrote {args.features}")
+    print(f"wrote {out} ({time.perf_counter() - t0:.0f} s)")
     return 0
 
 
@@ -110,6 +153,13 @@ def cmd_systems(args) -> int:
     print("\nSizes: GPUs by count (NVL72: up to 72, or whole racks); TPUs by torus shape, "
           "'*N' for N slices over DCN.\nA TPU7x chip shows as two JAX devices; "
           "parallelism sizes count devices.")
+    from meshes.calibration import PARAMETERS, catalog_calibration
+
+    cal = catalog_calibration()
+    print(f"\nCalibration (meshes/calibration.toml): {cal.source}")
+    for name, value in cal.values().items():
+        print(f"  {name:<28}{value:<10.4g}(uncalibrated {PARAMETERS[name][2]:g}; "
+              f"{PARAMETERS[name][3]})")
     return 0
 
 
@@ -136,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--html", metavar="OUT")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config key, e.g. --set parallelism.fsdp=8")
+    r.add_argument("--calibration", metavar="CAL.toml",
+                   help="fitted efficiencies from `shardscope calibrate` (default: the "
+                        "catalog's, meshes/calibration.toml)")
     r.set_defaults(fn=cmd_run)
     i = sub.add_parser("inspect", help="collectives and estimate of any HLO text dump")
     i.add_argument("hlo")
@@ -151,7 +204,20 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--workers", type=int, default=None,
                    help="cases compiled at once (default: the core count)")
     v.add_argument("--json", metavar="OUT")
+    v.add_argument("--calibration", metavar="CAL.toml",
+                   help="fitted efficiencies (default: the catalog's)")
     v.set_defaults(fn=cmd_validate)
+    c = sub.add_parser("calibrate", help="fit the step-time model's efficiencies on measured "
+                                         "runs")
+    c.add_argument("dir", nargs="?", default=None,
+                   help="folder of configs with [measured] tables (default: "
+                        "experiments/validation)")
+    c.add_argument("--out", required=True, metavar="CAL.toml")
+    c.add_argument("--features", metavar="OUT.json",
+                   help="also write each run's step decomposition (what the fit used)")
+    c.add_argument("--backend", default="cpu")
+    c.add_argument("--workers", type=int, default=None)
+    c.set_defaults(fn=cmd_calibrate)
     sub.add_parser("systems", help="the system catalog").set_defaults(fn=cmd_systems)
     sub.add_parser("models", help="the model presets").set_defaults(fn=cmd_models)
     return p

@@ -6,6 +6,7 @@ import time
 
 import sharding
 from experiments.config import ConfigError, Experiment
+from meshes.calibration import Calibration
 from models.inference import build_serve_program
 from models.memory import serving_memory, training_memory
 from models.train import build_train_program
@@ -14,22 +15,26 @@ from sharding.report import Report
 from sharding.rules import mesh_shape_of
 
 
-def run(exp: Experiment, *, backend: str = "auto") -> Report:
+def run(exp: Experiment, *, backend: str = "auto",
+        calibration: Calibration | None = None) -> Report:
     """Compile the experiment's step (fake CPU devices or a deviceless real compiler) and
     estimate it on its system.
 
     With `auto`, a program the TPU compiler refuses for lack of HBM is compiled on the CPU
-    path instead, and the report carries the TPU compiler's verdict.
+    path instead, and the report carries the TPU compiler's verdict. `calibration`: the
+    step-time model's fitted efficiencies (meshes/calibration.py); the catalog's by default.
     """
     try:
-        return _run(exp, backend=backend)
+        return _run(exp, backend=backend, calibration=calibration)
     except compiler.DoesNotFit as e:
         if backend != "auto":
             raise ConfigError(str(e)) from None
-        return _run(exp, backend="cpu", warnings=(f"TPU compiler: {e}",))
+        return _run(exp, backend="cpu", calibration=calibration,
+                    warnings=(f"TPU compiler: {e}",))
 
 
-def _run(exp: Experiment, *, backend: str, warnings: tuple[str, ...] = ()) -> Report:
+def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
+         warnings: tuple[str, ...] = ()) -> Report:
     system = exp.system
     try:
         backend = compiler.resolve_backend(backend, system)
@@ -69,7 +74,7 @@ def _run(exp: Experiment, *, backend: str, warnings: tuple[str, ...] = ()) -> Re
         tokens_per_step=program.tokens_per_step,
         sequences_per_step=exp.workload.global_batch if serving else None,
         memory=memory, timings={"build_s": time.perf_counter() - t0}, warnings=warnings,
-        name=exp.name, compiler=compiler_name,
+        name=exp.name, compiler=compiler_name, calibration=calibration,
     )
 
 

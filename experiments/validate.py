@@ -43,6 +43,8 @@ class Row:
     fits: bool | None = None
     timings: dict = dataclasses.field(default_factory=dict)
     wall_s: float = 0.0
+    features: dict = dataclasses.field(default_factory=dict)  # Report.calibration_features
+    loo_estimate_s: float | None = None  # estimated with a fit of the other cases
 
     @property
     def error(self) -> float | None:
@@ -59,9 +61,15 @@ class Row:
             return None
         return self.mfu * self.estimate_s / self.measured_s
 
+    @property
+    def loo_error(self) -> float | None:
+        if self.loo_estimate_s is None:
+            return None
+        return (self.loo_estimate_s - self.measured_s) / self.measured_s
+
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "error": self.error,
-                "measured_mfu": self.measured_mfu}
+                "measured_mfu": self.measured_mfu, "loo_error": self.loo_error}
 
 
 def family_of(exp) -> str:
@@ -85,9 +93,11 @@ def find_cases(directory: str | Path) -> list[Path]:
     return paths
 
 
-def run_case(path: str | Path, *, backend: str = "cpu") -> Row:
-    """Load, compile and estimate one case in this process."""
+def run_case(path: str | Path, *, backend: str = "cpu", calibration: str | None = None) -> Row:
+    """Load, compile and estimate one case in this process (`calibration`: a calibration
+    file; the catalog's by default)."""
     from experiments import config, runner
+    from meshes.calibration import load_calibration
 
     exp = config.load(path)
     if exp.measured is None:
@@ -97,13 +107,15 @@ def run_case(path: str | Path, *, backend: str = "cpu") -> Row:
                 measured_s=exp.measured.step_time_s)
     t0 = time.perf_counter()
     try:
-        report = runner.run(exp, backend=backend)
+        report = runner.run(exp, backend=backend, calibration=load_calibration(calibration)
+                            if calibration else None)
     except ValueError as e:
         return Row(**base, status="refused", message=_first_line(e),
                    wall_s=time.perf_counter() - t0)
     return Row(**base, status="ok", estimate_s=report.step_time_s, mfu=report.mfu,
                bottleneck=report.bottleneck(), compiler=report.compiler, fits=report.fits,
-               timings=dict(report.timings), wall_s=time.perf_counter() - t0)
+               timings=dict(report.timings), wall_s=time.perf_counter() - t0,
+               features=report.calibration_features())
 
 
 def _first_line(e: BaseException) -> str:
@@ -111,10 +123,11 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _run_in_subprocess(path: Path, backend: str, timeout_s: float) -> Row:
+def _run_in_subprocess(path: Path, backend: str, timeout_s: float,
+                       calibration: str | None) -> Row:
     """Run one case in a fresh interpreter; a crash or a timeout becomes an error row."""
     cmd = [sys.executable, "-m", "experiments.validate", "--case", str(path),
-           "--backend", backend]
+           "--backend", backend] + (["--calibration", str(calibration)] if calibration else [])
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     t0 = time.perf_counter()
     try:
@@ -140,8 +153,11 @@ def _error_row(path: Path, message: str, t0: float) -> Row:
 
 
 def validate(directory: str | Path | None = None, *, backend: str = "cpu",
-             workers: int | None = None, timeout_s: float = 1800.0) -> list[Row]:
-    """Every case of `directory`, `workers` at a time (the core count by default)."""
+             workers: int | None = None, timeout_s: float = 1800.0,
+             calibration: str | None = None) -> list[Row]:
+    """Every case of `directory`, `workers` at a time (the core count by default), each
+    with its leave-one-out estimate: the step under a calibration fitted on the other
+    cases (experiments/calibrate.py)."""
     from experiments import config
 
     paths = find_cases(VALIDATION_DIR if directory is None else directory)
@@ -151,8 +167,21 @@ def validate(directory: str | Path | None = None, *, backend: str = "cpu",
                                      f"measured.step_time_s")
     workers = workers or os.cpu_count() or 1
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        rows = list(pool.map(lambda p: _run_in_subprocess(p, backend, timeout_s), paths))
-    return rows
+        rows = list(pool.map(lambda p: _run_in_subprocess(p, backend, timeout_s, calibration),
+                             paths))
+    return _with_leave_one_out(rows)
+
+
+def _with_leave_one_out(rows: list[Row]) -> list[Row]:
+    from experiments.calibrate import leave_one_out
+
+    ran = [r for r in rows if r.status == "ok"]
+    if len(ran) < 3:
+        return rows
+    loo = dict(zip((r.name for r in ran),
+                   leave_one_out([(r.features, r.measured_s) for r in ran])))
+    return [dataclasses.replace(r, loo_estimate_s=loo[r.name]) if r.name in loo else r
+            for r in rows]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -169,8 +198,11 @@ def summary(rows: list[Row]) -> dict:
     """Median and p90 of |error| over the cases that ran, overall and per family."""
     def stats(rs: list[Row]) -> dict:
         errs = [abs(r.error) for r in rs if r.error is not None]
+        loo = [abs(r.loo_error) for r in rs if r.loo_error is not None]
         return {"cases": len(rs), "ran": len(errs), "median_abs_error": percentile(errs, 50),
-                "p90_abs_error": percentile(errs, 90)}
+                "p90_abs_error": percentile(errs, 90),
+                "loo_median_abs_error": percentile(loo, 50),
+                "loo_p90_abs_error": percentile(loo, 90)}
 
     families = sorted({r.family for r in rows})
     return {"overall": stats(rows),
@@ -178,25 +210,30 @@ def summary(rows: list[Row]) -> dict:
 
 
 def format_table(rows: list[Row], stats: dict) -> str:
+    """One row per case (error with the calibration used, and under leave-one-out), then
+    the summary overall and per family."""
     lines = [f"{'case':<36}{'family':<18}{'measured':>10}{'estimate':>10}{'error':>8}"
-             f"{'MFU meas':>10}{'MFU est':>9}  bottleneck"]
-    lines.append("-" * 130)
+             f"{'LOO':>7}{'MFU meas':>10}{'MFU est':>9}  bottleneck"]
+    lines.append("-" * 136)
     for r in rows:
         if r.status != "ok":
             lines.append(f"{r.name[:35]:<36}{r.family:<18}{r.measured_s:>9.3f}s"
                          f"{r.status:>10}  {r.message[:80]}")
             continue
         fits = "" if r.fits else " (does not fit in HBM)"
+        loo = "" if r.loo_error is None else f"{r.loo_error:+.0%}"
         lines.append(f"{r.name[:35]:<36}{r.family:<18}{r.measured_s:>9.3f}s{r.estimate_s:>9.3f}s"
-                     f"{r.error:>+8.0%}{r.measured_mfu:>10.1%}{r.mfu:>9.1%}  "
+                     f"{r.error:>+8.0%}{loo:>7}{r.measured_mfu:>10.1%}{r.mfu:>9.1%}  "
                      f"{r.bottleneck.split(':')[0]}{fits}")
-    lines.append("-" * 130)
+    lines.append("-" * 136)
     o = stats["overall"]
     lines.append(f"all cases: {o['ran']} of {o['cases']} ran; median |error| "
-                 f"{o['median_abs_error']:.0%}, p90 |error| {o['p90_abs_error']:.0%}")
+                 f"{o['median_abs_error']:.0%}, p90 {o['p90_abs_error']:.0%}; leave-one-out "
+                 f"median {o['loo_median_abs_error']:.0%}, p90 {o['loo_p90_abs_error']:.0%}")
     for f, s in stats["families"].items():
         lines.append(f"  {f:<22}{s['ran']:>3} ran   median {s['median_abs_error']:>5.0%}   "
-                     f"p90 {s['p90_abs_error']:>5.0%}")
+                     f"p90 {s['p90_abs_error']:>5.0%}   leave-one-out median "
+                     f"{s['loo_median_abs_error']:>5.0%}")
     compilers = sorted({r.compiler for r in rows if r.compiler})
     lines.append(f"HLO from: {'; '.join(compilers) or '-'}")
     return "\n".join(lines)
@@ -219,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--case", required=True)
     p.add_argument("--backend", default="cpu")
+    p.add_argument("--calibration", default=None)
     args = p.parse_args(argv)
-    row = run_case(args.case, backend=args.backend)
+    row = run_case(args.case, backend=args.backend, calibration=args.calibration)
     print(json.dumps(dataclasses.asdict(row)))
     return 0
 

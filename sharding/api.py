@@ -17,6 +17,7 @@ import jax
 from jax.sharding import Mesh
 
 from meshes import System, get_system
+from meshes.calibration import Calibration, catalog_calibration
 from sharding import loops
 from sharding.collectives import Collective, extract_collectives
 from sharding.compiler import compile_to_hlo, compiled_memory, system_device_id
@@ -74,8 +75,11 @@ def analyze_module(
     timings: dict[str, float] | None = None,
     warnings: Sequence[str] = (),
     name: str = "",
+    calibration: Calibration | None = None,
 ) -> Report:
-    """Report for a parsed per-device module on `system`."""
+    """Report for a parsed per-device module on `system` (`calibration`: the fitted
+    efficiencies; the catalog's by default)."""
+    calibration = catalog_calibration() if calibration is None else calibration
     timings = dict(timings or {})
     t0 = time.perf_counter()
     collectives, unknown = extract_collectives(module, mesh_shape=mesh_shape,
@@ -86,7 +90,8 @@ def analyze_module(
                          f"{system.num_devices}; pick a system with at least {n} devices")
     ids = list(device_ids) if device_ids is not None else list(range(n))
     collectives = _time_collectives(collectives, system, ids)
-    per_comp = computation_costs(module, system.chip, compute_dtype=compute_dtype)
+    per_comp = computation_costs(module, system.chip, compute_dtype=compute_dtype,
+                                 calibration=calibration)
     cost = compute_cost(module, system.chip, costs=per_comp)
     schedule = Scheduler(
         module,
@@ -112,6 +117,8 @@ def analyze_module(
         warnings=tuple(warnings) + tuple(loops.notes(module)) + _remat_note(module),
         unknown_ops=tuple(unknown),
         scheduled_step_s=schedule.step_s,
+        calibration=calibration,
+        system_family=getattr(system.family, "name", ""),
     )
 
 
@@ -129,6 +136,7 @@ def analyze(
     warnings: Sequence[str] = (),
     name: str = "",
     compiler: str | None = None,
+    calibration: Calibration | None = None,
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -148,6 +156,8 @@ def analyze(
             the report shows the compiler's figure.
         timings: stages the caller timed (e.g. building the program), shown with ours.
         warnings: the caller's own, shown before the compiler's.
+        calibration: the step-time model's fitted efficiencies (meshes/calibration.py);
+            the catalog's by default.
         compiler: a name for the compiler, e.g. "TPU compiler (deviceless v6e:2x4)"; TPU
             and GPU devices are compiled for and read from their final HLO, CPU devices
             from the HLO after SPMD partitioning.
@@ -181,6 +191,7 @@ def analyze(
         timings={**(timings or {}), **c.timings},
         warnings=(*warnings, *c.warnings),
         name=name,
+        calibration=calibration,
     )
 
 
@@ -191,6 +202,7 @@ def analyze_hlo(
     mesh_shape: Sequence[int] = (),
     axis_names: Sequence[str] = (),
     name: str = "",
+    calibration: Calibration | None = None,
 ) -> Report:
     """Report for any HLO dump; give the mesh shape and axis names to map groups to axes."""
     system = get_system(system) if isinstance(system, str) else system
@@ -198,4 +210,5 @@ def analyze_hlo(
     module = parse_hlo(hlo_text)
     timings = {"parse_s": time.perf_counter() - t0}
     return analyze_module(module, system=system, mesh_shape=mesh_shape, axis_names=axis_names,
-                          compiler="HLO text", timings=timings, name=name)
+                          compiler="HLO text", timings=timings, name=name,
+                          calibration=calibration)

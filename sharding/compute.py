@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from meshes import Chip
+from meshes.calibration import IDENTITY, Calibration
 from sharding.dataflow import MATMUL_OPS
 from sharding.flops import dot_flops
 from sharding.hlo import HloModule, operation_of
@@ -39,6 +40,12 @@ class ComputeCost:
     ops: dict[tuple[str, str], dict[str, float]] = dataclasses.field(default_factory=dict)
     # matmul time of the matmuls that wait on HBM rather than on the math units
     hbm_bound_matmul_s: float = 0.0
+    # math time of the math-bound matmuls by calibration rate class ("tpu", "gpu_bf16",
+    # "measured"; "/attention" inside the flash-attention kernel), and the kernels run
+    # (each pays the calibration's fixed overhead, which the times include)
+    math_s_by_class: dict[str, float] = dataclasses.field(default_factory=dict)
+    kernels: float = 0.0
+    overhead_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -63,6 +70,9 @@ class ExecutionCost:
     times: dict[str, float] = dataclasses.field(default_factory=dict)
     ops: dict[tuple[str, str], dict[str, float]] = dataclasses.field(default_factory=dict)
     hbm_bound_matmul_s: float = 0.0
+    math_s_by_class: dict[str, float] = dataclasses.field(default_factory=dict)
+    kernels: float = 0.0
+    overhead_s: float = 0.0
 
     def add_op(self, key: tuple[str, str], flops: float, nbytes: float, t: float) -> None:
         d = self.ops.setdefault(key, {"flops": 0.0, "bytes": 0.0, "time_s": 0.0})
@@ -72,9 +82,11 @@ class ExecutionCost:
 
 
 def computation_costs(
-    module: HloModule, chip: Chip, *, compute_dtype: str | None = None
+    module: HloModule, chip: Chip, *, compute_dtype: str | None = None,
+    calibration: Calibration = IDENTITY,
 ) -> dict[str, ExecutionCost]:
-    """Cost of one execution of each computation that runs."""
+    """Cost of one execution of each computation that runs (`calibration`: the fitted
+    efficiencies of meshes/calibration.py; none by default)."""
     hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
     fused = {callee for callee, sites in module.call_sites.items()
              if any(inst.opcode == "fusion" for _, inst, _ in sites)}
@@ -87,30 +99,51 @@ def computation_costs(
         inside_fusion = comp.name in fused
         for inst in comp.instructions:
             if inst.opcode in MATMUL_OPS:
-                _add_matmul(c, inst, comp, chip, hbm_bw, compute_dtype,
-                            on_chip=inside_fusion or FUSED_KERNEL_SCOPE in inst.op_name)
+                _add_matmul(c, inst, comp, chip, hbm_bw, compute_dtype, calibration,
+                            on_chip=inside_fusion or FUSED_KERNEL_SCOPE in inst.op_name,
+                            attention=FUSED_KERNEL_SCOPE in inst.op_name,
+                            own_kernel=not inside_fusion)
         if not inside_fusion:
             for kernel_bytes, kernel_elems, members in kernels(comp, module,
                                                                 final=module.is_scheduled):
-                _add_kernel(c, kernel_bytes, kernel_elems, members[-1], hbm_bw)
+                _add_kernel(c, kernel_bytes, kernel_elems, members[-1], hbm_bw,
+                            calibration.kernel_overhead_s)
         out[comp.name] = c
     _overlap_fused_matmuls(module, out)
     return out
 
 
 def _add_matmul(c: ExecutionCost, inst, comp, chip: Chip, hbm_bw: float,
-                compute_dtype: str | None, *, on_chip: bool) -> None:
+                compute_dtype: str | None, calibration: Calibration, *, on_chip: bool,
+                attention: bool, own_kernel: bool) -> None:
     """A dot or convolution: the larger of its math at the measured rate for its size and
-    its operand traffic (none when its operands stream through on-chip memory)."""
+    its operand traffic (none when its operands stream through on-chip memory), plus the
+    fixed per-kernel overhead when it is a kernel of its own (not inside a fusion, whose
+    kernel pays it)."""
     f, dt, io = dot_flops(inst, comp)
     if on_chip:
         io = 0
     dt = compute_dtype or dt
     size = (f / 2) ** (1 / 3) if f > 0 else None  # cube-equivalent M = N = K
-    t_math = f / (chip.peak_for(dt) * chip.efficiency_for(dt, size)) if f > 0 else 0.0
-    t = max(t_math, io / hbm_bw)
+    rate_class = Calibration.rate_class(chip, dt)
+    if attention:
+        # A fused flash-attention kernel is not a GEMM of its tiles' size: it runs at its
+        # own fraction of the large-GEMM rate (the calibration's), not down the size curve.
+        rate = chip.peak_for(dt) * chip.efficiency_for(dt) * calibration.rate_factor(
+            rate_class) * calibration.flash_attention_efficiency
+        rate_class += "/attention"
+    else:
+        rate = chip.peak_for(dt) * chip.efficiency_for(dt, size) * calibration.rate_factor(
+            rate_class)
+    t_math = f / rate if f > 0 else 0.0
+    overhead = calibration.kernel_overhead_s if own_kernel else 0.0
+    t = max(t_math, io / hbm_bw) + overhead
+    c.kernels += own_kernel
+    c.overhead_s += overhead
     if io / hbm_bw > t_math:
         c.hbm_bound_matmul_s += t
+    else:
+        c.math_s_by_class[rate_class] = c.math_s_by_class.get(rate_class, 0.0) + t_math
     c.flops += f
     c.matmul_flops += f
     c.flops_by_dtype[dt] = c.flops_by_dtype.get(dt, 0.0) + f
@@ -120,10 +153,14 @@ def _add_matmul(c: ExecutionCost, inst, comp, chip: Chip, hbm_bw: float,
     c.add_op((operation_of(inst.op_name), "matmul"), f, io, t)
 
 
-def _add_kernel(c: ExecutionCost, nbytes: float, elems: float, last, hbm_bw: float) -> None:
-    """A memory-bound kernel: its traffic at the measured HBM bandwidth, timed at its last
-    member (it can start only when all of its inputs exist)."""
-    t = nbytes / hbm_bw
+def _add_kernel(c: ExecutionCost, nbytes: float, elems: float, last, hbm_bw: float,
+                overhead_s: float) -> None:
+    """A memory-bound kernel: its traffic at the measured HBM bandwidth plus the fixed
+    per-kernel overhead, timed at its last member (it can start only when all of its
+    inputs exist)."""
+    t = nbytes / hbm_bw + overhead_s
+    c.kernels += 1
+    c.overhead_s += overhead_s
     c.hbm_bytes += nbytes
     c.memory_bound_s += t
     c.flops += elems  # ~1 FLOP per element written
@@ -157,7 +194,7 @@ def _overlap_fused_matmuls(module: HloModule, out: dict[str, ExecutionCost]) -> 
 
 def compute_cost(
     module: HloModule, chip: Chip, *, compute_dtype: str | None = None,
-    costs: dict[str, ExecutionCost] | None = None,
+    calibration: Calibration = IDENTITY, costs: dict[str, ExecutionCost] | None = None,
 ) -> ComputeCost:
     """FLOPs, HBM bytes and time of every computation, weighted by execution count.
 
@@ -167,10 +204,12 @@ def compute_cost(
         compute_dtype: if set ("float8", "float4"), matmuls are timed at that dtype's peak
             regardless of their HLO operand type (used when the program is traced in bf16
             but the run uses low-precision matmul kernels).
-        costs: `computation_costs(module, chip, compute_dtype=...)` when already computed.
+        calibration: the fitted efficiencies (meshes/calibration.py); none by default.
+        costs: `computation_costs(...)` when already computed.
     """
     if costs is None:
-        costs = computation_costs(module, chip, compute_dtype=compute_dtype)
+        costs = computation_costs(module, chip, compute_dtype=compute_dtype,
+                                  calibration=calibration)
     counts = execution_counts(module)
     total = ExecutionCost()
     for name, c in costs.items():
@@ -181,10 +220,15 @@ def compute_cost(
         total.matmul_s += n * c.matmul_s
         total.memory_bound_s += n * c.memory_bound_s
         total.hbm_bound_matmul_s += n * c.hbm_bound_matmul_s
+        total.kernels += n * c.kernels
+        total.overhead_s += n * c.overhead_s
         for dt, f in c.flops_by_dtype.items():
             total.flops_by_dtype[dt] = total.flops_by_dtype.get(dt, 0.0) + n * f
+        for key, t in c.math_s_by_class.items():
+            total.math_s_by_class[key] = total.math_s_by_class.get(key, 0.0) + n * t
         for key, d in c.ops.items():
             total.add_op(key, n * d["flops"], n * d["bytes"], n * d["time_s"])
     return ComputeCost(total.flops, total.matmul_flops, total.hbm_bytes, total.matmul_s,
                        total.memory_bound_s, total.flops_by_dtype, total.ops,
-                       total.hbm_bound_matmul_s)
+                       total.hbm_bound_matmul_s, total.math_s_by_class, total.kernels,
+                       total.overhead_s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
+from meshes.calibration import IDENTITY, Calibration
 from sharding.collectives import Collective
 from sharding.compute import ComputeCost
 from sharding.hlo import operation_of
@@ -68,6 +69,8 @@ class Report:
     unknown_ops: tuple[str, ...] = ()
     name: str = ""
     scheduled_step_s: float | None = None  # from sharding.schedule; None: no overlap
+    calibration: Calibration = IDENTITY  # the fitted efficiencies the times used
+    system_family: str = ""  # for the calibration's best measured MFU
 
     # --- time ----------------------------------------------------------------------
     @property
@@ -220,6 +223,34 @@ class Report:
         links = self.by_link()
         return max(links, key=lambda k: links[k]["time_s"]) if links else None
 
+    def suspect_mfu(self) -> str | None:
+        """Why the estimated MFU is suspect, when it is above the best any measured run
+        reached on this system family."""
+        ceiling = self.calibration.best_mfu.get(self.system_family)
+        if self.mfu is None or ceiling is None or self.mfu <= ceiling[0]:
+            return None
+        return (f"estimated MFU {self.mfu:.1%} is above the best measured on "
+                f"{self.system_family} ({ceiling[0]:.1%}, {ceiling[1]}): suspect -- check the "
+                f"compute model for this program (it may leave out work the run does)")
+
+    def calibration_features(self) -> dict:
+        """The step decomposed by what each calibration parameter scales, at the
+        uncalibrated rates, for fitting (experiments/calibrate.py): the math time of the
+        math-bound matmuls by rate class (and inside flash attention or not), the kernels
+        run, the rest of compute (memory-bound kernels, HBM-bound matmuls) and the
+        communication the schedule left exposed."""
+        cal, c = self.calibration, self.compute
+        math_s = {}
+        for key, t in c.math_s_by_class.items():
+            rate_class, _, attention = key.partition("/")
+            factor = cal.rate_factor(rate_class)
+            if attention:
+                factor *= cal.flash_attention_efficiency
+            math_s[key] = t * factor
+        return {"math_s": math_s, "kernels": c.kernels,
+                "other_s": self.compute_s - sum(c.math_s_by_class.values()) - c.overhead_s,
+                "exposed_s": self.step_time_s - self.compute_s}
+
     # --- output --------------------------------------------------------------------
     def to_dict(self) -> dict:
         lo, hi = self.step_time_bounds_s
@@ -255,6 +286,8 @@ class Report:
             "slowest_hop": self.slowest_hop(),
             "timings": dict(self.timings),
             "warnings": list(self.warnings),
+            "suspect_mfu": self.suspect_mfu(),
+            "calibration": {**self.calibration.values(), "source": self.calibration.source},
             "unknown_ops": list(self.unknown_ops),
         }
 
@@ -341,6 +374,8 @@ def _summary_lines(r: Report) -> list[str]:
     if r.mfu is not None:
         what = "model FLOPs" if r.model_flops_per_step else "HLO matmul FLOPs"
         lines.append(f"MFU            {r.mfu:.1%}  ({what})")
+        if (suspect := r.suspect_mfu()) is not None:
+            lines.append(f"               {suspect}")
     m = r.memory
     lines.append(f"memory/device  {fmt_bytes(m.total_bytes)} of {fmt_bytes(r.hbm_capacity_bytes)}"
                  f" HBM: {'fits' if r.fits else 'DOES NOT FIT'}  ({m.source})")
@@ -350,6 +385,7 @@ def _summary_lines(r: Report) -> list[str]:
         lines.append(f"  (compiler's own figure: {fmt_bytes(m.compiler_bytes)}, from "
                      f"{m.compiler_source})")
     lines.append(f"bottleneck     {r.bottleneck()}")
+    lines.append(f"calibration    {r.calibration.source}")
     slow = r.slowest_link()
     if slow:
         lines.append(f"busiest link   {slow} ({fmt_s(r.by_link()[slow]['time_s'])} of "

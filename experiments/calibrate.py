@@ -1,0 +1,174 @@
+"""`shardscope calibrate`: fit the step-time model's efficiencies (meshes/calibration.py) on
+measured runs.
+
+Each run is compiled and estimated once (experiments/validate.py); its step is then
+decomposed by what each parameter scales (`Report.calibration_features`): the math time of
+the math-bound matmuls by rate class (GPU bf16, TPU, measured low-precision) inside and
+outside flash attention, the number of kernels, the rest of compute, and the communication
+the schedule left exposed. With parameters p the step is, to first order,
+
+    step(p) = other + exposed + kernels x kernel_overhead_s
+              + sum over classes of math / (rate factor(p) [x flash_attention_efficiency])
+
+(the exposed communication is held at what the schedule found). The fit minimises the
+log-errors against the measured steps with a robust (soft-L1) loss, so that a run the
+model cannot express -- a strategy it does not build yet -- does not drag the parameters,
+within each parameter's physical bounds. It is deterministic: the same runs give the same
+values. Leave-one-out refits without each run and estimates it with the others' fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+from pathlib import Path
+
+import numpy as np
+
+from meshes.calibration import PARAMETERS, Calibration
+
+_NAMES = tuple(PARAMETERS)
+# Soft-L1 scale: log-errors well inside it count as squares, beyond it linearly (about 20%).
+_ROBUST_SCALE = 0.2
+
+
+def _factor(values: dict[str, float], key: str) -> float:
+    cal = Calibration(**values)
+    rate_class, _, attention = key.partition("/")
+    f = cal.rate_factor(rate_class)
+    return f * cal.flash_attention_efficiency if attention else f
+
+
+def predict(features: dict, values: dict[str, float]) -> float:
+    """The step of a run with parameter `values`, from its decomposition."""
+    math_s = sum(t / _factor(values, key) for key, t in features["math_s"].items())
+    return (features["other_s"] + features["exposed_s"]
+            + features["kernels"] * values["kernel_overhead_s"] + math_s)
+
+
+def informs(features: dict, name: str, *, share: float = 0.01) -> bool:
+    """Whether a run's step depends on parameter `name` (by at least `share` of it)."""
+    step = predict(features, Calibration().values())
+    if name == "kernel_overhead_s":
+        return features["kernels"] * 1e-6 > share * step  # 1 us per kernel would show
+    keys = [k for k in features["math_s"]
+            if (name == "flash_attention_efficiency" and k.endswith("/attention"))
+            or (name == "gpu_bf16_matmul_efficiency" and k.startswith("gpu_bf16"))
+            or (name == "tpu_matmul_scale" and k.startswith("tpu"))]
+    return sum(features["math_s"][k] for k in keys) > share * step
+
+
+def fit(cases: list[tuple[dict, float]]) -> dict[str, float]:
+    """Parameter values that best explain `cases` ((features, measured step) pairs).
+
+    Parameters no case informs keep their uncalibrated value."""
+    from scipy.optimize import least_squares
+
+    free = [n for n in _NAMES if sum(informs(f, n) for f, _ in cases) >= 2]
+    base = Calibration().values()
+    lo = np.array([PARAMETERS[n][0] for n in free])
+    hi = np.array([PARAMETERS[n][1] for n in free])
+    scale = np.array([1e-6 if n == "kernel_overhead_s" else 1.0 for n in free])
+
+    def values_of(x) -> dict[str, float]:
+        return {**base, **dict(zip(free, (x * scale).tolist()))}
+
+    def residuals(x):
+        v = values_of(x)
+        return np.array([math.log(predict(f, v) / m) for f, m in cases])
+
+    if not free:
+        return base
+    x0 = np.clip(np.array([base[n] for n in free]) / scale, lo / scale, hi / scale)
+    result = least_squares(residuals, x0, bounds=(lo / scale, hi / scale), loss="soft_l1",
+                           f_scale=_ROBUST_SCALE, x_scale="jac", xtol=1e-12, ftol=1e-12,
+                           gtol=1e-12, max_nfev=2000)
+    # Six significant digits, as the catalog file stores them (and a bound as the bound).
+    return {k: float(f"{v:.6g}") if abs(v) > 1e-12 else 0.0
+            for k, v in values_of(result.x).items()}
+
+
+def leave_one_out(cases: list[tuple[dict, float]]) -> list[float]:
+    """For each case, its estimated step under a fit of all the other cases."""
+    return [predict(cases[i][0], fit(cases[:i] + cases[i + 1:])) for i in range(len(cases))]
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    values: dict[str, float]
+    names: list[str]  # the runs, in case order
+    fitted_errors: list[float]  # (estimate - measured) / measured with the fit
+    loo_errors: list[float]
+    informed_by: dict[str, list[str]]
+
+
+def calibrate(cases: list[tuple[str, dict, float]]) -> FitResult:
+    """Fit on (name, features, measured) cases, with leave-one-out."""
+    pairs = [(f, m) for _, f, m in cases]
+    values = fit(pairs)
+    names = [n for n, _, _ in cases]
+    fitted = [predict(f, values) / m - 1 for f, m in pairs]
+    loo = [p / m - 1 for p, (_, m) in zip(leave_one_out(pairs), pairs)]
+    informed = {p: [n for n, f, _ in cases if informs(f, p)] for p in _NAMES}
+    return FitResult(values, names, fitted, loo, informed)
+
+
+def _median_abs(errors: list[float]) -> float:
+    return float(np.median(np.abs(errors))) if errors else math.nan
+
+
+def best_mfu(rows, *, min_runs: int = 2) -> dict[str, tuple[float, str]]:
+    """System family -> the highest measured MFU among validation rows (our FLOP count),
+    for families with at least `min_runs` measured runs (one run is no ceiling)."""
+    by_family: dict[str, list] = {}
+    for r in rows:
+        if r.measured_mfu is not None:
+            by_family.setdefault(r.family.split()[0], []).append(r)
+    return {family: max(((r.measured_mfu, r.name) for r in rs), key=lambda x: x[0])
+            for family, rs in by_family.items() if len(rs) >= min_runs}
+
+
+def write_calibration(result: FitResult, path: str | Path, *, fitted_on: str,
+                      best: dict[str, tuple[float, str]] | None = None) -> None:
+    """The calibration file `load_calibration` reads: the values, for each parameter the
+    runs that inform it and the residual on them, and the best measured MFU per system
+    family."""
+    today = datetime.date.today().isoformat()
+    med, loo = _median_abs(result.fitted_errors), _median_abs(result.loo_errors)
+    lines = [f"# Written by `shardscope calibrate {fitted_on}` on {today}.", "",
+             "[parameters]"]
+    for name, value in result.values.items():
+        lines.append(f"{name} = {value:.6g}  # uncalibrated {PARAMETERS[name][2]:g}; "
+                     f"{PARAMETERS[name][3]}")
+    lines += ["", "[provenance]",
+              f'summary = "fitted on {len(result.names)} measured runs ({fitted_on}, {today}): '
+              f'median |error| {med:.1%}, leave-one-out {loo:.1%}"',
+              f'fitted_on = "{fitted_on}"', f'date = "{today}"',
+              f"median_abs_error = {med:.4f}", f"loo_median_abs_error = {loo:.4f}",
+              "runs = [" + ", ".join(f'"{n}"' for n in result.names) + "]", ""]
+    for name in result.values:
+        runs = result.informed_by[name]
+        errs = [e for n, e in zip(result.names, result.fitted_errors) if n in runs]
+        lines += [f"[provenance.{name}]", f"informed_by = {len(runs)}",
+                  "runs = [" + ", ".join(f'"{n}"' for n in runs) + "]",
+                  f"median_abs_error_on_them = {_median_abs(errs):.4f}", ""]
+    lines.append("[best_measured_mfu]  # our model-FLOP count, the measured step")
+    for family, (mfu, run) in sorted((best or {}).items()):
+        lines.append(f'"{family}" = {{ mfu = {mfu:.4f}, run = "{run}" }}')
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def format_fit(result: FitResult) -> str:
+    """The fitted parameters, what informs each and the residual on those runs."""
+    lines = [f"{'parameter':<30}{'value':>12}{'uncalibrated':>14}{'runs':>6}"
+             f"{'median |err| on them':>22}"]
+    for name, value in result.values.items():
+        runs = result.informed_by[name]
+        errs = [e for n, e in zip(result.names, result.fitted_errors) if n in runs]
+        lines.append(f"{name:<30}{value:>12.4g}{PARAMETERS[name][2]:>14.4g}{len(runs):>6}"
+                     f"{_median_abs(errs):>22.1%}")
+    lines.append(f"fitted: median |error| {_median_abs(result.fitted_errors):.1%}; "
+                 f"leave-one-out: {_median_abs(result.loo_errors):.1%} "
+                 f"({len(result.names)} runs)")
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""The step-time model's fitted efficiencies: a few physically meaningful parameters that
+no microbenchmark in the reference pins down, fitted on published runs.
+
+- `gpu_bf16_matmul_efficiency`: the fraction of peak a GPU's bf16 matmuls reach in a
+  training step. The catalog's 0.80 is the scaling book's "80-85%", not a measurement
+  (FP8 has a measured cuBLASLt figure and is not scaled).
+- `tpu_matmul_scale`: the fraction of the microbenchmarked GEMM rate (v6e 827/920, TPU7x
+  950/1150) a TPU's matmuls sustain in a training step, where the MXUs share the chip with
+  the vector units, HBM traffic and ICI DMA.
+- `flash_attention_efficiency`: a fused flash-attention kernel's rate relative to the
+  chip's large-GEMM rate (its softmax, masking and tiles are not a large GEMM's; nor is it
+  a GEMM of its tiles' size, so the GEMM size curve does not apply to it).
+- `kernel_overhead_s`: fixed time per kernel (launch, prologue, pipeline fill), added to
+  every matmul and memory-bound kernel.
+
+`shardscope calibrate DIR --out CAL.toml` fits them on measured runs; the catalog's values
+(meshes/calibration.toml) were fitted that way on experiments/validation and carry their
+provenance. `--calibration CAL.toml` on `run` and `validate` uses a user's own fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+from meshes.chips import GPU_BF16_BOOK_EFFICIENCY, Chip
+
+CATALOG_FILE = Path(__file__).with_name("calibration.toml")
+
+# name -> (lower bound, upper bound, the uncalibrated value, what it means). The bounds are
+# what is physically possible, not what fits best.
+PARAMETERS = {
+    "gpu_bf16_matmul_efficiency": (0.3, 0.95, GPU_BF16_BOOK_EFFICIENCY,
+                                   "GPU bf16 matmul fraction of peak"),
+    "tpu_matmul_scale": (0.3, 1.1, 1.0, "TPU matmul rate / microbenchmarked GEMM rate"),
+    "flash_attention_efficiency": (0.1, 1.0, 1.0, "flash attention rate / large-GEMM rate"),
+    "kernel_overhead_s": (0.0, 50e-6, 0.0, "fixed time per kernel, s"),
+}
+# Matmul rate classes: which parameter scales a matmul's rate.
+RATE_CLASSES = ("gpu_bf16", "tpu", "measured")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Values of PARAMETERS, and where they come from."""
+
+    gpu_bf16_matmul_efficiency: float = GPU_BF16_BOOK_EFFICIENCY
+    tpu_matmul_scale: float = 1.0
+    flash_attention_efficiency: float = 1.0
+    kernel_overhead_s: float = 0.0
+    source: str = "uncalibrated: microbenchmark and book figures only"
+    # System family -> (the best MFU a measured run reached on it, with our model-FLOP
+    # count, and that run's name): an estimate above it is suspect.
+    best_mfu: dict[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        for name, (lo, hi, _, meaning) in PARAMETERS.items():
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ValueError(f"calibration {name}={v!r} ({meaning}) must be a number in "
+                                 f"[{lo:g}, {hi:g}]")
+
+    @staticmethod
+    def rate_class(chip: Chip, dtype: str) -> str:
+        """Which parameter scales a matmul of `dtype` on `chip`."""
+        if chip.size_curve == "tpu":
+            return "tpu"
+        measured = dtype.startswith(tuple(chip.low_precision_efficiency))
+        return "measured" if measured else "gpu_bf16"
+
+    def rate_factor(self, rate_class: str) -> float:
+        """Multiplier on the catalog's matmul rate for a rate class (the GPUs' bf16 figure
+        is the book's GPU_BF16_BOOK_EFFICIENCY)."""
+        if rate_class == "gpu_bf16":
+            return self.gpu_bf16_matmul_efficiency / GPU_BF16_BOOK_EFFICIENCY
+        if rate_class == "tpu":
+            return self.tpu_matmul_scale
+        return 1.0
+
+    def values(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in PARAMETERS}
+
+
+IDENTITY = Calibration()
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """A calibration file: `[parameters]` (any of PARAMETERS; the rest uncalibrated) and
+    `[provenance]` (free-form: what informed it)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"calibration file {str(path)!r} not found; write one with "
+                         f"`shardscope calibrate DIR --out {p.name}`")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML ({e})") from None
+    params = raw.get("parameters", {})
+    for key in params:
+        if key not in PARAMETERS:
+            raise ValueError(f"{path}: unknown calibration parameter {key!r}; valid: "
+                             f"{', '.join(PARAMETERS)}")
+    prov = raw.get("provenance", {})
+    source = prov.get("summary") or f"fitted ({path})"
+    best = {family: (float(v["mfu"]), str(v["run"]))
+            for family, v in raw.get("best_measured_mfu", {}).items()}
+    return Calibration(**params, source=source, best_mfu=best)
+
+
+_catalog: Calibration | None = None
+
+
+def catalog_calibration() -> Calibration:
+    """The catalog's fitted values (meshes/calibration.toml)."""
+    global _catalog
+    if _catalog is None:
+        _catalog = load_calibration(CATALOG_FILE)
+    return _catalog
