@@ -24,8 +24,10 @@ from meshes.links import (
     NCCL_PROTOCOL_BANDWIDTH_SHARE,
     NCCL_PROTOCOLS,
     NCCL_TREE_BANDWIDTH_SHARE,
+    SCALE_OUT_RING_POINTS,
     BusBandwidthCurve,
     Link,
+    nic_efficiency_from,
 )
 from meshes.system import CollectiveTiming, System, bus_factor
 
@@ -107,10 +109,8 @@ GPU_FAMILIES: dict[str, GpuFamily] = {
     ),
 }
 
-# The scaling book (gpus.md): across nodes, "in practice" a collective runs at about the
-# per-GPU node egress bandwidth. No measured InfiniBand busbw table is in the reference yet,
-# so the NIC runs at its nominal rate; the topology issue replaces this with measurements.
-NIC_EFFICIENCY = 1.0
+# Per-NIC achieved / line rate, from the measured multi-node ring points (links.py): 0.915.
+NIC_EFFICIENCY = nic_efficiency_from(SCALE_OUT_RING_POINTS)
 
 
 class GpuSystem(System):
@@ -224,35 +224,39 @@ class GpuSystem(System):
             t_out = nbytes * (n - m) / n / nic_bw
             t_in, _ = self._in_domain_time(kind, nbytes * m / n, m)
             return CollectiveTiming(t_out + t_in, "infiniband", "hierarchical all-to-all")
-        # Hierarchical as NCCL does: reduce-scatter (or gather) inside the domain, the
-        # collective across domains on 1/m of the data per GPU (each GPU on its own rail),
-        # then all-gather inside the domain. Ring or tree, LL or Simple: the fastest wins,
-        # with NCCL's own latencies.
-        inner_kind = "reduce-scatter" if kind in ("all-reduce", "reduce-scatter") else "all-gather"
-        # (The inner stages' latency is inside NCCL's whole-collective latency below.)
-        t_inner, _ = self._in_domain_time(inner_kind, nbytes, m, latency_floor=False)
-        if kind == "all-reduce":
-            t_inner *= 2  # reduce-scatter before, all-gather after
-        t_outer = (nbytes / m) * bus_factor(kind, d) / nic_bw
+        # Across domains NCCL runs flat rings, one channel per NIC: every rank moves
+        # S x bus factor, at the slower of the NVLink ring inside a domain and the domain's
+        # NICs (m per domain used by the group): busbw = m x NIC (collectives.md: 4 nodes x 8
+        # NICs measure 366 GB/s). On 2 domains a tree (NVLSTree) sends each byte across once,
+        # so it beats the network bottleneck up to 2x; beyond, NCCL's tree runs at 0.9 of the
+        # ring's bandwidth (tuning.cc). LL, LL128 or Simple, with NCCL's own latencies: the
+        # fastest wins.
+        nvlink_bw = self._domain_busbw(kind, nbytes, m)[0] if m > 1 else math.inf
+        ring_bw = min(nvlink_bw, m * nic_bw)
+        t_ring = nbytes * bus_factor(kind, n) / ring_bw
+        if d == 2:
+            t_tree = max(nbytes / (m * nic_bw), nbytes * bus_factor(kind, n) / nvlink_bw)
+        else:
+            t_tree = t_ring / NCCL_TREE_BANDWIDTH_SHARE
         best = None
         algos = ("ring", "tree") if kind == "all-reduce" else ("ring",)
         for algo in algos:
             for proto in NCCL_PROTOCOLS:
                 share = NCCL_PROTOCOL_BANDWIDTH_SHARE[(algo, proto)]
-                if algo == "tree":
-                    share *= NCCL_TREE_BANDWIDTH_SHARE
-                t = t_inner + t_outer / share + _nccl_latency_s(kind, algo, proto, n, d, m)
+                t_bw = t_ring if algo == "ring" else t_tree
+                t = t_bw / share + _nccl_latency_s(kind, algo, proto, n, d, m)
                 if best is None or t < best[0]:
                     best = (t, algo, proto)
         if kind == "all-reduce" and self.sharp:
-            # In-network reduction: each GPU sends its 1/m share up once and receives the
-            # reduced share once (full duplex): bus factor 1 instead of the ring's
-            # 2 (d - 1) / d, which halves the traffic for many domains.
-            t = t_inner + (nbytes / m) / nic_bw + _collnet_latency_s(m)
+            # In-network reduction: each GPU's 1/m share goes up once and comes back
+            # reduced once (full duplex), pipelined with the NVLink stage: bus factor 1
+            # through the NICs instead of the ring's ~2, which halves the traffic.
+            t_sharp = max(nbytes / (m * nic_bw), nbytes * 2 * (m - 1) / m / nvlink_bw)
+            t = t_sharp + _collnet_latency_s(m)
             if t < best[0]:
                 best = (t, "sharp", "Simple")
         t, algo, proto = best
-        name = f"hierarchical {algo} ({proto})" if m > 1 else f"{algo} ({proto})"
+        name = f"{algo} ({proto})"
         return CollectiveTiming(t, "infiniband", name)
 
 

@@ -84,6 +84,23 @@ GB200_72GPU = BusBandwidthCurve(
     "nccl-tests all-reduce, 72x GB200 NVL72 rack, NCCL 2.26.2 (collectives.md)",
 )
 
+# Ring all-reduce bus bandwidth measured across 3 or more nodes (collectives.md, "Measured
+# across nodes"): NCCL runs flat rings, one channel per NIC, so busbw = NICs per node x the
+# per-NIC rate. (nodes, NICs per node, NIC line rate B/s, measured busbw B/s, source.)
+SCALE_OUT_RING_POINTS = (
+    (4, 8, 50e9, 365.84e9, "NVIDIA/nccl-tests #309: 4 nodes x 8 GPUs, one 400G NIC per GPU"),
+    (248, 8, 50e9, 350e9, "NVIDIA/nccl-tests #283: 248 nodes x 8 H200, 8 HCAs, 512 MiB"),
+    (5, 4, 50e9, 190e9, "NVIDIA/nccl #1368: 5 nodes x 8 H100, 4 x 400G RoCE per node"),
+)
+
+
+def nic_efficiency_from(points=SCALE_OUT_RING_POINTS) -> float:
+    """Achieved / line rate per NIC: the median over the measured ring points."""
+    ratios = sorted(busbw / (nics * rate) for _, nics, rate, busbw, _ in points)
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+
+
 # TPU ICI: the scaling book says an all-gather on v5e reaches ~95% of the 4.5e10 B/s link
 # rate by ~10 MB; that is the only measured ICI efficiency in the reference.
 TPU_ICI_EFFICIENCY = 0.95
