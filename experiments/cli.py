@@ -86,7 +86,7 @@ def _calibration(args):
     """The --calibration file's values, or None for the catalog's."""
     if not getattr(args, "calibration", None):
         return None
-    from meshes.calibration import load_calibration
+    from experiments.config import load_calibration
 
     return load_calibration(args.calibration)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from meshes import System, get_system
+from meshes.calibration import Calibration, calibration_from_dict
 from meshes.catalog import OVERRIDES
 from models.config import PRESETS, ModelConfig, preset
 from models.program import Precision, Train, Workload
@@ -92,16 +93,31 @@ _REQUIRED = {"name": None, "model": None, "system": {"name"},
              "workload": {"seq_len", "global_batch"}}
 
 
-def load(path: str | Path, overrides: list[str] = ()) -> Experiment:
-    """Read a TOML experiment, apply `key=value` overrides, validate."""
+def read_toml(path: str | Path, *, what: str, example: str) -> dict:
+    """A TOML file's contents, or a ConfigError naming the file and the fix."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {str(path)!r} not found; give the path of a .toml "
-                          f"experiment, e.g. experiments/configs/llama3-8b-nvl72.toml")
+        raise ConfigError(f"{what} {str(path)!r} not found; {example}")
     try:
-        raw = tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e}); fix the syntax at that line") from None
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """A calibration file written by `shardscope calibrate` (meshes/calibration.py)."""
+    raw = read_toml(path, what="calibration file",
+                    example=f"write one with `shardscope calibrate DIR --out {Path(path).name}`")
+    try:
+        return calibration_from_dict(raw, str(path))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def load(path: str | Path, overrides: list[str] = ()) -> Experiment:
+    """Read a TOML experiment, apply `key=value` overrides, validate."""
+    raw = read_toml(path, what="config file", example="give the path of a .toml experiment, "
+                    "e.g. experiments/configs/llama3-8b-nvl72.toml")
     for item in overrides:
         apply_override(raw, item)
     return from_dict(raw)

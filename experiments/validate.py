@@ -97,7 +97,7 @@ def run_case(path: str | Path, *, backend: str = "cpu", calibration: str | None 
     """Load, compile and estimate one case in this process (`calibration`: a calibration
     file; the catalog's by default)."""
     from experiments import config, runner
-    from meshes.calibration import load_calibration
+    from experiments.config import load_calibration
 
     exp = config.load(path)
     if exp.measured is None:

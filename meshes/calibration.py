@@ -85,24 +85,16 @@ class Calibration:
 IDENTITY = Calibration()
 
 
-def load_calibration(path: str | Path) -> Calibration:
-    """A calibration file: `[parameters]` (any of PARAMETERS; the rest uncalibrated) and
-    `[provenance]` (free-form: what informed it)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"calibration file {str(path)!r} not found; write one with "
-                         f"`shardscope calibrate DIR --out {p.name}`")
-    try:
-        raw = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: not valid TOML ({e})") from None
+def calibration_from_dict(raw: dict, where: str) -> Calibration:
+    """A calibration file's contents: `[parameters]` (any of PARAMETERS; the rest
+    uncalibrated), `[provenance]` (what informed it; its `summary` is the source shown in
+    reports) and `[best_measured_mfu]`."""
     params = raw.get("parameters", {})
     for key in params:
         if key not in PARAMETERS:
-            raise ValueError(f"{path}: unknown calibration parameter {key!r}; valid: "
+            raise ValueError(f"{where}: unknown calibration parameter {key!r}; valid: "
                              f"{', '.join(PARAMETERS)}")
-    prov = raw.get("provenance", {})
-    source = prov.get("summary") or f"fitted ({path})"
+    source = raw.get("provenance", {}).get("summary") or f"fitted ({where})"
     best = {family: (float(v["mfu"]), str(v["run"]))
             for family, v in raw.get("best_measured_mfu", {}).items()}
     return Calibration(**params, source=source, best_mfu=best)
@@ -115,5 +107,6 @@ def catalog_calibration() -> Calibration:
     """The catalog's fitted values (meshes/calibration.toml)."""
     global _catalog
     if _catalog is None:
-        _catalog = load_calibration(CATALOG_FILE)
+        _catalog = calibration_from_dict(tomllib.loads(CATALOG_FILE.read_text()),
+                                         "meshes/calibration.toml")
     return _catalog

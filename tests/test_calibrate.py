@@ -10,13 +10,8 @@ import pytest
 
 import meshes
 from experiments.calibrate import calibrate, fit, leave_one_out, predict
-from meshes.calibration import (
-    CATALOG_FILE,
-    IDENTITY,
-    PARAMETERS,
-    Calibration,
-    load_calibration,
-)
+from experiments.config import load_calibration
+from meshes.calibration import CATALOG_FILE, IDENTITY, PARAMETERS, Calibration
 from sharding.compute import compute_cost
 from sharding.hlo import parse_hlo
 from tests.conftest import REPO
@@ -150,3 +145,16 @@ def test_an_estimate_above_the_best_measured_mfu_is_flagged(cpu_devices):
     assert "suspect" in rep.format_table() and rep.to_dict()["suspect_mfu"]
     assert sharding.analyze(prog.step, *prog.args, calibration=IDENTITY, **kw).suspect_mfu() \
         is None
+
+
+def test_run_takes_a_calibration_file(tmp_path, capsys, cpu_devices):
+    from tests.test_cli import TINY, run_cli, write
+
+    config = write(tmp_path, TINY)
+    code, _, err = run_cli(["run", config, "--calibration", str(tmp_path / "none.toml")], capsys)
+    assert code == 2 and "calibration file" in err and err.count("\n") == 1
+    cal = tmp_path / "mine.toml"
+    cal.write_text('[parameters]\ngpu_bf16_matmul_efficiency = 0.4\n'
+                   '[provenance]\nsummary = "my cluster, 3 runs"\n')
+    code, out, _ = run_cli(["run", config, "--calibration", str(cal)], capsys)
+    assert code == 0 and "calibration    my cluster, 3 runs" in out
