@@ -44,7 +44,7 @@ def cmd_run(args) -> int:
     report = runner.run(exp, backend=args.backend, calibration=_calibration(args))
     print(report.format_table())
     if args.json:
-        _write_json(args.json, report.to_dict())
+        _write_json(args.json, {**report.to_dict(), "config": exp.to_dict()})
         print(f"\nwrote {args.json}")
     if args.html:
         from sharding.html import write_html

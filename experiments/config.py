@@ -79,6 +79,16 @@ class Experiment:
     train: Train
     measured: Measured | None = None
 
+    def to_dict(self) -> dict:
+        """The config as run, table by table (every default filled in), for --json."""
+        tables = {name: dataclasses.asdict(getattr(self, name))
+                  for name in ("model", "parallelism", "workload", "precision", "train")}
+        out = {"name": self.name, "system": {"name": self.system.name, **self.system.overrides},
+               **tables}
+        if self.measured is not None:
+            out["measured"] = dataclasses.asdict(self.measured)
+        return out
+
 
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} - {"name"}
 _TABLES = {"parallelism": Parallelism, "workload": Workload, "precision": Precision,

@@ -69,6 +69,12 @@ def test_run_prints_report_and_writes_json(tmp_path, capsys, cpu_devices):
     d = json.loads(out_json.read_text())
     assert d["fits"] is True and d["by_kind"]["all-gather"] > 0
     assert set(d["timings"]) >= {"lower_s", "compile_s", "parse_s", "estimate_s"}
+    # The config it ran, defaults filled in, and the compiler that made the HLO.
+    assert d["config"]["system"] == {"name": "h100:8"}
+    assert d["config"]["parallelism"] == {"pipeline": 1, "data": 2, "fsdp": 4, "expert": 1,
+                                          "sequence": 1, "tensor": 1, "rules": "default"}
+    assert d["config"]["model"]["n_layers"] == 2 and d["config"]["train"]["remat"] == "full"
+    assert d["compiler"].startswith("XLA:CPU")
 
 
 def test_set_overrides_a_key(tmp_path, capsys, cpu_devices):
