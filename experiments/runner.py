@@ -8,7 +8,7 @@ import sharding
 from experiments.config import ConfigError, Experiment
 from meshes.calibration import Calibration
 from models.inference import build_serve_program
-from models.memory import serving_memory, training_memory
+from models.memory import offload_bytes_per_step, serving_memory, training_memory
 from models.train import build_train_program
 from sharding import compiler
 from sharding.report import Report
@@ -54,6 +54,7 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
     rules = exp.parallelism.axis_rules()
     mesh_shape = mesh_shape_of(mesh)
     serving = exp.workload.kind != "train"
+    host_bytes = 0.0
     try:
         if serving:
             program = build_serve_program(exp.model, mesh, rules, workload=exp.workload,
@@ -66,6 +67,9 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
             memory = training_memory(exp.model, program, workload=exp.workload,
                                      precision=exp.precision, train=exp.train,
                                      mesh_shape=mesh_shape, rules=rules)
+            host_bytes = offload_bytes_per_step(exp.model, workload=exp.workload,
+                                                precision=exp.precision, train=exp.train,
+                                                mesh_shape=mesh_shape, rules=rules)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return sharding.analyze(
@@ -75,6 +79,7 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
         sequences_per_step=exp.workload.global_batch if serving else None,
         memory=memory, timings={"build_s": time.perf_counter() - t0}, warnings=warnings,
         name=exp.name, compiler=compiler_name, calibration=calibration,
+        host_transfer_bytes=host_bytes,
     )
 
 

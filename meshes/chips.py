@@ -47,6 +47,10 @@ class Chip:
     low_precision_efficiency: dict[str, float] = dataclasses.field(default_factory=dict)
     # Which measured size curve scales the efficiency with matmul size ("gpu" or "tpu").
     size_curve: str = "gpu"
+    # The link to host memory, per device and direction (activation offload), with source;
+    # None where no public figure is in the reference.
+    host_bytes_per_s: float | None = None
+    host_source: str = ""
 
     def efficiency_for(self, dtype: str, size: float | None = None) -> float:
         """Achieved / peak for a matmul in `dtype`; `size` is its cube-equivalent
@@ -119,6 +123,8 @@ CHIPS: dict[str, Chip] = {
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
         tdp_w=400,
+        host_bytes_per_s=32e9,
+        host_source="PCIe Gen4 x16, 64 GB/s both ways (A100 SXM datasheet)",
         source="NVIDIA A100 SXM 80GB datasheet",
     ),
     "h100": Chip(
@@ -130,6 +136,8 @@ CHIPS: dict[str, Chip] = {
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
         tdp_w=700,
+        host_bytes_per_s=64e9,
+        host_source="PCIe Gen5 x16, 128 GB/s both ways (H100 SXM datasheet)",
         source="NVIDIA H100 SXM datasheet; scaling book gpus.md",
     ),
     "h200": Chip(
@@ -141,6 +149,8 @@ CHIPS: dict[str, Chip] = {
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
         tdp_w=700,
+        host_bytes_per_s=64e9,
+        host_source="PCIe Gen5 x16, 128 GB/s both ways (H200 SXM datasheet)",
         source="NVIDIA H200 SXM datasheet; scaling book gpus.md",
     ),
     "b200": Chip(
@@ -154,6 +164,8 @@ CHIPS: dict[str, Chip] = {
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
         tdp_w=1000,
+        host_bytes_per_s=64e9,
+        host_source="PCIe Gen5 x16 to the host CPU, 128 GB/s both ways (HGX B200 host interface)",
         source="NVIDIA HGX B200 datasheet; glennklockwood.com B200 page; scaling book gpus.md",
     ),
     "gb200": Chip(
@@ -167,6 +179,9 @@ CHIPS: dict[str, Chip] = {
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
         tdp_w=1200,
+        host_bytes_per_s=225e9,
+        host_source=("NVLink-C2C, 900 GB/s both ways between Grace and its two GPUs "
+                     "(GB200 NVL72 datasheet)"),
         source="glennklockwood.com B200 page (GB200 at 1200 W); NVIDIA GB200 NVL72 datasheet",
     ),
     "gb300": Chip(
@@ -178,6 +193,9 @@ CHIPS: dict[str, Chip] = {
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
         tdp_w=1400,
+        host_bytes_per_s=225e9,
+        host_source=("NVLink-C2C, 900 GB/s both ways between Grace and its two GPUs "
+                     "(GB300 NVL72 datasheet)"),
         source="verda.com GB300 architecture post; NVIDIA GB300 NVL72 datasheet",
     ),
     # TPUs: scaling book tpus.md table. TPU power is not public: None.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from models.config import ModelConfig
 from models.fp8 import fp4_einsum, fp8_einsum
@@ -67,9 +68,10 @@ def project(spec: str, x, w, *, precision: Precision):
 def mlp_hidden(mlp, spec: str, x):
     """The MLP's hidden activation: silu(x W_gate) * x W_up (SwiGLU), gelu or relu of x W_up;
     `mlp` holds the weights (w_up, w_gate), `kind` and `precision`."""
-    up = project(spec, x, mlp.w_up, precision=mlp.precision)
+    up = checkpoint_name(project(spec, x, mlp.w_up, precision=mlp.precision), "mlpwi")
     if mlp.kind == "swiglu":
-        return jax.nn.silu(project(spec, x, mlp.w_gate, precision=mlp.precision)) * up
+        gate = checkpoint_name(project(spec, x, mlp.w_gate, precision=mlp.precision), "mlpwi")
+        return jax.nn.silu(gate) * up
     return jax.nn.gelu(up) if mlp.kind == "gelu" else jax.nn.relu(up)
 
 
@@ -89,4 +91,4 @@ class Mlp(nnx.Module):
             h_BLF = constrain(h_BLF, ("batch", "seq", "mlp"))
         with jax.named_scope("down_proj"):
             out_BLD = project("blf,fd->bld", h_BLF, self.w_down, precision=self.precision)
-            return constrain(out_BLD, ("batch", "seq", "embed"))
+            return checkpoint_name(constrain(out_BLD, ("batch", "seq", "embed")), "mlpwo")

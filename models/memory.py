@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from models.config import ModelConfig
 from models.inference import serving_rules
 from models.moe import capacity, routing_group_size
-from models.program import Precision, Train, Workload
+from models.program import Precision, Train, Workload, expand_names
 from models.train import TrainProgram
 from sharding.report import Memory
 from sharding.rules import AxisRules
@@ -64,6 +64,45 @@ def _splits(rules: AxisRules, mesh_shape: Mapping[str, int]) -> dict[str, int]:
             for a in ("batch", "seq", "heads", "kv_heads", "mlp", "vocab", "embed")}
 
 
+def named_bytes_per_token(cfg: ModelConfig, names, *, precision: Precision,
+                          mesh_shape: Mapping[str, int], rules: AxisRules,
+                          local_tokens: int) -> float:
+    """Bytes per token and device of the named checkpoints of one layer
+    (models/program.py CHECKPOINT_NAMES; `qkv_proj` is the three projections)."""
+    ways = _splits(rules, mesh_shape)
+    c = _activation_bytes(precision)
+    d, f, e = cfg.d_model / ways["embed"], cfg.d_ff / ways["mlp"], cfg.head_dim
+    h, k = cfg.n_heads / ways["heads"], cfg.n_kv_heads / ways["kv_heads"]
+    r = expert_slots_per_token(cfg, local_tokens)
+    size = {"decoder_layer_input": d, "query_proj": h * e, "key_proj": k * e,
+            "value_proj": k * e, "context": h * e, "out_proj": d,
+            "mlpwi": r * (2 if cfg.mlp == "swiglu" else 1) * f,
+            "mlpwo": r * d if cfg.n_experts > 1 else d}
+    return sum(size[n] for n in expand_names(names)) * c
+
+
+def local_tokens(workload: Workload, rules: AxisRules, mesh_shape: Mapping[str, int],
+                 micro_batch: int | None = None) -> int:
+    """Tokens of one micro-batch on one device."""
+    mb = workload.micro_batch if micro_batch is None else micro_batch
+    return mb // rules.ways("batch", mesh_shape) * workload.seq_len // rules.ways(
+        "seq", mesh_shape)
+
+
+def offload_bytes_per_step(cfg: ModelConfig, *, workload: Workload, precision: Precision,
+                           train: Train, mesh_shape: Mapping[str, int],
+                           rules: AxisRules) -> float:
+    """Bytes per device and step between HBM and host memory under a "custom" remat policy:
+    every offloaded tensor of every layer goes out in the forward pass and comes back in the
+    backward pass, for each micro-batch."""
+    if not train.offload:
+        return 0.0
+    tokens = local_tokens(workload, rules, mesh_shape)
+    per_token = named_bytes_per_token(cfg, train.offload, precision=precision,
+                                      mesh_shape=mesh_shape, rules=rules, local_tokens=tokens)
+    return 2 * per_token * tokens * cfg.n_layers * workload.microbatches
+
+
 def activation_components(
     cfg: ModelConfig,
     *,
@@ -74,9 +113,12 @@ def activation_components(
     mesh_shape: Mapping[str, int],
     rules: AxisRules,
     layers: int | None = None,
+    save: tuple[str, ...] = (),
 ) -> list[tuple[str, float]]:
     """(name, bytes per device) of the activation memory of one micro-batch over `layers`
-    layers (all of them by default; a pipeline stage's share with pipeline parallelism)."""
+    layers (all of them by default; a pipeline stage's share with pipeline parallelism).
+    With "custom" remat only the `save` names stay in HBM (offloaded ones are in host
+    memory)."""
     ways = _splits(rules, mesh_shape)
     c = _activation_bytes(precision)
     tokens = micro_batch // ways["batch"] * seq_len // ways["seq"]  # per device
@@ -90,7 +132,9 @@ def activation_components(
     moe = 2 * r * d * c if cfg.n_experts > 1 else 0
     minimal = x + (h + 2 * k) * e * c + d * c + r * mlp_in * c + d * c + moe
     everything = minimal + 2 * d * c + h * e * c + h * _F32 + r * f * c + 2 * d * c
-    per_layer = {"full": x, "minimal": minimal, "none": everything}[remat]
+    custom = named_bytes_per_token(cfg, save, precision=precision, mesh_shape=mesh_shape,
+                                   rules=rules, local_tokens=tokens)
+    per_layer = {"full": x, "minimal": minimal, "none": everything, "custom": custom}[remat]
     vocab = cfg.padded_vocab / ways["vocab"]
     layers = cfg.n_layers if layers is None else layers
     return [
@@ -116,7 +160,7 @@ def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Worklo
                                else workload.global_batch,
                                seq_len=workload.seq_len, precision=precision,
                                remat=train.remat, mesh_shape=mesh_shape, rules=rules,
-                               layers=cfg.n_layers // stages),
+                               layers=cfg.n_layers // stages, save=train.save),
     ]
     return Memory(components=tuple(components),
                   source="state exact from shardings; activations analytic (models/memory.py)")

@@ -39,6 +39,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from models.config import ModelConfig
 from models.layers import Mlp, mlp_hidden, new_param, new_weight, project
@@ -141,7 +142,8 @@ class MoeMlp(nnx.Module):
         with jax.named_scope("experts"):
             h_RXCF = mlp_hidden(self, "gxcd,xdf->gxcf", x_RXCD)
             h_RXCF = constrain(h_RXCF, ("expert_batch", "experts", None, "mlp"))
-            y_RXCD = project("gxcf,xfd->gxcd", h_RXCF, self.w_down, precision=self.precision)
+            y_RXCD = checkpoint_name(
+                project("gxcf,xfd->gxcd", h_RXCF, self.w_down, precision=self.precision), "mlpwo")
             y_RXCD = constrain(y_RXCD, ("expert_batch", "experts", None, "embed"))
         with jax.named_scope("combine"):
             y_RXCD = constrain(y_RXCD, ("batch", None, None, "embed"))  # all-to-all back

@@ -27,7 +27,31 @@ REMAT_POLICIES = {
     "none": None,  # everything saved
     "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # matmul outputs
     "full": jax.checkpoint_policies.nothing_saveable,  # only the layer's input
+    "custom": None,  # the named tensors of Train.save (in HBM) and Train.offload (host)
 }
+# The tensors a "custom" policy can save or offload, by MaxText's names
+# (`remat_policy: custom`): the layer input, the q/k/v projections (qkv_proj: all three),
+# the attention output before and after its projection, the MLP's input and output matmuls.
+CHECKPOINT_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj", "qkv_proj",
+                    "context", "out_proj", "mlpwi", "mlpwo")
+
+
+def expand_names(names) -> tuple[str, ...]:
+    """`qkv_proj` is the three projections (this model does not fuse them)."""
+    out: list[str] = []
+    for n in names:
+        out += ["query_proj", "key_proj", "value_proj"] if n == "qkv_proj" else [n]
+    return tuple(dict.fromkeys(out))
+
+
+def remat_policy(remat: str, save=(), offload=()):
+    """The jax checkpoint policy of a remat setting (None: save everything)."""
+    if remat != "custom":
+        return REMAT_POLICIES[remat]
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=list(expand_names(save)),
+        names_which_can_be_offloaded=list(expand_names(offload)),
+        offload_src="device", offload_dst="pinned_host")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -113,10 +137,14 @@ class Precision:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Train:
-    """remat: the decoder layer's checkpointing policy (REMAT_POLICIES). optimizer: AdamW
-    with `learning_rate` and `weight_decay`."""
+    """remat: the decoder layer's checkpointing policy (REMAT_POLICIES). With "custom",
+    `save` names the tensors kept in HBM and `offload` those moved to host memory between
+    the forward and backward pass (CHECKPOINT_NAMES); everything else is recomputed.
+    optimizer: AdamW with `learning_rate` and `weight_decay`."""
 
     remat: str = "full"
+    save: tuple[str, ...] = ()
+    offload: tuple[str, ...] = ()
     optimizer: str = "adamw"
     learning_rate: float = 3e-4
     weight_decay: float = 0.1
@@ -124,6 +152,25 @@ class Train:
     def __post_init__(self):
         check_choice("train.remat", self.remat, tuple(REMAT_POLICIES))
         check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
+        for key in ("save", "offload"):
+            names = getattr(self, key)
+            if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+                raise ValueError(f"train.{key}={names!r} must be a list of names, e.g. "
+                                 f'["decoder_layer_input", "query_proj"]')
+            object.__setattr__(self, key, tuple(names))
+            for n in names:
+                check_choice(f"train.{key} entry", n, CHECKPOINT_NAMES)
+        if self.remat == "custom" and not (self.save or self.offload):
+            raise ValueError('train.remat="custom" needs train.save or train.offload (names of '
+                             f"tensors to keep or move to host; valid: "
+                             f"{', '.join(CHECKPOINT_NAMES)})")
+        if self.remat != "custom" and (self.save or self.offload):
+            raise ValueError(f'train.save and train.offload apply to train.remat = "custom"; '
+                             f"train.remat={self.remat!r}")
+        both = set(expand_names(self.save)) & set(expand_names(self.offload))
+        if both:
+            raise ValueError(f"{', '.join(sorted(both))} cannot be both saved and offloaded; "
+                             f"keep each name in one of train.save, train.offload")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -36,10 +36,13 @@ class TrainProgram(Program):
                 + self.batch_bytes_per_device)
 
 
-def make_model(cfg: ModelConfig, precision: Precision, *, remat: str = "none", seed: int = 0,
+def make_model(cfg: ModelConfig, precision: Precision, *, remat: str = "none",
+               save: tuple[str, ...] = (), offload: tuple[str, ...] = (), seed: int = 0,
                pipeline: tuple[int, int] = (1, 1)) -> Transformer:
-    """The model with `precision`'s dtypes; `pipeline` = (stages, microbatches)."""
-    return Transformer(cfg, rngs=nnx.Rngs(seed), precision=precision, remat=remat,
+    """The model with `precision`'s dtypes; `remat` with its `save` / `offload` names;
+    `pipeline` = (stages, microbatches)."""
+    return Transformer(cfg, rngs=nnx.Rngs(seed), precision=precision, remat=remat, save=save,
+                       offload=offload,
                        pipeline=pipeline)
 
 
@@ -113,10 +116,12 @@ def param_shardings(axes_tree, abstract_params, rules: AxisRules, mesh: Mesh):
 
 
 def abstract_params(cfg: ModelConfig, precision: Precision, mesh: Mesh, rules: AxisRules,
-                    *, remat: str = "none", pipeline: tuple[int, int] = (1, 1)):
+                    *, remat: str = "none", save: tuple[str, ...] = (),
+                    offload: tuple[str, ...] = (), pipeline: tuple[int, int] = (1, 1)):
     """(graphdef, params as sharded ShapeDtypeStructs, their NamedShardings); no memory."""
     abstract_model = nnx.eval_shape(
-        lambda: make_model(cfg, precision, remat=remat, pipeline=pipeline))
+        lambda: make_model(cfg, precision, remat=remat, save=save, offload=offload,
+                           pipeline=pipeline))
     graphdef, state = nnx.split(abstract_model, nnx.Param)
     params = nnx.to_pure_dict(state)
     shardings = param_shardings(logical_axes(state), params, rules, mesh)
@@ -151,6 +156,7 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
     # With pipeline stages, the microbatches are the pipeline's (models/pipeline.py).
     pipeline = (stages, k) if stages > 1 else (1, 1)
     graphdef, params, p_shard = abstract_params(cfg, precision, mesh, rules, remat=train.remat,
+                                                save=train.save, offload=train.offload,
                                                 pipeline=pipeline)
 
     tx = make_optimizer(train)

@@ -13,20 +13,22 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
 from models.layers import Mlp, new_param, new_weight, ones_param, project, zeros_param
 from models.moe import MoeMlp
 from models.pipeline import gpipe
-from models.program import DTYPES, REMAT_POLICIES, Precision
+from models.program import DTYPES, REMAT_POLICIES, Precision, remat_policy
 from models.quant import dequantize, quantize
 from sharding.rules import active_mesh, active_rules, constrain, no_rules
 
 
-def checkpointed(fn, remat: str):
-    """`fn` under the activation-checkpointing policy `remat` (REMAT_POLICIES)."""
-    policy = REMAT_POLICIES[remat]
+def checkpointed(fn, remat: str, save=(), offload=()):
+    """`fn` under the activation-checkpointing policy `remat` (REMAT_POLICIES; "custom":
+    the named tensors of `save` kept, of `offload` moved to host memory)."""
+    policy = remat_policy(remat, save, offload)
     return fn if policy is None else jax.checkpoint(fn, policy=policy)
 
 
@@ -83,9 +85,12 @@ class Attention(nnx.Module):
             q_BLHE = project("bld,dhe->blhe", x_BLD, self.wq, precision=self.precision)
             k_BLKE = project("bld,dke->blke", x_BLD, self.wk, precision=self.precision)
             v_BLKE = project("bld,dke->blke", x_BLD, self.wv, precision=self.precision)
-            q_BLHE = constrain(q_BLHE, ("batch", "seq", "heads", "head_dim"))
-            k_BLKE = constrain(k_BLKE, ("batch", "seq", "kv_heads", "head_dim"))
-            v_BLKE = constrain(v_BLKE, ("batch", "seq", "kv_heads", "head_dim"))
+            q_BLHE = checkpoint_name(
+                constrain(q_BLHE, ("batch", "seq", "heads", "head_dim")), "query_proj")
+            k_BLKE = checkpoint_name(
+                constrain(k_BLKE, ("batch", "seq", "kv_heads", "head_dim")), "key_proj")
+            v_BLKE = checkpoint_name(
+                constrain(v_BLKE, ("batch", "seq", "kv_heads", "head_dim")), "value_proj")
         if cfg.positions == "rope":
             q_BLHE = rope(q_BLHE, positions_BL, cfg.rope_theta)
             k_BLKE = rope(k_BLKE, positions_BL, cfg.rope_theta)
@@ -98,9 +103,11 @@ class Attention(nnx.Module):
         else:
             out_BLKGE = decode_attention(q_BLKGE, k_BLKE, v_BLKE, *cache)
         out_BLHE = constrain(out_BLKGE.reshape(b, seq, h, e), ("batch", "seq", "heads", "head_dim"))
+        out_BLHE = checkpoint_name(out_BLHE, "context")
         with jax.named_scope("out_proj"):
             out_BLD = project("blhe,hed->bld", out_BLHE, self.wo, precision=self.precision)
-            return constrain(out_BLD, ("batch", "seq", "embed")), (k_BLKE, v_BLKE)
+            out_BLD = checkpoint_name(constrain(out_BLD, ("batch", "seq", "embed")), "out_proj")
+            return out_BLD, (k_BLKE, v_BLKE)
 
 
 def _write_cache(cache_NBSKE, new_NB1KE, index, quantized: str | None):
@@ -152,6 +159,7 @@ class Block(nnx.Module):
         self.mlp = mlp(cfg, rngs=rngs, precision=precision)
 
     def __call__(self, x_BLD, positions_BL, cache=None):
+        x_BLD = checkpoint_name(x_BLD, "decoder_layer_input")
         with jax.named_scope("attention"):
             attn_BLD, kv = self.attn(self.attn_norm(x_BLD), positions_BL, cache)
             x_BLD = x_BLD + attn_BLD
@@ -163,9 +171,11 @@ class Transformer(nnx.Module):
     """Token ids (B, L) -> logits (B, L, V) in float32."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, precision: Precision,
-                 remat: str = "none", pipeline: tuple[int, int] = (1, 1)):
+                 remat: str = "none", save: tuple[str, ...] = (),
+                 offload: tuple[str, ...] = (), pipeline: tuple[int, int] = (1, 1)):
         """`precision`: parameter, activation and matmul dtypes, quantised weights and KV
-        cache (models/program.py). `remat`: each layer's checkpointing policy.
+        cache (models/program.py). `remat`: each layer's checkpointing policy (with
+        "custom", the checkpoint names to `save` in HBM and to `offload` to host memory).
         `pipeline`: (stages, microbatches) of a GPipe schedule over the mesh axis the rules
         give the `layers` dimension (models/pipeline.py); (1, 1) runs the layers directly."""
         if remat not in REMAT_POLICIES:
@@ -174,6 +184,7 @@ class Transformer(nnx.Module):
         self.precision = precision
         self.compute_dtype = DTYPES[precision.activations]
         self.remat = remat
+        self.save, self.offload = tuple(save), tuple(offload)
         self.pipeline = pipeline
         param_dtype = DTYPES[precision.params]
         v, d = cfg.padded_vocab, cfg.d_model
@@ -246,7 +257,7 @@ class Transformer(nnx.Module):
             y_BLD, kv = nnx.merge(graphdef, layer_state)(x_BLD, positions_BL, layer_cache)
             return constrain(y_BLD, ("batch", "seq", "embed")), kv
 
-        layer = checkpointed(layer, self.remat)
+        layer = checkpointed(layer, self.remat, self.save, self.offload)
         stages, microbatches = self.pipeline
         if stages == 1:
             per_layer_cache = None if cache is None else (cache[0], cache[1])
@@ -260,7 +271,7 @@ class Transformer(nnx.Module):
         def stage_layer(h, layer_state, pos):
             return nnx.merge(graphdef, layer_state)(h, pos)[0]
 
-        stage_layer = checkpointed(stage_layer, self.remat)
+        stage_layer = checkpointed(stage_layer, self.remat, self.save, self.offload)
 
         def run_stage(x, local_layers, pos):
             return jax.lax.scan(lambda h, st: (stage_layer(h, st, pos), None), x, local_layers)[0]

@@ -76,9 +76,11 @@ def analyze_module(
     warnings: Sequence[str] = (),
     name: str = "",
     calibration: Calibration | None = None,
+    host_transfer_bytes: float = 0.0,
 ) -> Report:
     """Report for a parsed per-device module on `system` (`calibration`: the fitted
-    efficiencies; the catalog's by default)."""
+    efficiencies; the catalog's by default; `host_transfer_bytes`: activations offloaded
+    to host memory and back per device and step, timed on the chip's host link)."""
     calibration = catalog_calibration() if calibration is None else calibration
     timings = dict(timings or {})
     t0 = time.perf_counter()
@@ -119,6 +121,8 @@ def analyze_module(
         scheduled_step_s=schedule.step_s,
         calibration=calibration,
         system_family=getattr(system.family, "name", ""),
+        host_transfer_bytes=host_transfer_bytes,
+        host_bytes_per_s=system.chip.host_bytes_per_s,
     )
 
 
@@ -137,6 +141,7 @@ def analyze(
     name: str = "",
     compiler: str | None = None,
     calibration: Calibration | None = None,
+    host_transfer_bytes: float = 0.0,
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -158,6 +163,8 @@ def analyze(
         warnings: the caller's own, shown before the compiler's.
         calibration: the step-time model's fitted efficiencies (meshes/calibration.py);
             the catalog's by default.
+        host_transfer_bytes: activations offloaded to host memory and back, per device and
+            step (XLA:CPU elides the host copies, so the caller counts them).
         compiler: a name for the compiler, e.g. "TPU compiler (deviceless v6e:2x4)"; TPU
             and GPU devices are compiled for and read from their final HLO, CPU devices
             from the HLO after SPMD partitioning.
@@ -192,6 +199,7 @@ def analyze(
         warnings=(*warnings, *c.warnings),
         name=name,
         calibration=calibration,
+        host_transfer_bytes=host_transfer_bytes,
     )
 
 

@@ -71,6 +71,10 @@ class Report:
     scheduled_step_s: float | None = None  # from sharding.schedule; None: no overlap
     calibration: Calibration = IDENTITY  # the fitted efficiencies the times used
     system_family: str = ""  # for the calibration's best measured MFU
+    # Activations moved to host memory and back (offload), per device and step, and the
+    # host link's bandwidth (None: not in the catalog, the transfers are not timed).
+    host_transfer_bytes: float = 0.0
+    host_bytes_per_s: float | None = None
 
     # --- time ----------------------------------------------------------------------
     @property
@@ -87,8 +91,17 @@ class Report:
         compute + comm without one."""
         lo, hi = self.step_time_bounds_s
         if self.scheduled_step_s is not None:
-            return min(max(self.scheduled_step_s, lo), hi)
+            # Host transfers run on their own link, overlapped with the schedule (offload
+            # copies are asynchronous): they show only where they outlast it.
+            return min(max(self.scheduled_step_s, self.host_transfer_s, lo), hi)
         return hi
+
+    @property
+    def host_transfer_s(self) -> float:
+        """Time of the host transfers on their own link (0 when not timed)."""
+        if not self.host_transfer_bytes or not self.host_bytes_per_s:
+            return 0.0
+        return self.host_transfer_bytes / self.host_bytes_per_s
 
     @property
     def exposed_comm_s(self) -> float:
@@ -97,9 +110,11 @@ class Report:
 
     @property
     def step_time_bounds_s(self) -> tuple[float, float]:
-        """Perfect overlap (compute and every link busy at once) and none at all."""
+        """Perfect overlap (compute, every link and the host link busy at once) and none at
+        all."""
         per_link = [d["time_s"] for d in self.by_link().values()]
-        return max([self.compute_s, *per_link]), self.compute_s + self.comm_s
+        return (max([self.compute_s, *per_link, self.host_transfer_s]),
+                self.compute_s + self.comm_s + self.host_transfer_s)
 
     # --- throughput ----------------------------------------------------------------
     @property
@@ -271,6 +286,7 @@ class Report:
             "comm_s": self.comm_s,
             "exposed_comm_s": self.exposed_comm_s,
             "flops_per_device": self.compute.flops,
+            "matmul_flops_per_device": self.compute.matmul_flops,
             "model_flops_per_step": self.model_flops_per_step,
             "memory_per_device_bytes": self.memory_per_device_bytes,
             "memory": self.memory.to_dict(),
@@ -287,6 +303,8 @@ class Report:
             "timings": dict(self.timings),
             "warnings": list(self.warnings),
             "suspect_mfu": self.suspect_mfu(),
+            "host_transfer_bytes": self.host_transfer_bytes,
+            "host_transfer_s": self.host_transfer_s if self.host_bytes_per_s else None,
             "calibration": {**self.calibration.values(), "source": self.calibration.source},
             "unknown_ops": list(self.unknown_ops),
         }
@@ -365,6 +383,12 @@ def _summary_lines(r: Report) -> list[str]:
     lines.append(f"communication  {fmt_s(r.comm_s)}  (exposed {fmt_s(r.exposed_comm_s)}; "
                  f"{how})")
     lo, hi = r.step_time_bounds_s
+    if r.host_transfer_bytes:
+        timed = (f"{fmt_s(r.host_transfer_s)} at {r.host_bytes_per_s / 1e9:.0f} GB/s, "
+                 f"overlapped with compute" if r.host_bytes_per_s else
+                 "not timed: no host-link bandwidth for this chip in the catalog")
+        lines.append(f"host offload   {fmt_bytes(r.host_transfer_bytes)} per device to host "
+                     f"memory and back ({timed})")
     lines.append(f"step time      {fmt_s(r.step_time_s)}  (bounds {fmt_s(lo)} .. {fmt_s(hi)})")
     if r.tokens_per_s is not None:
         per_user = ("" if r.tokens_per_s_per_user is None
