@@ -93,16 +93,24 @@ def find_cases(directory: str | Path) -> list[Path]:
     return paths
 
 
-def run_case(path: str | Path, *, backend: str = "cpu", calibration: str | None = None) -> Row:
-    """Load, compile and estimate one case in this process (`calibration`: a calibration
-    file; the catalog's by default)."""
-    from experiments import config, runner
-    from experiments.config import load_calibration
+def load_case(path: str | Path):
+    """A validation config: an experiment that must carry a [measured] table."""
+    from experiments import config
 
     exp = config.load(path)
     if exp.measured is None:
         raise config.ConfigError(f"{path}: no [measured] table; validation configs need "
                                  f"measured.step_time_s")
+    return exp
+
+
+def run_case(path: str | Path, *, backend: str = "cpu", calibration: str | None = None) -> Row:
+    """Load, compile and estimate one case in this process (`calibration`: a calibration
+    file; the catalog's by default)."""
+    from experiments import runner
+    from experiments.config import load_calibration
+
+    exp = load_case(path)
     base = dict(name=exp.name, path=str(path), family=family_of(exp),
                 measured_s=exp.measured.step_time_s)
     t0 = time.perf_counter()
@@ -158,13 +166,9 @@ def validate(directory: str | Path | None = None, *, backend: str = "cpu",
     """Every case of `directory`, `workers` at a time (the core count by default), each
     with its leave-one-out estimate: the step under a calibration fitted on the other
     cases (experiments/calibrate.py)."""
-    from experiments import config
-
     paths = find_cases(VALIDATION_DIR if directory is None else directory)
     for path in paths:  # config mistakes are the user's: one line, before any compile
-        if config.load(path).measured is None:
-            raise config.ConfigError(f"{path}: no [measured] table; validation configs need "
-                                     f"measured.step_time_s")
+        load_case(path)
     workers = workers or os.cpu_count() or 1
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         rows = list(pool.map(lambda p: _run_in_subprocess(p, backend, timeout_s, calibration),
