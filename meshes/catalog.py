@@ -81,12 +81,6 @@ def _gpu_system(f: GpuFamily, name: str, size: str, overrides: dict) -> GpuSyste
     if domain > f.domain_size:
         raise ValueError(f"system override gpus_per_domain={domain} exceeds the {f.domain_size} "
                          f"GPUs of a {f.name} NVLink domain; use at most {f.domain_size}")
-    if n > domain and n % domain:
-        raise ValueError(
-            f"system {name!r}: {n} GPUs is not a whole number of {domain}-GPU NVLink "
-            f"domains; use at most {domain} or a multiple of {domain}, or set "
-            f"gpus_per_domain to the GPUs of each domain the job uses"
-        )
     nic = overrides.get("nic_gbps")
     return GpuSystem(f, n, nic_bytes_per_s=nic * 1e9 / 8 if nic else None,
                      sharp=bool(overrides.get("sharp", False)),

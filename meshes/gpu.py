@@ -118,7 +118,8 @@ class GpuSystem(System):
 
     Args:
         family: the catalog row.
-        num_devices: GPUs in the job.
+        num_devices: GPUs in the job, any count: they fill NVLink domains in order, the
+            last one possibly in part.
         nic_bytes_per_s: scale-out bandwidth per GPU, where the cluster's differs from the
             catalog's (e.g. GCP A3: 4 x 200 Gb/s per 8 GPUs).
         sharp: in-network reduction on the scale-out fabric (InfiniBand SHARP, NCCL's
@@ -150,6 +151,16 @@ class GpuSystem(System):
                                bytes_per_s=nic_bytes_per_s or family.nic_bytes_per_s,
                                latency_s=0.0, efficiency=NIC_EFFICIENCY, source=nic_source),
         }
+
+    @property
+    def placement(self) -> str:
+        full, rest = divmod(self.num_devices, self.domain_size)
+        kind = self.coord_names[0]
+        if full == 0 or (not rest and self.domain_size == self.family.domain_size):
+            return ""
+        of = f" of {self.family.domain_size}" if self.domain_size < self.family.domain_size else ""
+        text = f"{full} {kind}{'s' if full > 1 else ''} x {self.domain_size} GPUs{of}"
+        return text + (f" + 1 {kind} x {rest} GPUs" if rest else "")
 
     def coords(self, device_id: int) -> tuple[int, ...]:
         self._check_ids([device_id])
@@ -211,7 +222,10 @@ class GpuSystem(System):
         for i in group:
             per_domain[self.domain_of(i)] = per_domain.get(self.domain_of(i), 0) + 1
         d = len(per_domain)
-        m = max(per_domain.values())
+        # The scale-out stage runs at the domain with the fewest of the group's GPUs (its
+        # NICs carry the rings); the NVLink stage at the one with the most.
+        m = min(per_domain.values())
+        m_most = max(per_domain.values())
         if d == 1:
             t, algo = self._in_domain_time(kind, nbytes, n)
             return CollectiveTiming(t, "nvlink", algo)
@@ -222,7 +236,7 @@ class GpuSystem(System):
         if kind == "all-to-all":
             # Each GPU sends (n - m)/n of its buffer to other domains through its own NIC.
             t_out = nbytes * (n - m) / n / nic_bw
-            t_in, _ = self._in_domain_time(kind, nbytes * m / n, m)
+            t_in, _ = self._in_domain_time(kind, nbytes * m_most / n, m_most)
             return CollectiveTiming(t_out + t_in, "infiniband", "hierarchical all-to-all")
         # Across domains NCCL runs flat rings, one channel per NIC: every rank moves
         # S x bus factor, at the slower of the NVLink ring inside a domain and the domain's
@@ -231,7 +245,7 @@ class GpuSystem(System):
         # so it beats the network bottleneck up to 2x; beyond, NCCL's tree runs at 0.9 of the
         # ring's bandwidth (tuning.cc). LL, LL128 or Simple, with NCCL's own latencies: the
         # fastest wins.
-        nvlink_bw = self._domain_busbw(kind, nbytes, m)[0] if m > 1 else math.inf
+        nvlink_bw = self._domain_busbw(kind, nbytes, m_most)[0] if m_most > 1 else math.inf
         ring_bw = min(nvlink_bw, m * nic_bw)
         t_ring = nbytes * bus_factor(kind, n) / ring_bw
         if d == 2:

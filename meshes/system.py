@@ -69,6 +69,12 @@ class System(abc.ABC):
             return self.name
         return f"{self.name} [{', '.join(f'{k}={v}' for k, v in self.overrides.items())}]"
 
+    @property
+    def placement(self) -> str:
+        """How the job's devices sit in the machine, where that is not plain from the name
+        (e.g. NVLink domains used in part); "" otherwise."""
+        return ""
+
     @abc.abstractmethod
     def coords(self, device_id: int) -> tuple[int, ...]:
         """Physical coordinates of a device id (see `coord_names`)."""

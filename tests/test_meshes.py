@@ -44,7 +44,6 @@ def test_wraparound_rules():
 @pytest.mark.parametrize("name, fragment", [
     ("h100", "<family>:<size>"),
     ("dgx:8", "unknown system family 'dgx'"),
-    ("gb200-nvl72:100", "whole number of 72-GPU NVLink domains"),
     ("tpu-v5e:4x4x4", "2D"),
     ("tpu-v5e:32x32", "exceeds the largest"),
 ])
@@ -273,14 +272,34 @@ def test_sharp_halves_the_all_reduce_traffic_across_many_nodes():
 
 def test_gpus_per_domain_places_a_job_on_part_of_each_rack():
     # MLPerf GB200 runs: 256 GPUs as 4 NVLink domains of 64 (not a multiple of 72).
-    with pytest.raises(ValueError, match="gpus_per_domain"):
-        get_system("gb200-nvl72:256")
     s = get_system("gb200-nvl72:256", gpus_per_domain=64)
+    assert s.placement == "4 racks x 64 GPUs of 72"
     assert s.place(63) == {"rack": 0, "tray": 15, "gpu": 3}
     assert s.place(64) == {"rack": 1, "tray": 0, "gpu": 0}
     assert s.collective_timing("all-gather", 64 * MB, [list(range(64))]).link == "nvlink"
     assert s.collective_timing("all-gather", 64 * MB, [[63, 64]]).link == "infiniband"
     assert s.label == "gb200-nvl72:256 [gpus_per_domain=64]"
+
+
+def test_any_gpu_count_fills_domains_in_order_the_last_in_part():
+    # 256 GPUs without an override: 3 full racks and 40 GPUs of a fourth.
+    s = get_system("gb200-nvl72:256")
+    assert s.placement == "3 racks x 72 GPUs + 1 rack x 40 GPUs"
+    assert s.place(255) == {"rack": 3, "tray": 9, "gpu": 3}  # local GPU 39
+    assert get_system("gb200-nvl72:144").placement == ""  # whole racks: nothing to say
+    # 12 H100s: a node of 8 and one of 4. A ring over all 12 leaves the partial node through
+    # its 4 NICs, so it runs at 4 NICs' pace: as fast as 2 nodes of 4 (within NCCL's
+    # latency for 4 more ranks), no faster than S through 4 NICs (the tree sends each byte
+    # across once), slower than 2 full nodes.
+    S = 1e9
+    partial = get_system("h100:12").collective_timing("all-reduce", S, [list(range(12))])
+    fours = get_system("h100:8", gpus_per_domain=4).collective_timing(
+        "all-reduce", S, [list(range(8))])
+    eights = get_system("h100:16").collective_timing("all-reduce", S, [list(range(16))])
+    assert get_system("h100:12").placement == "1 node x 8 GPUs + 1 node x 4 GPUs"
+    assert partial.time_s == pytest.approx(fours.time_s, rel=0.01)
+    nic = get_system("h100:12").links["infiniband"]
+    assert partial.time_s >= S / (4 * nic.bytes_per_s * nic.efficiency) > eights.time_s
 
 
 def test_dcn_override_sets_the_bandwidth_between_slices():
