@@ -21,6 +21,7 @@ from meshes import System, get_system
 from meshes.calibration import Calibration, calibration_from_dict
 from meshes.catalog import OVERRIDES
 from models.config import PRESETS, ModelConfig, preset
+from models.pipeline import SCHEDULES, Pipeline
 from models.program import Precision, Train, Workload
 from sharding.rules import MESH_AXES, RULE_PRESETS, AxisRules, divisors, rules_preset
 
@@ -38,13 +39,16 @@ def _sizes(self) -> dict[str, int]:
 Parallelism = dataclasses.make_dataclass(
     "Parallelism",
     [(axis, "int", dataclasses.field(default=1)) for axis in MESH_AXES]
-    + [("rules", "str", dataclasses.field(default="default"))],
+    + [("rules", "str", dataclasses.field(default="default")),
+       ("virtual_stages", "int", dataclasses.field(default=1)),
+       ("pipeline_schedule", "str", dataclasses.field(default="1f1b"))],
     namespace={
         "sizes": _sizes,
         "num_devices": property(lambda self: math.prod(_sizes(self).values())),
         "axis_rules": lambda self: rules_preset(self.rules),
-        "__doc__": "Mesh axis sizes (one field per sharding.rules.MESH_AXES) and the rule "
-                   "preset (sharding.rules.RULE_PRESETS).",
+        "__doc__": "Mesh axis sizes (one field per sharding.rules.MESH_AXES), the rule "
+                   "preset (sharding.rules.RULE_PRESETS), and the pipeline's virtual stages "
+                   "per device and schedule (models.pipeline.SCHEDULES).",
     },
     frozen=True, kw_only=True,
 )
@@ -337,9 +341,21 @@ def _check_strategies(exp: Experiment) -> None:
                           f"(model.n_experts={m.n_experts}) is not supported: routing groups are "
                           f"cut from each device's tokens; use sequence = 1 and shard the batch "
                           f"with data, fsdp or expert")
+    if par.virtual_stages < 1:
+        raise ConfigError(f"parallelism.virtual_stages={par.virtual_stages} must be 1 or more")
     stages = rules.ways("layers", sizes, params=True)
     if stages > 1:
         if w.kind != "train":
             raise ConfigError(f"parallelism.pipeline={stages} applies to training; serve with "
                               f"pipeline = 1")
-        _check_split(rules, sizes, "layers", m.n_layers, "model.n_layers", params=True)
+        if par.pipeline_schedule not in SCHEDULES:
+            raise ConfigError(f"parallelism.pipeline_schedule={par.pipeline_schedule!r} is not "
+                              f"one of {', '.join(SCHEDULES)}")
+        try:
+            Pipeline(stages=stages, microbatches=w.microbatches, layers=m.n_layers,
+                     virtual=par.virtual_stages, schedule=par.pipeline_schedule)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    elif par.virtual_stages != 1:
+        raise ConfigError(f"parallelism.virtual_stages={par.virtual_stages} needs pipeline "
+                          f"stages; set parallelism.pipeline > 1 or virtual_stages = 1")

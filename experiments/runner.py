@@ -48,13 +48,13 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
     except ValueError as e:
         if backend == "cpu":
             raise ConfigError(f"system.name={system.name!r}: {e}") from None
-    _refuse_cpu_pipeline(exp, backend)
     devices, compiler_name = _devices(system, backend)
     mesh = sharding.make_mesh(system, exp.parallelism.sizes(), devices=devices)
     rules = exp.parallelism.axis_rules()
     mesh_shape = mesh_shape_of(mesh)
     serving = exp.workload.kind != "train"
     host_bytes = 0.0
+    pipeline = None
     try:
         if serving:
             program = build_serve_program(exp.model, mesh, rules, workload=exp.workload,
@@ -63,10 +63,13 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
                                     precision=exp.precision, mesh_shape=mesh_shape, rules=rules)
         else:
             program = build_train_program(exp.model, mesh, rules, workload=exp.workload,
-                                          precision=exp.precision, train=exp.train)
+                                          precision=exp.precision, train=exp.train,
+                                          virtual_stages=exp.parallelism.virtual_stages,
+                                          pipeline_schedule=exp.parallelism.pipeline_schedule)
             memory = training_memory(exp.model, program, workload=exp.workload,
                                      precision=exp.precision, train=exp.train,
                                      mesh_shape=mesh_shape, rules=rules)
+            pipeline = program.pipeline.summary() if program.pipeline else None
             host_bytes = offload_bytes_per_step(exp.model, workload=exp.workload,
                                                 precision=exp.precision, train=exp.train,
                                                 mesh_shape=mesh_shape, rules=rules)
@@ -79,20 +82,8 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
         sequences_per_step=exp.workload.global_batch if serving else None,
         memory=memory, timings={"build_s": time.perf_counter() - t0}, warnings=warnings,
         name=exp.name, compiler=compiler_name, calibration=calibration,
-        host_transfer_bytes=host_bytes,
+        host_transfer_bytes=host_bytes, pipeline=pipeline,
     )
-
-
-def _refuse_cpu_pipeline(exp: Experiment, backend: str) -> None:
-    """XLA:CPU aborts the whole process (a CHECK failure, "Invalid binary instruction opcode
-    copy") on bf16 collectives inside the pipeline's partially manual shard_map."""
-    stages = exp.parallelism.axis_rules().ways("layers", exp.parallelism.sizes(), params=True)
-    if backend == "cpu" and stages > 1 and exp.precision.compute != "float32":
-        raise ConfigError(
-            f"parallelism.pipeline={exp.parallelism.pipeline} with precision.compute="
-            f"{exp.precision.compute!r} does not compile on XLA:CPU (it aborts on bf16 "
-            f"collectives inside the pipeline); use --backend tpu on a TPU system, or "
-            f"precision.compute = 'float32' (collectives then count f32 bytes)")
 
 
 def _devices(system, backend: str):

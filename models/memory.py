@@ -100,7 +100,8 @@ def offload_bytes_per_step(cfg: ModelConfig, *, workload: Workload, precision: P
     tokens = local_tokens(workload, rules, mesh_shape)
     per_token = named_bytes_per_token(cfg, train.offload, precision=precision,
                                       mesh_shape=mesh_shape, rules=rules, local_tokens=tokens)
-    return 2 * per_token * tokens * cfg.n_layers * workload.microbatches
+    layers = cfg.n_layers / rules.ways("layers", mesh_shape, params=True)  # this stage's
+    return 2 * per_token * tokens * layers * workload.microbatches
 
 
 def activation_components(
@@ -149,18 +150,27 @@ def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Worklo
                     precision: Precision, train: Train, mesh_shape: Mapping[str, int],
                     rules: AxisRules) -> Memory:
     """Memory per device of a training step: exact state, analytic activations."""
-    stages = rules.ways("layers", mesh_shape, params=True)
+    plan = program.pipeline
+    if plan is None:
+        activations = activation_components(
+            cfg, micro_batch=workload.micro_batch, seq_len=workload.seq_len,
+            precision=precision, remat=train.remat, mesh_shape=mesh_shape, rules=rules,
+            save=train.save)
+    else:
+        # A stage holds the activations of its own layer slots for the microbatches its
+        # schedule keeps in flight (models/pipeline.py: Pipeline.in_flight).
+        saved, *rest = activation_components(
+            cfg, micro_batch=workload.micro_batch, seq_len=workload.seq_len,
+            precision=precision, remat=train.remat, mesh_shape=mesh_shape, rules=rules,
+            layers=plan.slots_per_stage, save=train.save)
+        activations = [(f"{saved[0][:-1]}, {plan.in_flight:g} microbatches in flight)",
+                        saved[1] * plan.in_flight), *rest]
     components = [
         ("parameters", float(program.param_bytes_per_device)),
         ("optimizer state", float(program.optimizer_bytes_per_device)),
         ("gradients", float(program.param_bytes_per_device)),
         ("batch", float(program.batch_bytes_per_device)),
-        # A GPipe stage holds every microbatch's activations for its own layers.
-        *activation_components(cfg, micro_batch=workload.micro_batch if stages == 1
-                               else workload.global_batch,
-                               seq_len=workload.seq_len, precision=precision,
-                               remat=train.remat, mesh_shape=mesh_shape, rules=rules,
-                               layers=cfg.n_layers // stages, save=train.save),
+        *activations,
     ]
     return Memory(components=tuple(components),
                   source="state exact from shardings; activations analytic (models/memory.py)")

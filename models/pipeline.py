@@ -1,65 +1,212 @@
-"""GPipe pipeline parallelism over the mesh axis that shards the `layers` dimension (the
-`pipeline` axis under the default rules).
+"""Pipeline parallelism over the mesh axis that shards the `layers` dimension (the
+`pipeline` axis under the default rules), as a circular pipeline in plain SPMD.
 
-The layer stack is sharded over that axis, so stage s holds layers
-[s * n/S, (s+1) * n/S). The batch is split into M microbatches. For M + S - 1 ticks every
-stage runs its layers on the microbatch it holds, then passes the result to the next stage
-with a collective-permute (the stage-to-stage transfer of microbatch x seq x d_model
-activations). Stage 0 feeds a new microbatch each tick; the last stage's outputs are
-taken from it for the loss (XLA moves them to every stage).
+The formulation is MaxText's and praxis's, not a manual `shard_map` (XLA:CPU aborts on bf16
+collectives inside a partially manual one): every stage's activation is one slice of a
+stacked (P, b, L, D) state sharded over the stage axis; each tick all stages run their layers
+at once (`jax.vmap` with `spmd_axis_name`, so every device runs only its own stage), then the
+states move one stage on with `jnp.roll` over the stage dimension, which the SPMD partitioner
+turns into a collective-permute. It compiles on every backend and for every precision.
 
-Stages compute on every tick, bubble ticks included (their inputs are zeros), as MaxText's
-GPipe implementation does: the (S - 1) / M bubble is in the compiled program's FLOPs, so the
-estimate includes it. The backward pass is the transpose: permutes in the other direction.
+Layout (`Pipeline`): the N layers fill P x V x c slots, c = ceil(N / (P V)). Stage p holds V
+chunks of c consecutive layers; chunk v of stage p is the (v P + p)-th chunk of the model
+(Megatron's interleaved virtual stages; V = 1 is the plain pipeline). Slots beyond N are
+padding that passes its input through: the first stage takes ceil(pad/2) of them, the last
+the rest (where Megatron puts the embedding and the loss: 126 layers + 2 = 128 on 8 stages).
+The layer stack is stored stage-major, so the `layers` sharding gives each stage its chunks
+without moving a byte.
+
+Schedule of the compiled program: a microbatch m passes through the model V times, each pass
+one chunk per stage; stage p at tick t works on item t - p (item i: microbatch i mod M of
+pass i // M), so M V + P - 1 ticks, each of c layers, run the step -- the bubble is
+(P - 1) / (M V) of the useful work, and it is in the compiled FLOPs. What a pass's last stage
+produces goes back to stage 0 with the same roll and waits in a buffer of M microbatches
+until its next pass (hence M >= P with V > 1, as Megatron asks). The backward is the
+transpose: the rolls run the other way. The order in which a real 1F1B schedule interleaves
+forward and backward does not change this time, only the activations it holds
+(`Pipeline.in_flight`, used by models/memory.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+SCHEDULES = ("1f1b", "gpipe")
 
-def gpipe(run_stage: Callable, layers, x_BLD, positions_BL, *, stages: int, microbatches: int,
-          mesh, axis: str, batch_axes: tuple[str, ...] = ()):
-    """Run `run_stage(x, local_layers, positions)` as an S-stage, M-microbatch GPipe.
 
-    `axis`: the mesh axis of the stages. `batch_axes`: the mesh axes that shard each
-    microbatch's batch (data parallelism goes on inside every stage). Suffixes: M
-    microbatches, b one microbatch's batch (legend in models/__init__.py)."""
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """P `stages` x V `virtual` chunks per stage over `layers` layers, `microbatches` M,
+    `schedule` "1f1b" (Megatron's; interleaved when V > 1) or "gpipe"."""
+
+    stages: int
+    microbatches: int
+    layers: int
+    virtual: int = 1
+    schedule: str = "1f1b"
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"parallelism.pipeline_schedule={self.schedule!r} is not one of "
+                             f"{SCHEDULES}")
+        if self.virtual > 1 and self.microbatches < self.stages:
+            raise ValueError(
+                f"interleaved stages (parallelism.virtual_stages={self.virtual}) need at least "
+                f"as many microbatches as stages: workload.microbatches={self.microbatches} < "
+                f"parallelism.pipeline={self.stages}; raise workload.microbatches")
+        if self.virtual > 1 and self.schedule == "gpipe":
+            raise ValueError("parallelism.virtual_stages > 1 is interleaved 1F1B; set "
+                             "parallelism.pipeline_schedule = '1f1b'")
+
+    @property
+    def chunk(self) -> int:
+        """c: layer slots per chunk (per stage per pass)."""
+        return -(-self.layers // (self.stages * self.virtual))
+
+    @property
+    def slots(self) -> int:
+        return self.stages * self.virtual * self.chunk
+
+    @property
+    def slots_per_stage(self) -> int:
+        return self.virtual * self.chunk
+
+    @property
+    def padding(self) -> tuple[int, int]:
+        """Empty slots at the start (first stage) and the end (last stage) of the model."""
+        pad = self.slots - self.layers
+        return pad - pad // 2, pad // 2
+
+    @property
+    def ticks(self) -> int:
+        return self.microbatches * self.virtual + self.stages - 1
+
+    @property
+    def bubble(self) -> float:
+        """Idle share of a stage's time: (P - 1) / (M V + P - 1) of the step's ticks."""
+        return (self.stages - 1) / self.ticks
+
+    @property
+    def bubble_over_ideal(self) -> float:
+        """Megatron's figure: idle time over the useful time, (P - 1) / (M V)."""
+        return (self.stages - 1) / (self.microbatches * self.virtual)
+
+    @property
+    def in_flight(self) -> float:
+        """Microbatches whose activations (over one stage's layers) the busiest stage holds
+        at the peak: all M for GPipe; P for 1F1B (min with M); with V chunks, Megatron's
+        interleaved schedule holds P (1 + (P - 1) / (P V)) (Korthikanti et al. 2022, sec. 4.2)."""
+        p, m, v = self.stages, self.microbatches, self.virtual
+        if self.schedule == "gpipe":
+            return float(m)
+        if v == 1:
+            return float(min(p, m))
+        return min(p * (1 + (p - 1) / (p * v)), float(m))
+
+    def logical_slot(self, stage: int, chunk: int, j: int) -> int:
+        return (chunk * self.stages + stage) * self.chunk + j
+
+    def stack_index(self, stage: int, chunk: int, j: int) -> int:
+        return (stage * self.virtual + chunk) * self.chunk + j
+
+    def valid_mask(self):
+        """(P, V, c) booleans: which slots hold a real layer."""
+        front, _ = self.padding
+        return [[[front <= self.logical_slot(s, v, j) < front + self.layers
+                  for j in range(self.chunk)] for v in range(self.virtual)]
+                for s in range(self.stages)]
+
+    def layer_order(self) -> list[int]:
+        """The stack indices of the real layers in the order the model applies them."""
+        order = sorted((self.logical_slot(s, v, j), self.stack_index(s, v, j))
+                       for s in range(self.stages) for v in range(self.virtual)
+                       for j in range(self.chunk))
+        front, _ = self.padding
+        return [k for slot, k in order if front <= slot < front + self.layers]
+
+    def summary(self) -> dict:
+        """The plan as the report shows it (`--json`'s `pipeline`)."""
+        return {"stages": self.stages, "microbatches": self.microbatches,
+                "virtual_stages": self.virtual, "schedule": self.schedule,
+                "layers": self.layers, "slots": self.slots, "padding": list(self.padding),
+                "ticks": self.ticks, "bubble": self.bubble,
+                "bubble_over_ideal": self.bubble_over_ideal, "in_flight": self.in_flight,
+                "description": self.describe()}
+
+    def describe(self) -> str:
+        kind = ("GPipe" if self.schedule == "gpipe" else
+                f"interleaved 1F1B, {self.virtual} virtual stages" if self.virtual > 1
+                else "1F1B")
+        front, back = self.padding
+        uneven = (f"; {self.layers} layers in {self.slots} slots, first stage "
+                  f"{front} and last stage {back} lighter" if front + back else "")
+        return (f"{self.stages} stages x {self.microbatches} microbatches ({kind}); bubble "
+                f"{self.bubble:.1%} of the step ((P-1)/(MV) = {self.bubble_over_ideal:.1%} "
+                f"of the ideal){uneven}")
+
+
+def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipeline, mesh,
+                 axis: str, batch_axes: tuple[str, ...] = ()):
+    """The layers as `plan`'s circular pipeline over mesh axis `axis`.
+
+    `layers`: the stacked layer state (leading dimension `plan.slots`, stage-major, sharded
+    over `axis`). `run_chunk(x_bLD, chunk_layers, valid_c, positions_bL)` runs one chunk's c
+    layers, skipping the padded ones. `batch_axes`: the mesh axes of each microbatch's batch.
+    Suffixes: P stages, M microbatches, b one microbatch's batch (models/__init__.py)."""
     b, seq, d = x_BLD.shape
-    m = microbatches
+    stages, m, v, c = plan.stages, plan.microbatches, plan.virtual, plan.chunk
     if b % m:
         raise ValueError(f"batch {b} is not divisible by {m} pipeline microbatches")
-    x_MbLD = x_BLD.reshape(m, b // m, seq, d)
-    batch_axes = tuple(a for a in batch_axes if dict(mesh.shape).get(a, 1) > 1)
-    if batch_axes:
-        x_MbLD = jax.lax.with_sharding_constraint(
-            x_MbLD, jax.sharding.NamedSharding(mesh, P(None, batch_axes)))
+    batch_axes = tuple(a for a in batch_axes if dict(mesh.shape).get(a, 1) > 1) or None
+
+    def pin(x, *spec):
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*spec)))
+
+    # Microbatch k is rows k, M + k, 2M + k, ... of the batch: each device's microbatches
+    # come from its own rows (a split of the major dimension would move rows between
+    # data-parallel devices).
+    xs_MbLD = pin(x_BLD.reshape(b // m, m, seq, d).swapaxes(0, 1), None, batch_axes)
     # Training positions are 0..L-1 for every sequence: rebuilt per microbatch rather than
     # sliced out of the batch-sharded array (which would move them between data shards).
     pos_bL = jnp.broadcast_to(positions_BL[0], (b // m, seq))
+    chunks = jax.tree.map(lambda w: pin(w.reshape(stages, v, c, *w.shape[1:]), axis), layers)
+    valid_PVc = jnp.asarray(plan.valid_mask())
+    stage_P = jnp.arange(stages)
+    is_first_P111 = (stage_P == 0)[:, None, None, None]
 
-    def pipeline(local_layers, xs_MbLD, pos):
-        s = jax.lax.axis_index(axis)
-        state_bLD = jnp.zeros_like(xs_MbLD[0])
-        outs_MbLD = jnp.zeros_like(xs_MbLD)
-        for t in range(m + stages - 1):
-            feed = xs_MbLD[min(t, m - 1)] if t < m else jnp.zeros_like(state_bLD)
-            y_bLD = run_stage(jnp.where(s == 0, feed, state_bLD), local_layers, pos)
-            if t >= stages - 1:
-                outs_MbLD = outs_MbLD.at[t - (stages - 1)].set(
-                    jnp.where(s == stages - 1, y_bLD, jnp.zeros_like(y_bLD)))
-            if t < m + stages - 2:
-                state_bLD = jax.lax.ppermute(
-                    y_bLD, axis, [(i, (i + 1) % stages) for i in range(stages)])
-        return outs_MbLD[None]
+    def stage_work(x_bLD, stage_chunks, valid_Vc, chunk_index):
+        pick = lambda w: jax.lax.dynamic_index_in_dim(w, chunk_index, 0, keepdims=False)  # noqa: E731
+        return run_chunk(x_bLD, jax.tree.map(pick, stage_chunks), pick(valid_Vc), pos_bL)
 
-    # Each stage returns its outputs; the last stage's are taken outside the shard_map, so
-    # XLA moves them from the last stage to the others. (A bf16 psum over the stages here
-    # aborts XLA:CPU: "Invalid binary instruction opcode copy".)
-    run = jax.shard_map(pipeline, mesh=mesh, in_specs=(P(axis), P(), P()),
-                        out_specs=P(axis), axis_names={axis}, check_vma=False)
-    return run(layers, x_MbLD, pos_bL)[stages - 1].reshape(b, seq, d)
+    all_stages = jax.vmap(stage_work, spmd_axis_name=axis)
+
+    def tick(carry, t):
+        state_PbLD, buffer_PMbLD = carry
+        chunk_P = jnp.clip((t - stage_P) // m, 0, v - 1)
+        y_PbLD = pin(all_stages(state_PbLD, chunks, valid_PVc, chunk_P), axis, batch_axes)
+        # Stage p's output moves to stage p + 1; the last stage's to stage 0, which keeps it
+        # (item t - P + 1: microbatch (t - P + 1) mod M) for that microbatch's next pass and,
+        # after the last pass, as the pipeline's output. Before the first item arrives, the
+        # slot still holds a microbatch's input.
+        moved_PbLD = pin(jnp.roll(y_PbLD, 1, axis=0), axis, batch_axes)
+        slot = (t - stages + 1) % m
+        buffer_PMbLD = buffer_PMbLD.at[:, slot].set(
+            jnp.where(t >= stages - 1, moved_PbLD, buffer_PMbLD[:, slot]))
+        state_PbLD = jnp.where(is_first_P111, buffer_PMbLD[:, (t + 1) % m], moved_PbLD)
+        return (pin(state_PbLD, axis, batch_axes), buffer_PMbLD), None
+
+    # The buffer starts with the microbatches' inputs at stage 0 (the one place the
+    # pipeline's input, replicated over the stages, meets the stage axis: its gradient is
+    # summed over the stages once).
+    buffer_PMbLD = pin(jnp.where(is_first_P111[..., None], xs_MbLD[None],
+                                 jnp.zeros((), x_BLD.dtype)), axis, None, batch_axes)
+    (_, buffer_PMbLD), _ = jax.lax.scan(tick, (buffer_PMbLD[:, 0], buffer_PMbLD),
+                                        jnp.arange(plan.ticks))
+    return buffer_PMbLD[0].swapaxes(0, 1).reshape(b, seq, d)
+

@@ -18,6 +18,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
+from models.pipeline import Pipeline
 from models.program import Precision, Program, Train, Workload
 from models.transformer import Transformer, logical_axes
 from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
@@ -29,6 +30,7 @@ class TrainProgram(Program):
 
     optimizer_bytes_per_device: int
     batch_bytes_per_device: int
+    pipeline: Pipeline | None = None
 
     @property
     def state_bytes_per_device(self) -> int:
@@ -38,9 +40,9 @@ class TrainProgram(Program):
 
 def make_model(cfg: ModelConfig, precision: Precision, *, remat: str = "none",
                save: tuple[str, ...] = (), offload: tuple[str, ...] = (), seed: int = 0,
-               pipeline: tuple[int, int] = (1, 1)) -> Transformer:
+               pipeline: Pipeline | None = None) -> Transformer:
     """The model with `precision`'s dtypes; `remat` with its `save` / `offload` names;
-    `pipeline` = (stages, microbatches)."""
+    `pipeline`: its stages (models/pipeline.py), None without."""
     return Transformer(cfg, rngs=nnx.Rngs(seed), precision=precision, remat=remat, save=save,
                        offload=offload,
                        pipeline=pipeline)
@@ -117,7 +119,7 @@ def param_shardings(axes_tree, abstract_params, rules: AxisRules, mesh: Mesh):
 
 def abstract_params(cfg: ModelConfig, precision: Precision, mesh: Mesh, rules: AxisRules,
                     *, remat: str = "none", save: tuple[str, ...] = (),
-                    offload: tuple[str, ...] = (), pipeline: tuple[int, int] = (1, 1)):
+                    offload: tuple[str, ...] = (), pipeline: Pipeline | None = None):
     """(graphdef, params as sharded ShapeDtypeStructs, their NamedShardings); no memory."""
     abstract_model = nnx.eval_shape(
         lambda: make_model(cfg, precision, remat=remat, save=save, offload=offload,
@@ -139,9 +141,23 @@ def per_device_bytes(tree) -> int:
     return total
 
 
+def pipeline_plan(cfg: ModelConfig, mesh_shape, rules: AxisRules, *, workload: Workload,
+                  virtual_stages: int = 1, schedule: str = "1f1b") -> Pipeline | None:
+    """The pipeline the rules' `layers` split makes (None without one): its microbatches
+    are the workload's."""
+    stages = rules.ways("layers", mesh_shape, params=True)
+    if stages == 1:
+        return None
+    return Pipeline(stages=stages, microbatches=workload.microbatches, layers=cfg.n_layers,
+                    virtual=virtual_stages, schedule=schedule)
+
+
 def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workload: Workload,
-                        precision: Precision, train: Train) -> TrainProgram:
-    """Abstract sharded params, optimizer state and batch, and the jitted train step."""
+                        precision: Precision, train: Train, virtual_stages: int = 1,
+                        pipeline_schedule: str = "1f1b") -> TrainProgram:
+    """Abstract sharded params, optimizer state and batch, and the jitted train step.
+    With pipeline stages, `virtual_stages` chunks per stage and the schedule
+    (models/pipeline.py)."""
     mesh_shape = mesh_shape_of(mesh)
     k = workload.microbatches
     if workload.global_batch % k:
@@ -149,12 +165,9 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
             f"workload.global_batch={workload.global_batch} is not divisible by "
             f"workload.microbatches={k}; choose a number of microbatches that divides it"
         )
-    stages = rules.ways("layers", mesh_shape, params=True)
-    if cfg.n_layers % stages:
-        raise ValueError(f"{stages} pipeline stages do not divide model.n_layers="
-                         f"{cfg.n_layers}; each stage holds the same number of layers")
     # With pipeline stages, the microbatches are the pipeline's (models/pipeline.py).
-    pipeline = (stages, k) if stages > 1 else (1, 1)
+    pipeline = pipeline_plan(cfg, mesh_shape, rules, workload=workload,
+                             virtual_stages=virtual_stages, schedule=pipeline_schedule)
     graphdef, params, p_shard = abstract_params(cfg, precision, mesh, rules, remat=train.remat,
                                                 save=train.save, offload=train.offload,
                                                 pipeline=pipeline)
@@ -178,7 +191,7 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
     batch = {"inputs": tokens, "targets": tokens}
 
     step = jax.jit(
-        make_train_step(graphdef, tx, microbatches=1 if stages > 1 else k, rules=rules,
+        make_train_step(graphdef, tx, microbatches=1 if pipeline else k, rules=rules,
                         mesh=mesh),
         in_shardings=(p_shard, opt_shard, {"inputs": batch_sharding, "targets": batch_sharding}),
         out_shardings=(p_shard, opt_shard, replicated),
@@ -186,6 +199,7 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
     )
     tokens_per_step = workload.tokens_per_step
     return TrainProgram(
+        pipeline=pipeline,
         step=step,
         args=(params, opt_state, batch),
         param_count=cfg.param_count(),

@@ -19,10 +19,10 @@ from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
 from models.layers import Mlp, new_param, new_weight, ones_param, project, zeros_param
 from models.moe import MoeMlp
-from models.pipeline import gpipe
+from models.pipeline import Pipeline, run_pipeline
 from models.program import DTYPES, REMAT_POLICIES, Precision, remat_policy
 from models.quant import dequantize, quantize
-from sharding.rules import active_mesh, active_rules, constrain, no_rules
+from sharding.rules import active_mesh, active_rules, constrain
 
 
 def checkpointed(fn, remat: str, save=(), offload=()):
@@ -172,12 +172,13 @@ class Transformer(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, precision: Precision,
                  remat: str = "none", save: tuple[str, ...] = (),
-                 offload: tuple[str, ...] = (), pipeline: tuple[int, int] = (1, 1)):
+                 offload: tuple[str, ...] = (), pipeline: Pipeline | None = None):
         """`precision`: parameter, activation and matmul dtypes, quantised weights and KV
         cache (models/program.py). `remat`: each layer's checkpointing policy (with
         "custom", the checkpoint names to `save` in HBM and to `offload` to host memory).
-        `pipeline`: (stages, microbatches) of a GPipe schedule over the mesh axis the rules
-        give the `layers` dimension (models/pipeline.py); (1, 1) runs the layers directly."""
+        `pipeline`: the stages, microbatches and layer slots of a pipeline over the mesh axis
+        the rules give the `layers` dimension (models/pipeline.py); None runs the layers
+        directly."""
         if remat not in REMAT_POLICIES:
             raise ValueError(f"train.remat={remat!r} is not one of {tuple(REMAT_POLICIES)}")
         self.cfg = cfg
@@ -193,7 +194,9 @@ class Transformer(nnx.Module):
             self.pos_embed = new_param(rngs, (cfg.max_seq_len, d), (None, "embed"),
                                        dtype=param_dtype, scale=0.02)
 
-        @nnx.split_rngs(splits=cfg.n_layers)
+        slots = cfg.n_layers if pipeline is None else pipeline.slots
+
+        @nnx.split_rngs(splits=slots)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_blocks(rngs):
             return Block(cfg, rngs=rngs, precision=precision)
@@ -258,23 +261,25 @@ class Transformer(nnx.Module):
             return constrain(y_BLD, ("batch", "seq", "embed")), kv
 
         layer = checkpointed(layer, self.remat, self.save, self.offload)
-        stages, microbatches = self.pipeline
-        if stages == 1:
+        if self.pipeline is None:
             per_layer_cache = None if cache is None else (cache[0], cache[1])
             return jax.lax.scan(layer, x_BLD, (layers, per_layer_cache))
         if cache is not None:
             raise ValueError("pipeline parallelism serves no KV cache; use pipeline = 1")
-        return self._pipelined(graphdef, layers, x_BLD, positions_BL, stages, microbatches), None
+        return self._pipelined(graphdef, layers, x_BLD, positions_BL), None
 
-    def _pipelined(self, graphdef, layers, x_BLD, positions_BL, stages: int, microbatches: int):
-        """The layers as a GPipe pipeline over the mesh axis that shards `layers`."""
-        def stage_layer(h, layer_state, pos):
+    def _pipelined(self, graphdef, layers, x_BLD, positions_BL):
+        """The layers as a pipeline over the mesh axis that shards `layers`."""
+        def slot(h, layer_state, pos):
             return nnx.merge(graphdef, layer_state)(h, pos)[0]
 
-        stage_layer = checkpointed(stage_layer, self.remat, self.save, self.offload)
+        slot = checkpointed(slot, self.remat, self.save, self.offload)
 
-        def run_stage(x, local_layers, pos):
-            return jax.lax.scan(lambda h, st: (stage_layer(h, st, pos), None), x, local_layers)[0]
+        def run_chunk(x, chunk_layers, valid_c, pos):
+            def one(h, xs):  # a padded slot passes its input through
+                layer_state, valid = xs
+                return jnp.where(valid, slot(h, layer_state, pos), h), None
+            return jax.lax.scan(one, x, (chunk_layers, valid_c))[0]
 
         mesh, rules = active_mesh(), active_rules()
         if mesh is None:
@@ -284,10 +289,8 @@ class Transformer(nnx.Module):
         if len(axes) != 1:
             raise ValueError(f"pipeline parallelism needs the rule of 'layers' to name one mesh "
                              f"axis; it names {axes}")
-        with no_rules():
-            return gpipe(run_stage, layers, x_BLD, positions_BL, stages=stages,
-                         microbatches=microbatches, mesh=mesh, axis=axes[0],
-                         batch_axes=rules.mesh_axes("batch"))
+        return run_pipeline(run_chunk, layers, x_BLD, positions_BL, plan=self.pipeline,
+                            mesh=mesh, axis=axes[0], batch_axes=rules.mesh_axes("batch"))
 
     def _head(self, x_BLD):
         cfg = self.cfg

@@ -77,10 +77,12 @@ def analyze_module(
     name: str = "",
     calibration: Calibration | None = None,
     host_transfer_bytes: float = 0.0,
+    pipeline: dict | None = None,
 ) -> Report:
     """Report for a parsed per-device module on `system` (`calibration`: the fitted
     efficiencies; the catalog's by default; `host_transfer_bytes`: activations offloaded
-    to host memory and back per device and step, timed on the chip's host link)."""
+    to host memory and back per device and step, timed on the chip's host link;
+    `pipeline`: the pipeline schedule the program runs, models.Pipeline.summary())."""
     calibration = catalog_calibration() if calibration is None else calibration
     timings = dict(timings or {})
     t0 = time.perf_counter()
@@ -123,6 +125,8 @@ def analyze_module(
         system_family=getattr(system.family, "name", ""),
         host_transfer_bytes=host_transfer_bytes,
         host_bytes_per_s=system.chip.host_bytes_per_s,
+        pipeline=pipeline,
+        placement=system.placement,
     )
 
 
@@ -142,6 +146,7 @@ def analyze(
     compiler: str | None = None,
     calibration: Calibration | None = None,
     host_transfer_bytes: float = 0.0,
+    pipeline: dict | None = None,
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -165,6 +170,8 @@ def analyze(
             the catalog's by default.
         host_transfer_bytes: activations offloaded to host memory and back, per device and
             step (XLA:CPU elides the host copies, so the caller counts them).
+        pipeline: the pipeline schedule the program runs (models.Pipeline.summary()),
+            shown with its bubble.
         compiler: a name for the compiler, e.g. "TPU compiler (deviceless v6e:2x4)"; TPU
             and GPU devices are compiled for and read from their final HLO, CPU devices
             from the HLO after SPMD partitioning.
@@ -200,6 +207,7 @@ def analyze(
         name=name,
         calibration=calibration,
         host_transfer_bytes=host_transfer_bytes,
+        pipeline=pipeline,
     )
 
 

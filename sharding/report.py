@@ -75,6 +75,9 @@ class Report:
     # host link's bandwidth (None: not in the catalog, the transfers are not timed).
     host_transfer_bytes: float = 0.0
     host_bytes_per_s: float | None = None
+    placement: str = ""  # how the devices sit in the machine (System.placement)
+    # The pipeline schedule the program runs (models.Pipeline.summary()), None without one.
+    pipeline: dict | None = None
 
     # --- time ----------------------------------------------------------------------
     @property
@@ -95,6 +98,12 @@ class Report:
             # copies are asynchronous): they show only where they outlast it.
             return min(max(self.scheduled_step_s, self.host_transfer_s, lo), hi)
         return hi
+
+    @property
+    def pipeline_bubble_s(self) -> float | None:
+        """Idle stage time: the bubble's share of the compiled ticks, which compute it
+        (models/pipeline.py), applied to the compute time."""
+        return None if self.pipeline is None else self.pipeline["bubble"] * self.compute_s
 
     @property
     def host_transfer_s(self) -> float:
@@ -272,6 +281,7 @@ class Report:
         return {
             "name": self.name,
             "system": self.system,
+            "placement": self.placement,
             "num_devices": self.num_devices,
             "compiler": self.compiler,
             "step_time_s": self.step_time_s,
@@ -307,6 +317,8 @@ class Report:
             "host_transfer_s": self.host_transfer_s if self.host_bytes_per_s else None,
             "calibration": {**self.calibration.values(), "source": self.calibration.source},
             "unknown_ops": list(self.unknown_ops),
+            "pipeline": None if self.pipeline is None else {
+                **self.pipeline, "bubble_s": self.pipeline_bubble_s},
         }
 
     def format_table(self) -> str:
@@ -345,7 +357,9 @@ def format_report(r: Report) -> str:
 def _collective_lines(r: Report) -> list[str]:
     lines = []
     title = f"{r.name}  " if r.name else ""
-    lines.append(f"{title}on {r.system} ({r.num_devices} devices), HLO from {r.compiler}")
+    placed = f": {r.placement}" if r.placement else ""
+    lines.append(f"{title}on {r.system} ({r.num_devices} devices{placed}), HLO from "
+                 f"{r.compiler}")
     lines.append("")
     header = f"{'collective':<20}{'mesh axes':<14}{'link':<12}{'algorithm':<26}" \
              f"{'bytes/step':>12}{'count':>8}{'time/step':>12}"
@@ -389,6 +403,9 @@ def _summary_lines(r: Report) -> list[str]:
                  "not timed: no host-link bandwidth for this chip in the catalog")
         lines.append(f"host offload   {fmt_bytes(r.host_transfer_bytes)} per device to host "
                      f"memory and back ({timed})")
+    if r.pipeline is not None:
+        lines.append(f"pipeline       {r.pipeline['description']} (~{fmt_s(r.pipeline_bubble_s)} "
+                     f"of compute)")
     lines.append(f"step time      {fmt_s(r.step_time_s)}  (bounds {fmt_s(lo)} .. {fmt_s(hi)})")
     if r.tokens_per_s is not None:
         per_user = ("" if r.tokens_per_s_per_user is None

@@ -26,9 +26,26 @@ def train_program(cfg, mesh, **setup):
     return models.build_train_program(cfg, mesh, sharding.default_rules(), **train_setup(**setup))
 
 
-def train_both_ways(cfg, par, *, seed: int, token_seed: int, **setup):
+def pipeline_layout(params, plan):
+    """The unsharded model's parameters in a pipeline's layer slots (models/pipeline.py):
+    layer i at stack index plan.layer_order()[i], padded slots zero."""
+    if plan is None:
+        return params
+    order = np.asarray(plan.layer_order())
+
+    def place(stack):
+        slots = jnp.zeros((plan.slots, *stack.shape[1:]), stack.dtype)
+        return slots.at[order].set(stack)
+
+    return {**params, "blocks": jax.tree.map(place, params["blocks"])}
+
+
+def train_both_ways(cfg, par, *, seed: int, token_seed: int, virtual_stages: int = 1,
+                    **setup):
     """(loss, params) after one train step without a mesh, then over mesh `par`, from the
-    same initial parameters and a random batch of global_batch x seq_len tokens."""
+    same initial parameters and a random batch of global_batch x seq_len tokens. With a
+    pipeline, the sharded run's parameters are the same layers in its slots (the embedding
+    is compared)."""
     s = train_setup(**setup)
     model = models.make_model(cfg, s["precision"], remat=s["train"].remat, seed=seed)
     graphdef, state = nnx.split(model, nnx.Param)
@@ -43,7 +60,10 @@ def train_both_ways(cfg, par, *, seed: int, token_seed: int, **setup):
     p1, _, loss1 = jax.jit(step)(params, opt, batch)
 
     mesh = sharding.make_mesh(meshes.get_system("h100:8"), par)
-    prog = train_program(cfg, mesh, **setup)
+    prog = models.build_train_program(cfg, mesh, sharding.default_rules(),
+                                      virtual_stages=virtual_stages, **train_setup(**setup))
+    params = pipeline_layout(params, prog.pipeline)
+    opt = tx.init(params)
     args = jax.device_put((params, opt, batch), jax.tree.map(lambda a: a.sharding, prog.args))
     p2, _, loss2 = prog.step(*args)
     return (loss1, p1), (loss2, p2)

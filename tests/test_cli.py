@@ -72,7 +72,8 @@ def test_run_prints_report_and_writes_json(tmp_path, capsys, cpu_devices):
     # The config it ran, defaults filled in, and the compiler that made the HLO.
     assert d["config"]["system"] == {"name": "h100:8"}
     assert d["config"]["parallelism"] == {"pipeline": 1, "data": 2, "fsdp": 4, "expert": 1,
-                                          "sequence": 1, "tensor": 1, "rules": "default"}
+                                          "sequence": 1, "tensor": 1, "rules": "default",
+                                          "virtual_stages": 1, "pipeline_schedule": "1f1b"}
     assert d["config"]["model"]["n_layers"] == 2 and d["config"]["train"]["remat"] == "full"
     assert d["compiler"].startswith("XLA:CPU")
 
@@ -222,12 +223,31 @@ def test_serving_workloads_run_from_a_config(tmp_path, capsys, cpu_devices, kind
     assert "per user" in stdout
 
 
-def test_pipeline_in_bf16_on_the_cpu_compiler_is_refused_in_one_line(tmp_path, capsys):
+def test_pipeline_in_bf16_and_fp8_runs_on_the_cpu_compiler_and_shows_the_bubble(
+        tmp_path, capsys, cpu_devices):
     text = TINY.replace("data = 2\nfsdp = 4", "data = 4\npipeline = 2").replace(
-        "[workload]", "[workload]\nmicrobatches = 2")
-    code, _, err = run_cli(["run", write(tmp_path, text), "--backend", "cpu"], capsys)
-    assert code == 2 and "does not compile on XLA:CPU" in err and err.count("\n") == 1
-    f32 = text + '[precision]\ncompute = "float32"\n'
-    code, out, err = run_cli(["run", write(tmp_path, f32), "--backend", "cpu"], capsys)
+        "[workload]", "[workload]\nmicrobatches = 4")
+    for compute in ("bfloat16", "float8"):
+        out_json = tmp_path / f"{compute}.json"
+        code, out, err = run_cli(["run", write(tmp_path, text + f'[precision]\ncompute = '
+                                               f'"{compute}"\n'), "--backend", "cpu",
+                                  "--json", str(out_json)], capsys)
+        assert code == 0, err
+        # 2 stages, 4 microbatches: (P - 1) / (M + P - 1) = 1/5 of the ticks idle.
+        assert ("2 stages x 4 microbatches (1F1B); bubble 20.0% of the step ((P-1)/(MV) = "
+                "25.0%") in out
+        d = json.loads(out_json.read_text())
+        assert d["pipeline"]["bubble"] == pytest.approx(1 / 5)
+        assert d["pipeline"]["bubble_s"] == pytest.approx(d["compute_s"] / 5)
+        assert any(c["kind"] == "collective-permute" and c["mesh_axes"] == ["pipeline"]
+                   and c["dtype"] == "bfloat16" for c in d["collectives"])
+    # Interleaved: 2 virtual stages halve the bubble's share: 1 / (4 x 2 + 1).
+    code, out, err = run_cli(["run", write(tmp_path, text.replace(
+        "pipeline = 2", "pipeline = 2\nvirtual_stages = 2")), "--backend", "cpu"], capsys)
     assert code == 0, err
-    assert "collective-permute" in out and "pipeline" in out
+    assert ("(interleaved 1F1B, 2 virtual stages); bubble 11.1% of the step ((P-1)/(MV) = "
+            "12.5%") in out
+    code, _, err = run_cli(["run", write(tmp_path, text.replace(
+        "pipeline = 2", "pipeline = 2\nvirtual_stages = 2").replace(
+        "microbatches = 4", "microbatches = 1"))], capsys)
+    assert code == 2 and "parallelism.virtual_stages=2" in err and err.count("\n") == 1

@@ -262,16 +262,25 @@ def test_pipeline_stages_pass_microbatch_activations_to_their_neighbours(cpu_dev
     rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
     permutes = [c for c in rep.collectives if c.kind == "collective-permute"]
     assert permutes and all(c.mesh_axes == ("pipeline",) for c in permutes)
-    # One transfer per tick between neighbouring stages: microbatch (16 / 4 sequences, over
-    # data 2) x seq 16 x d_model 64 f32, for M + S - 2 = 6 ticks forward and 6 backward.
+    # Each tick moves every stage's microbatch (16 / 4 sequences over data 2, x seq 16 x
+    # d_model 64, f32) one stage on: M + S - 1 = 7 ticks forward; backward, the transposed
+    # roll is two one-way permutes per tick (XLA splits it), 14 more.
     per_transfer = (16 // 4 // 2) * 16 * cfg.d_model * F32
-    ticks = [c for c in permutes if c.bytes == per_transfer]
-    assert sum(c.count for c in ticks) == 2 * (4 + 4 - 2)
-    # Besides the ticks, only the last stage's collected outputs (all M microbatches) move.
-    assert {c.bytes for c in permutes} <= {per_transfer, 4 * per_transfer}
-    # Mesh axes run (pipeline, data): a partition id's stage is id // 2.
-    for c in ticks:
+    assert {c.bytes for c in permutes} == {per_transfer}
+    assert sum(c.count for c in permutes) == 3 * (4 + 4 - 1)
+    # Mesh axes run (pipeline, data): a partition id's stage is id // 2; a transfer goes to
+    # the next stage (the last stage's to the first) within one data replica.
+    for c in permutes:
         assert all((b // 2 - a // 2) % 4 in (1, 3) and a % 2 == b % 2 for a, b in c.groups)
-    # The bubble is in the program: every stage runs its layer on M + S - 1 = 7 ticks.
-    layer_dots = [c for c in rep.compute.ops if c[0].startswith("mlp/down_proj")]
-    assert layer_dots
+    # The pipeline's input meets the stage axis once (its gradient summed over the stages)
+    # and its output leaves it once: one all-reduce of the M microbatches each way.
+    stage_sums = [c for c in rep.collectives if c.kind == "all-reduce"
+                  and c.mesh_axes == ("pipeline",)]
+    assert sorted(c.bytes * c.count for c in stage_sums) == [4 * per_transfer] * 2
+    # The bubble is in the program: each stage runs its one layer on all 7 ticks: down_proj's
+    # forward matmul (2 b L F D) 7 times, its two backward matmuls 7 times each (remat does
+    # not recompute it: no backward needs its output).
+    down = 2 * (16 // 4 // 2) * 16 * cfg.d_ff * cfg.d_model
+    ops = rep.compute.ops
+    assert ops[("mlp/down_proj (forward)", "matmul")]["flops"] == 7 * down
+    assert ops[("mlp/down_proj (backward)", "matmul")]["flops"] == 2 * 7 * down
