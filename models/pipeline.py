@@ -151,6 +151,18 @@ class Pipeline:
                 f"of the ideal){uneven}")
 
 
+@jax.custom_vjp
+def shift_stages(x_P):
+    """Every stage's slice to the next stage, the last one's to the first (a roll over the
+    stage dimension: one collective-permute). Its transpose is the roll back, one permute
+    the other way (autodiff's transpose of a roll is two one-way permutes)."""
+    return jnp.roll(x_P, 1, axis=0)
+
+
+shift_stages.defvjp(lambda x_P: (jnp.roll(x_P, 1, axis=0), None),
+                    lambda _, g_P: (jnp.roll(g_P, -1, axis=0),))
+
+
 def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipeline, mesh,
                  axis: str, batch_axes: tuple[str, ...] = ()):
     """The layers as `plan`'s circular pipeline over mesh axis `axis`.
@@ -181,7 +193,11 @@ def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipe
     is_first_P111 = (stage_P == 0)[:, None, None, None]
 
     def stage_work(x_bLD, stage_chunks, valid_Vc, chunk_index):
-        pick = lambda w: jax.lax.dynamic_index_in_dim(w, chunk_index, 0, keepdims=False)  # noqa: E731
+        if v == 1:  # one chunk per stage: nothing to choose
+            pick = lambda w: w[0]  # noqa: E731
+        else:
+            pick = lambda w: jax.lax.dynamic_index_in_dim(w, chunk_index, 0,  # noqa: E731
+                                                          keepdims=False)
         return run_chunk(x_bLD, jax.tree.map(pick, stage_chunks), pick(valid_Vc), pos_bL)
 
     all_stages = jax.vmap(stage_work, spmd_axis_name=axis)
@@ -194,7 +210,7 @@ def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipe
         # (item t - P + 1: microbatch (t - P + 1) mod M) for that microbatch's next pass and,
         # after the last pass, as the pipeline's output. Before the first item arrives, the
         # slot still holds a microbatch's input.
-        moved_PbLD = pin(jnp.roll(y_PbLD, 1, axis=0), axis, batch_axes)
+        moved_PbLD = pin(shift_stages(y_PbLD), axis, batch_axes)
         slot = (t - stages + 1) % m
         buffer_PMbLD = buffer_PMbLD.at[:, slot].set(
             jnp.where(t >= stages - 1, moved_PbLD, buffer_PMbLD[:, slot]))

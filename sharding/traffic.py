@@ -7,7 +7,10 @@ convert, transpose and data-movement ops form one kernel each; a reduction ends 
 (its consumers start a new one, as XLA's GPU and TPU emitters do); matmuls, collectives and
 loop boundaries are kernel boundaries. A kernel reads each distinct value entering it once
 and writes each value leaving it once. Slices read only what they keep, and
-dynamic-update-slice / scatter write only their update (they work in place). Broadcasts,
+dynamic-update-slice / scatter write only their update (they work in place), and so does
+an add of one into zeros (`acc + dynamic-update-slice(0, u, i)`, what autodiff makes of a
+slice read in a loop), which XLA's algebraic simplifier rewrites into an in-place
+`dynamic-update-slice(acc, dynamic-slice(acc, i) + u, i)`. Broadcasts,
 reshapes and bitcasts are views: they cost nothing, and a broadcast's input is what is
 read. Before scheduling (the post-SPMD module) a `copy` is a sharding annotation that copy
 elision removes later: it costs nothing either. A slice of a stacked array that only
@@ -111,6 +114,7 @@ def _kernel_traffic(
     read: dict[str, float] = {}
     written = 0.0
     elems = 0.0
+    accumulates = _in_place_accumulates(comp, region)
     for inst in region:
         out_bytes = float(sum(a.nbytes for a in inst.shapes))
         elems += sum(a.num_elements for a in inst.shapes)
@@ -123,6 +127,8 @@ def _kernel_traffic(
                 continue
             if k in fused_reads:
                 read[f"{o}@{inst.name}"] = fused_reads[k]
+            elif inst.name in accumulates:
+                read[f"{o}@{inst.name}"] = accumulates[inst.name]  # the updated part
             elif inst.opcode in SLICE_OPS and k == 0:
                 read[f"{o}@{inst.name}"] = out_bytes  # only the kept part is read
             elif inst.opcode in IN_PLACE_OPS and k == 0:
@@ -132,12 +138,35 @@ def _kernel_traffic(
         users = comp.users.get(inst.name, [])
         leaves = inst.is_root or any(_leaves_region(comp, u, inside) for u in users)
         if leaves:
-            if inst.opcode in IN_PLACE_OPS and len(inst.operands) > 1:
+            if inst.name in accumulates:
+                written += accumulates[inst.name]
+            elif inst.opcode in IN_PLACE_OPS and len(inst.operands) > 1:
                 update = inst.operands[-1 if inst.opcode == "scatter" else 1]
                 written += float(sum(a.nbytes for a in shapes_of(comp, update)))
             else:
                 written += out_bytes
     return sum(read.values()) + written, elems
+
+
+def _in_place_accumulates(comp: Computation, region: list[Instruction]) -> dict[str, float]:
+    """{add: bytes of its update} for each `acc + dynamic-update-slice(zeros, u, i)` (or a
+    scatter into zeros) in the region: XLA adds u into acc in place."""
+    found = {}
+    for inst in region:
+        if inst.opcode != "add" or len(inst.operands) != 2:
+            continue
+        for o in inst.operands:
+            src = comp.by_name.get(through_views(comp, o))
+            if src is None or src.opcode not in IN_PLACE_OPS or len(src.operands) < 2:
+                continue
+            base = comp.by_name.get(through_views(comp, src.operands[0]))
+            if base is not None and base.opcode == "broadcast" and base.operands:
+                base = comp.by_name.get(base.operands[0])
+            if base is not None and base.opcode == "constant":
+                update = src.operands[-1 if src.opcode == "scatter" else 1]
+                found[inst.name] = float(sum(a.nbytes for a in shapes_of(comp, update)))
+                break
+    return found
 
 
 def _fusion_io(module: HloModule | None,

@@ -61,6 +61,17 @@ def test_slices_read_only_what_they_keep():
     assert c.hbm_bytes == 2 * 1024 * 1024 * 4
 
 
+def test_adding_an_update_into_zeros_accumulates_in_place():
+    # The gradient of a slice read in a loop: acc + dynamic_update_slice(zeros, u, i). XLA
+    # rewrites it to update acc's slice in place, so the kernel reads u and acc's slice and
+    # writes the slice: 3 |u|, not the whole accumulator twice.
+    acc = jax.ShapeDtypeStruct((64, 1024, 1024), jnp.float32)
+    u = jax.ShapeDtypeStruct((1, 1024, 1024), jnp.float32)
+    c = cost_of(lambda acc, u, i: acc + jax.lax.dynamic_update_slice(
+        jnp.zeros_like(acc), u, (i, 0, 0)), acc, u, 3)
+    assert c.hbm_bytes == 3 * 1024 * 1024 * 4 + 4  # and the s32 index
+
+
 def test_matmul_flops_agree_across_compilers():
     # The same 4-layer train step compiled by XLA:CPU (post-SPMD), the TPU compiler (which
     # writes einsums as padded convolutions) and XLA:GPU: the same FLOPs per device.
