@@ -21,6 +21,7 @@ from meshes import System, get_system
 from meshes.calibration import Calibration, calibration_from_dict
 from meshes.catalog import OVERRIDES
 from models.config import PRESETS, ModelConfig, preset
+from models.context import MODES as CONTEXT_MODES
 from models.pipeline import SCHEDULES, Pipeline
 from models.program import Precision, Train, Workload
 from sharding.rules import MESH_AXES, RULE_PRESETS, AxisRules, divisors, rules_preset
@@ -41,14 +42,16 @@ Parallelism = dataclasses.make_dataclass(
     [(axis, "int", dataclasses.field(default=1)) for axis in MESH_AXES]
     + [("rules", "str", dataclasses.field(default="default")),
        ("virtual_stages", "int", dataclasses.field(default=1)),
-       ("pipeline_schedule", "str", dataclasses.field(default="1f1b"))],
+       ("pipeline_schedule", "str", dataclasses.field(default="1f1b")),
+       ("context_mode", "str", dataclasses.field(default="ring"))],
     namespace={
         "sizes": _sizes,
         "num_devices": property(lambda self: math.prod(_sizes(self).values())),
         "axis_rules": lambda self: rules_preset(self.rules),
         "__doc__": "Mesh axis sizes (one field per sharding.rules.MESH_AXES), the rule "
                    "preset (sharding.rules.RULE_PRESETS), and the pipeline's virtual stages "
-                   "per device and schedule (models.pipeline.SCHEDULES).",
+                   "per device and schedule (models.pipeline.SCHEDULES), and how attention "
+                   "reaches the other context-parallel ranks (models.context.MODES).",
     },
     frozen=True, kw_only=True,
 )
@@ -341,6 +344,16 @@ def _check_strategies(exp: Experiment) -> None:
                           f"(model.n_experts={m.n_experts}) is not supported: routing groups are "
                           f"cut from each device's tokens; use sequence = 1 and shard the batch "
                           f"with data, fsdp or expert")
+    if par.context_mode not in CONTEXT_MODES:
+        raise ConfigError(f"parallelism.context_mode={par.context_mode!r} is not one of "
+                          f"{', '.join(CONTEXT_MODES)}")
+    if rules.ways("seq", sizes) > 1 and w.kind == "train":
+        ranks = rules.ways("seq", sizes)
+        if w.seq_len % (2 * ranks):
+            raise ConfigError(f"workload.seq_len={w.seq_len} must split into 2 x "
+                              f"parallelism.sequence={ranks} equal chunks (context parallelism "
+                              f"balances the causal work over zigzag chunk pairs); use a "
+                              f"multiple of {2 * ranks}")
     if par.virtual_stages < 1:
         raise ConfigError(f"parallelism.virtual_stages={par.virtual_stages} must be 1 or more")
     stages = rules.ways("layers", sizes, params=True)

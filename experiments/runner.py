@@ -65,7 +65,8 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
             program = build_train_program(exp.model, mesh, rules, workload=exp.workload,
                                           precision=exp.precision, train=exp.train,
                                           virtual_stages=exp.parallelism.virtual_stages,
-                                          pipeline_schedule=exp.parallelism.pipeline_schedule)
+                                          pipeline_schedule=exp.parallelism.pipeline_schedule,
+                                          context_mode=exp.parallelism.context_mode)
             memory = training_memory(exp.model, program, workload=exp.workload,
                                      precision=exp.precision, train=exp.train,
                                      mesh_shape=mesh_shape, rules=rules)

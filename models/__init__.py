@@ -7,7 +7,9 @@ Rooms:
 - `layers.py`: parameter constructors, the weight matmul (bf16, FP8, FP4), the MLP.
 - `attention.py`: dense and flash attention; `moe.py`: the mixture-of-experts MLP;
   `transformer.py`: the decoder (blocks, scanned layers, prefill and decode).
-- `pipeline.py`: GPipe over the mesh axis of the `layers` dimension.
+- `pipeline.py`: pipeline parallelism (1F1B, interleaved, GPipe; uneven stages) over the
+  mesh axis of the `layers` dimension; `context.py`: context-parallel (ring / all-gather)
+  attention over the axis that splits the sequence.
 - `fp8.py`: FP8 and block-scaled FP4 matmuls; `quant.py`: quantised weights and KV cache.
 - `train.py`: the train step and its sharded arguments; `inference.py`: prefill and
   decode with a KV cache.
@@ -23,6 +25,7 @@ Array names carry their shape as a suffix, one letter one meaning everywhere:
     V vocab                 N layers                           X experts
     R routing groups        T tokens in a routing group        A a token's expert choices
     C expert capacity       M microbatches                     P pipeline stages
+    Y context-parallel ranks  Z the two zigzag halves of a rank's positions
 
 A lower-case letter is part of the dimension of its capital (b: one microbatch's batch);
 a digit is a dimension of that size (B1: one position per sequence).

@@ -30,6 +30,7 @@ forward and backward does not change this time, only the activations it holds
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -151,16 +152,16 @@ class Pipeline:
                 f"of the ideal){uneven}")
 
 
-@jax.custom_vjp
-def shift_stages(x_P):
-    """Every stage's slice to the next stage, the last one's to the first (a roll over the
-    stage dimension: one collective-permute). Its transpose is the roll back, one permute
-    the other way (autodiff's transpose of a roll is two one-way permutes)."""
-    return jnp.roll(x_P, 1, axis=0)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def shift_stages(x, axis: int = 0):
+    """Every slice along `axis` (a sharded stage or rank dimension) to the next, the last
+    one's to the first: a roll, one collective-permute. Its transpose is the roll back, one
+    permute the other way (autodiff's transpose of a roll is two one-way permutes)."""
+    return jnp.roll(x, 1, axis=axis)
 
 
-shift_stages.defvjp(lambda x_P: (jnp.roll(x_P, 1, axis=0), None),
-                    lambda _, g_P: (jnp.roll(g_P, -1, axis=0),))
+shift_stages.defvjp(lambda x, axis: (jnp.roll(x, 1, axis=axis), None),
+                    lambda axis, _, g: (jnp.roll(g, -1, axis=axis),))
 
 
 def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipeline, mesh,

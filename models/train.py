@@ -40,16 +40,17 @@ class TrainProgram(Program):
 
 def make_model(cfg: ModelConfig, precision: Precision, *, remat: str = "none",
                save: tuple[str, ...] = (), offload: tuple[str, ...] = (), seed: int = 0,
-               pipeline: Pipeline | None = None) -> Transformer:
+               pipeline: Pipeline | None = None, context_mode: str = "ring") -> Transformer:
     """The model with `precision`'s dtypes; `remat` with its `save` / `offload` names;
-    `pipeline`: its stages (models/pipeline.py), None without."""
+    `pipeline`: its stages (models/pipeline.py), None without; `context_mode`: context
+    parallelism's exchange (models/context.py)."""
     return Transformer(cfg, rngs=nnx.Rngs(seed), precision=precision, remat=remat, save=save,
-                       offload=offload,
-                       pipeline=pipeline)
+                       offload=offload, pipeline=pipeline, context_mode=context_mode)
 
 
 def loss_fn(model: Transformer, inputs_BL, targets_BL):
     logits_BLV = model(inputs_BL)
+    targets_BL = model.in_model_order(targets_BL)
     with jax.named_scope("loss"):
         logp_BLV = jax.nn.log_softmax(logits_BLV, axis=-1)
         nll_BL = -jnp.take_along_axis(logp_BLV, targets_BL[..., None], axis=-1)[..., 0]
@@ -119,11 +120,12 @@ def param_shardings(axes_tree, abstract_params, rules: AxisRules, mesh: Mesh):
 
 def abstract_params(cfg: ModelConfig, precision: Precision, mesh: Mesh, rules: AxisRules,
                     *, remat: str = "none", save: tuple[str, ...] = (),
-                    offload: tuple[str, ...] = (), pipeline: Pipeline | None = None):
+                    offload: tuple[str, ...] = (), pipeline: Pipeline | None = None,
+                    context_mode: str = "ring"):
     """(graphdef, params as sharded ShapeDtypeStructs, their NamedShardings); no memory."""
     abstract_model = nnx.eval_shape(
         lambda: make_model(cfg, precision, remat=remat, save=save, offload=offload,
-                           pipeline=pipeline))
+                           pipeline=pipeline, context_mode=context_mode))
     graphdef, state = nnx.split(abstract_model, nnx.Param)
     params = nnx.to_pure_dict(state)
     shardings = param_shardings(logical_axes(state), params, rules, mesh)
@@ -154,10 +156,12 @@ def pipeline_plan(cfg: ModelConfig, mesh_shape, rules: AxisRules, *, workload: W
 
 def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workload: Workload,
                         precision: Precision, train: Train, virtual_stages: int = 1,
-                        pipeline_schedule: str = "1f1b") -> TrainProgram:
+                        pipeline_schedule: str = "1f1b",
+                        context_mode: str = "ring") -> TrainProgram:
     """Abstract sharded params, optimizer state and batch, and the jitted train step.
     With pipeline stages, `virtual_stages` chunks per stage and the schedule
-    (models/pipeline.py)."""
+    (models/pipeline.py); with the sequence split, the context-parallel exchange
+    (models/context.py)."""
     mesh_shape = mesh_shape_of(mesh)
     k = workload.microbatches
     if workload.global_batch % k:
@@ -170,7 +174,7 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
                              virtual_stages=virtual_stages, schedule=pipeline_schedule)
     graphdef, params, p_shard = abstract_params(cfg, precision, mesh, rules, remat=train.remat,
                                                 save=train.save, offload=train.offload,
-                                                pipeline=pipeline)
+                                                pipeline=pipeline, context_mode=context_mode)
 
     tx = make_optimizer(train)
     opt_abstract = jax.eval_shape(tx.init, params)

@@ -17,6 +17,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
+from models.context import context_attention, zigzag_order
 from models.layers import Mlp, new_param, new_weight, ones_param, project, zeros_param
 from models.moe import MoeMlp
 from models.pipeline import Pipeline, run_pipeline
@@ -73,9 +74,11 @@ class Attention(nnx.Module):
         self.wo = new_weight(rngs, (h, e, d), ("heads", "head_dim", "embed"), precision=precision,
                              contract=2, scale=(h * e) ** -0.5)
 
-    def __call__(self, x_BLD, positions_BL, cache=None):
+    def __call__(self, x_BLD, positions_BL, cache=None, context: str | None = None):
         """Attention over the sequence (training, prefill) or, with `cache` = (k_BSKE,
         v_BSKE, index), one new position per sequence over its KV cache (decode).
+        `context`: the context-parallel mode (models/context.py) when the positions are
+        split over a mesh axis in zigzag order; None otherwise.
 
         Returns (output, (k, v)): the keys and values computed here (the whole sequence's
         for prefill, the new position's for decode), in the cache's layout.
@@ -97,7 +100,10 @@ class Attention(nnx.Module):
         b, seq, h, e = q_BLHE.shape
         kv = cfg.n_kv_heads
         q_BLKGE = q_BLHE.reshape(b, seq, kv, h // kv, e)
-        if cache is None:
+        if context is not None:
+            out_BLKGE = context_attention(q_BLKGE, k_BLKE, v_BLKE, mode=context,
+                                          **_context_axis())
+        elif cache is None:
             attend = flash_attention if cfg.attention == "flash" else dense_attention
             out_BLKGE = attend(q_BLKGE, k_BLKE, v_BLKE)
         else:
@@ -108,6 +114,25 @@ class Attention(nnx.Module):
             out_BLD = project("blhe,hed->bld", out_BLHE, self.wo, precision=self.precision)
             out_BLD = checkpoint_name(constrain(out_BLD, ("batch", "seq", "embed")), "out_proj")
             return out_BLD, (k_BLKE, v_BLKE)
+
+
+def _context_axis() -> dict:
+    """The mesh, rules and the one mesh axis that split the positions (context_attention's
+    keywords)."""
+    mesh, rules = active_mesh(), active_rules()
+    axes = [a for a in rules.mesh_axes("seq") if dict(mesh.shape).get(a, 1) > 1]
+    if len(axes) != 1:
+        raise ValueError(f"context parallelism needs the rule of 'seq' to name one mesh axis "
+                         f"of size > 1; it names {axes}")
+    return {"mesh": mesh, "rules": rules, "axis": axes[0]}
+
+
+def context_ranks() -> int:
+    """Ways the active rules split the positions (1 without rules)."""
+    mesh, rules = active_mesh(), active_rules()
+    if mesh is None:
+        return 1
+    return rules.ways("seq", dict(mesh.shape))
 
 
 def _write_cache(cache_NBSKE, new_NB1KE, index, quantized: str | None):
@@ -158,10 +183,10 @@ class Block(nnx.Module):
         mlp = MoeMlp if cfg.n_experts > 1 else Mlp
         self.mlp = mlp(cfg, rngs=rngs, precision=precision)
 
-    def __call__(self, x_BLD, positions_BL, cache=None):
+    def __call__(self, x_BLD, positions_BL, cache=None, context: str | None = None):
         x_BLD = checkpoint_name(x_BLD, "decoder_layer_input")
         with jax.named_scope("attention"):
-            attn_BLD, kv = self.attn(self.attn_norm(x_BLD), positions_BL, cache)
+            attn_BLD, kv = self.attn(self.attn_norm(x_BLD), positions_BL, cache, context)
             x_BLD = x_BLD + attn_BLD
         with jax.named_scope("mlp"):
             return x_BLD + self.mlp(self.mlp_norm(x_BLD)), kv
@@ -172,13 +197,15 @@ class Transformer(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, precision: Precision,
                  remat: str = "none", save: tuple[str, ...] = (),
-                 offload: tuple[str, ...] = (), pipeline: Pipeline | None = None):
+                 offload: tuple[str, ...] = (), pipeline: Pipeline | None = None,
+                 context_mode: str = "ring"):
         """`precision`: parameter, activation and matmul dtypes, quantised weights and KV
         cache (models/program.py). `remat`: each layer's checkpointing policy (with
         "custom", the checkpoint names to `save` in HBM and to `offload` to host memory).
         `pipeline`: the stages, microbatches and layer slots of a pipeline over the mesh axis
         the rules give the `layers` dimension (models/pipeline.py); None runs the layers
-        directly."""
+        directly. `context_mode`: how attention reaches the other positions when the rules
+        split the sequence in training (models/context.py: "ring" or "allgather")."""
         if remat not in REMAT_POLICIES:
             raise ValueError(f"train.remat={remat!r} is not one of {tuple(REMAT_POLICIES)}")
         self.cfg = cfg
@@ -187,6 +214,7 @@ class Transformer(nnx.Module):
         self.remat = remat
         self.save, self.offload = tuple(save), tuple(offload)
         self.pipeline = pipeline
+        self.context_mode = context_mode
         param_dtype = DTYPES[precision.params]
         v, d = cfg.padded_vocab, cfg.d_model
         self.embed = new_param(rngs, (v, d), ("vocab", "embed"), dtype=param_dtype, scale=1.0)
@@ -207,11 +235,25 @@ class Transformer(nnx.Module):
             self.lm_head = new_weight(rngs, (d, v), ("embed", "vocab"), precision=precision)
 
     def __call__(self, tokens_BL):
-        """Training forward: logits for every position."""
+        """Training forward: logits for every position, in `in_model_order` (the zigzag
+        order of context parallelism when the rules split the sequence)."""
         b, seq = tokens_BL.shape
-        positions_BL = jnp.broadcast_to(jnp.arange(seq), (b, seq))
-        x_BLD, _ = self._layers(self._embed(tokens_BL, positions_BL), positions_BL)
+        ranks = context_ranks()
+        order = jnp.arange(seq) if ranks == 1 else jnp.asarray(zigzag_order(seq, ranks))
+        tokens_BL = self.in_model_order(tokens_BL)
+        positions_BL = jnp.broadcast_to(order, (b, seq))
+        context = self.context_mode if ranks > 1 else None
+        x_BLD, _ = self._layers(self._embed(tokens_BL, positions_BL), positions_BL,
+                                context=context)
         return self._head(x_BLD)
+
+    def in_model_order(self, x_BL):
+        """Per-position values (tokens, targets) in the order training runs its positions:
+        as given, or zigzag over the context-parallel ranks (models/context.py)."""
+        ranks = context_ranks()
+        if ranks == 1:
+            return x_BL
+        return constrain(x_BL[:, zigzag_order(x_BL.shape[1], ranks)], ("batch", "seq"))
 
     def prefill(self, tokens_BL):
         """Process prompts: (logits of the last position (B, V), KV cache (N, B, L, K, E) x 2)."""
@@ -249,7 +291,7 @@ class Transformer(nnx.Module):
                 x_BLD = x_BLD + jnp.take(self.pos_embed[...], positions_BL, axis=0).astype(dt)
             return constrain(x_BLD, ("batch", "seq", "embed"))
 
-    def _layers(self, x_BLD, positions_BL, cache=None):
+    def _layers(self, x_BLD, positions_BL, cache=None, context: str | None = None):
         """Run the stacked layers under lax.scan; returns (x, per-layer (k, v) stacked)."""
         graphdef, layers = nnx.split(self.blocks)
 
@@ -257,7 +299,8 @@ class Transformer(nnx.Module):
             layer_state, layer_cache = xs
             if layer_cache is not None:
                 layer_cache = (*layer_cache, cache[2])
-            y_BLD, kv = nnx.merge(graphdef, layer_state)(x_BLD, positions_BL, layer_cache)
+            y_BLD, kv = nnx.merge(graphdef, layer_state)(x_BLD, positions_BL, layer_cache,
+                                                         context)
             return constrain(y_BLD, ("batch", "seq", "embed")), kv
 
         layer = checkpointed(layer, self.remat, self.save, self.offload)
@@ -266,12 +309,12 @@ class Transformer(nnx.Module):
             return jax.lax.scan(layer, x_BLD, (layers, per_layer_cache))
         if cache is not None:
             raise ValueError("pipeline parallelism serves no KV cache; use pipeline = 1")
-        return self._pipelined(graphdef, layers, x_BLD, positions_BL), None
+        return self._pipelined(graphdef, layers, x_BLD, positions_BL, context), None
 
-    def _pipelined(self, graphdef, layers, x_BLD, positions_BL):
+    def _pipelined(self, graphdef, layers, x_BLD, positions_BL, context):
         """The layers as a pipeline over the mesh axis that shards `layers`."""
         def slot(h, layer_state, pos):
-            return nnx.merge(graphdef, layer_state)(h, pos)[0]
+            return nnx.merge(graphdef, layer_state)(h, pos, None, context)[0]
 
         slot = checkpointed(slot, self.remat, self.save, self.offload)
 

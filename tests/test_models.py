@@ -59,6 +59,23 @@ def test_sharded_train_step_matches_unsharded(cpu_devices, par, remat):
                                atol=1e-6)
 
 
+@pytest.mark.parametrize("par, mode, compute, rel", [
+    ({"data": 2, "sequence": 4}, "ring", "float32", 1e-5),
+    ({"data": 2, "sequence": 4}, "allgather", "float32", 1e-5),
+    ({"sequence": 2, "tensor": 2, "data": 2}, "ring", "bfloat16", 2e-3),
+    ({"sequence": 2, "pipeline": 2, "data": 2}, "ring", "float8", 2e-3),
+])
+def test_context_parallel_attention_matches_unsharded(cpu_devices, par, mode, compute, rel):
+    # Zigzag ring (and all-gather) attention over the `sequence` axis computes the loss of
+    # the unsharded model, in f32 exactly, in bf16 with tensor parallelism and in FP8
+    # inside a pipeline.
+    cfg = models.preset("tiny")
+    (loss1, _), (loss2, _) = train_both_ways(
+        cfg, par, seed=1, token_seed=0, seq_len=32, global_batch=8, microbatches=2,
+        remat="full", compute=compute, context_mode=mode)
+    assert float(loss2) == pytest.approx(float(loss1), rel=rel)
+
+
 @pytest.mark.parametrize("layers, virtual, compute, rel", [
     (4, 1, "bfloat16", 2e-3),   # 2 layers per stage
     (3, 1, "bfloat16", 2e-3),   # uneven: 3 layers in 4 slots, the first stage lighter

@@ -236,22 +236,39 @@ print(sorted({(c.link, bool(c.algorithm)) for c in rep.collectives}))
     assert links == "[('infiniband', True)]"
 
 
-def test_context_parallelism_gathers_keys_and_values(cpu_devices):
+@pytest.mark.parametrize("mode", ["ring", "allgather"])
+def test_context_parallelism_exchanges_keys_and_values_once_per_step(cpu_devices, mode):
     cfg = tiny()
-    rep, _ = train_report(cfg, {"data": 2, "sequence": 4}, batch=4, seq=256)
-    seq_ag = [c for c in rep.collectives if c.kind == "all-gather" and
-              c.mesh_axes == ("sequence",) and "flash_attention" in c.op_name]
-    # Each layer gathers K and V over the sequence: per device batch 4/2 x the whole
-    # sequence 256 x kv heads 2 x head_dim 16, f32; once forward, once in the recomputed
-    # forward of full remat.
-    full_kv = 2 * 256 * cfg.n_kv_heads * cfg.head_dim * F32
-    assert {c.bytes for c in seq_ag} == {full_kv}
-    assert sum(c.count for c in seq_ag) == 2 * 2 * cfg.n_layers
-    # and reduce-scatters their gradients back to the sequence shards
-    seq_rs = [c for c in rep.collectives if c.kind == "reduce-scatter" and
-              c.mesh_axes == ("sequence",) and "flash_attention" in c.op_name]
-    assert {c.bytes for c in seq_rs} == {full_kv}
-    assert sum(c.count for c in seq_rs) == 2 * cfg.n_layers
+    cp = 4
+    mesh = sharding.make_mesh(H100, {"data": 2, "sequence": cp})
+    prog = models.build_train_program(
+        cfg, mesh, sharding.default_rules(), context_mode=mode,
+        workload=models.Workload(seq_len=256, global_batch=4),
+        precision=models.Precision(params="float32", compute="float32"), train=models.Train())
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    # (Over `sequence` besides: the weight gradients' sums and the int32 tokens' gather.)
+    seq = [c for c in rep.collectives if c.mesh_axes == ("sequence",) and c.dtype == "float32"]
+    # One rank's K (or V) block: batch 4 / data 2 x 256 / cp positions x kv heads 2 x
+    # head_dim 16, f32.
+    block = 2 * (256 // cp) * cfg.n_kv_heads * cfg.head_dim * F32
+    per_layer = lambda kind: sum(c.count * c.bytes for c in seq if c.kind == kind) / cfg.n_layers  # noqa: E731
+    if mode == "ring":
+        # K and V move one rank on at each of cp - 1 steps: 2 (cp - 1) blocks per layer in
+        # the forward pass, as many in full remat's recomputed forward and, their
+        # gradients, in the backward pass.
+        permutes = [c for c in seq if c.kind == "collective-permute"]
+        assert {c.bytes for c in permutes} == {block}
+        assert per_layer("collective-permute") == 3 * 2 * (cp - 1) * block
+        assert not [c for c in seq if c.kind == "all-gather"]
+    else:
+        # K and V gathered whole once per forward (and recomputed forward); their
+        # gradients summed over the ranks once each in the backward.
+        assert per_layer("all-gather") == 2 * 2 * cp * block
+        sums = [c for c in seq if c.kind == "all-reduce" and c.shape[-4:] == (
+            2, 256 // cp // 2, cfg.n_kv_heads, cfg.head_dim)]
+        assert {c.bytes for c in sums} == {cp * block}
+        assert sum(c.count for c in sums) == 2 * cfg.n_layers
+        assert not [c for c in seq if c.kind == "collective-permute"]
 
 
 def test_pipeline_stages_pass_microbatch_activations_to_their_neighbours(cpu_devices):
