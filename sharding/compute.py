@@ -19,11 +19,12 @@ import dataclasses
 
 from meshes import Chip
 from meshes.calibration import IDENTITY, Calibration
-from sharding.dataflow import MATMUL_OPS
+from sharding.dataflow import MATMUL_OPS, through_views, users_through_views
+from sharding.dequant import dequant_read_bytes
 from sharding.flops import dot_flops
 from sharding.hlo import HloModule, operation_of
 from sharding.loops import execution_counts
-from sharding.traffic import FUSED_KERNEL_SCOPE, kernels
+from sharding.traffic import DECODE_ATTENTION_SCOPE, FUSED_KERNEL_SCOPE, kernels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,10 +100,13 @@ def computation_costs(
         inside_fusion = comp.name in fused
         for inst in comp.instructions:
             if inst.opcode in MATMUL_OPS:
+                scoped = (not module.is_scheduled and not inside_fusion
+                          and DECODE_ATTENTION_SCOPE in inst.op_name)
                 _add_matmul(c, inst, comp, chip, hbm_bw, compute_dtype, calibration,
                             on_chip=inside_fusion or FUSED_KERNEL_SCOPE in inst.op_name,
                             attention=FUSED_KERNEL_SCOPE in inst.op_name,
-                            own_kernel=not inside_fusion)
+                            own_kernel=not inside_fusion,
+                            io=_scope_io(inst, comp, DECODE_ATTENTION_SCOPE) if scoped else None)
         if not inside_fusion:
             for kernel_bytes, kernel_elems, members in kernels(comp, module,
                                                                 final=module.is_scheduled):
@@ -115,14 +119,13 @@ def computation_costs(
 
 def _add_matmul(c: ExecutionCost, inst, comp, chip: Chip, hbm_bw: float,
                 compute_dtype: str | None, calibration: Calibration, *, on_chip: bool,
-                attention: bool, own_kernel: bool) -> None:
+                attention: bool, own_kernel: bool, io: float | None = None) -> None:
     """A dot or convolution: the larger of its math at the measured rate for its size and
-    its operand traffic (none when its operands stream through on-chip memory), plus the
-    fixed per-kernel overhead when it is a kernel of its own (not inside a fusion, whose
-    kernel pays it)."""
-    f, dt, io = dot_flops(inst, comp)
-    if on_chip:
-        io = 0
+    its operand traffic (none when its operands stream through on-chip memory; `io` when
+    the caller knows it), plus the fixed per-kernel overhead when it is a kernel of its own
+    (not inside a fusion, whose kernel pays it)."""
+    f, dt, own_io = dot_flops(inst, comp)
+    io = 0 if on_chip else own_io if io is None else io
     dt = compute_dtype or dt
     size = (f / 2) ** (1 / 3) if f > 0 else None  # cube-equivalent M = N = K
     rate_class = Calibration.rate_class(chip, dt)
@@ -166,6 +169,26 @@ def _add_kernel(c: ExecutionCost, nbytes: float, elems: float, last, hbm_bw: flo
     c.flops += elems  # ~1 FLOP per element written
     c.times[last.name] = c.times.get(last.name, 0.0) + t
     c.add_op((operation_of(last.op_name), "memory"), elems, nbytes, t)
+
+
+def _scope_io(inst, comp, scope: str) -> float:
+    """HBM bytes of a matmul inside a fused kernel's scope: the operands made outside the
+    scope (the KV cache, the query) and its output if used outside; what stays inside the
+    scope stays on chip."""
+    def outside(name: str) -> bool:
+        src = comp.by_name.get(through_views(comp, name))
+        return src is None or scope not in src.op_name
+
+    io = 0.0
+    for o in inst.operands[:2]:
+        if o in comp.by_name and outside(o):
+            io += float(sum(a.hbm_bytes for a in comp.by_name[o].shapes))
+        elif (fused := dequant_read_bytes(comp, o)) is not None:
+            io += fused  # a quantised cache, dequantised as the kernel reads it
+    if inst.is_root or any(scope not in u.op_name
+                           for u in users_through_views(comp, inst.name)):
+        io += float(sum(a.hbm_bytes for a in inst.shapes))
+    return io
 
 
 def _overlap_fused_matmuls(module: HloModule, out: dict[str, ExecutionCost]) -> None:

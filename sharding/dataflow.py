@@ -27,7 +27,7 @@ def read_bytes(comp: Computation, name: str) -> float:
         inst = comp.by_name.get(inst.operands[0])
     if inst is None or inst.opcode in ("constant", "iota"):
         return 0.0
-    return float(sum(a.nbytes for a in inst.shapes))
+    return float(sum(a.hbm_bytes for a in inst.shapes))
 
 
 def shapes_of(comp: Computation, name: str) -> list[ArrayShape]:

@@ -96,7 +96,7 @@ def dequant_read_bytes(comp: Computation, name: str) -> float | None:
         if n in chain and inst.opcode not in ("slice", "dynamic-slice"):
             stack.extend(inst.operands)
         elif n in chain:  # the slice of the stacked array: only its part is read
-            total += float(sum(a.nbytes for a in inst.shapes))
+            total += float(sum(a.hbm_bytes for a in inst.shapes))
         else:
             total += read_bytes(comp, n)
     return total

@@ -21,10 +21,10 @@ def dot_flops(inst: Instruction, comp: Computation) -> tuple[float, str, float]:
         sources = {dequant_source_dtype(comp, o) for o in inst.operands[:2]}
         if len(sources) == 1 and (narrow := sources.pop()) in LOW_PRECISION_MMA:
             dtype = LOW_PRECISION_MMA[narrow]  # both operands block-scaled narrow floats
-    io_bytes = out[0].nbytes
+    io_bytes = out[0].hbm_bytes
     for i, shape in ((0, lhs), (1, rhs)):
         fused = dequant_read_bytes(comp, inst.operands[i]) if i < len(inst.operands) else None
-        io_bytes += fused if fused is not None else (shape.nbytes if shape else 0)
+        io_bytes += fused if fused is not None else (shape.hbm_bytes if shape else 0)
     if inst.opcode == "dot":
         dims = inst.attr("lhs_contracting_dims")
         contract = 1

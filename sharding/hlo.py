@@ -32,7 +32,8 @@ DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "f
                "s8": "int8", "u8": "uint8", "s4": "int4", "u4": "uint4", "s32": "int32",
                "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2", "f4e2m1fn": "float4_e2m1fn"}
 
-_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
+_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
+_MEMORY_SPACE = re.compile(r"S\((\d+)\)")
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s({]+)\s*[({]")
 
 
@@ -44,6 +45,9 @@ class HloParseError(ValueError):
 class ArrayShape:
     dtype: str  # HLO element type, e.g. "bf16"
     dims: tuple[int, ...]
+    # The layout's memory space: 0 is device memory (HBM); others (the TPU's S(1), on-chip
+    # VMEM; S(5), host memory) are not HBM.
+    memory_space: int = 0
 
     @property
     def num_elements(self) -> int:
@@ -53,14 +57,22 @@ class ArrayShape:
     def nbytes(self) -> int:
         return math.ceil(self.num_elements * ELEMENT_BITS[self.dtype] / 8)
 
+    @property
+    def hbm_bytes(self) -> int:
+        """Bytes it occupies in HBM: none when its layout puts it in another memory."""
+        return self.nbytes if self.memory_space == 0 else 0
+
 
 def parse_shape(text: str) -> list[ArrayShape]:
-    """All arrays of a (possibly nested tuple) shape, in order; layouts are ignored."""
+    """All arrays of a (possibly nested tuple) shape, in order; of a layout only the memory
+    space is kept."""
     out = []
-    for dtype, dims in _ARRAY.findall(text):
+    for dtype, dims, layout in _ARRAY.findall(text):
         if dtype not in ELEMENT_BITS:
             raise HloParseError(f"unknown element type {dtype!r} in shape {text!r}")
-        out.append(ArrayShape(dtype, tuple(int(d.lstrip("<=")) for d in dims.split(",") if d)))
+        space = _MEMORY_SPACE.search(layout) if layout else None
+        out.append(ArrayShape(dtype, tuple(int(d.lstrip("<=")) for d in dims.split(",") if d),
+                              int(space.group(1)) if space else 0))
     if not out and not text.startswith("(") and not _is_scalar_type(text):
         raise HloParseError(f"cannot read shape {text!r}")
     return out

@@ -49,6 +49,12 @@ FREE_OPS = frozenset({
 
 
 FUSED_KERNEL_SCOPE = "flash_attention"
+# Decode attention over the KV cache: served by a fused kernel (vLLM's paged attention,
+# JetStream's ragged attention) that reads the cache once and keeps the scores on chip.
+# On an unfused module its elementwise ops are not kernels of their own and its matmuls
+# move only what enters or leaves the scope (sharding/compute.py); a compiler's own
+# fusions are taken as they are.
+DECODE_ATTENTION_SCOPE = "kv_cache_attention"
 
 
 REDUCTION_OPS = frozenset({"reduce", "reduce-window"})
@@ -76,7 +82,8 @@ def kernels(
     compiler would form."""
     by_name = comp.by_name
     members = [i for i in comp.instructions if is_memory_op(i, comp)
-               and (final or i.opcode != "copy")]
+               and (final or i.opcode != "copy")
+               and (final or DECODE_ATTENTION_SCOPE not in i.op_name)]
     if not members:
         return []
     is_member = {i.name for i in members}
@@ -116,7 +123,7 @@ def _kernel_traffic(
     elems = 0.0
     accumulates = _in_place_accumulates(comp, region)
     for inst in region:
-        out_bytes = float(sum(a.nbytes for a in inst.shapes))
+        out_bytes = float(sum(a.hbm_bytes for a in inst.shapes))
         elems += sum(a.num_elements for a in inst.shapes)
         fused_reads, fused_write = _fusion_io(module, inst) if inst.opcode == "fusion" \
             else ({}, None)
@@ -142,7 +149,7 @@ def _kernel_traffic(
                 written += accumulates[inst.name]
             elif inst.opcode in IN_PLACE_OPS and len(inst.operands) > 1:
                 update = inst.operands[-1 if inst.opcode == "scatter" else 1]
-                written += float(sum(a.nbytes for a in shapes_of(comp, update)))
+                written += float(sum(a.hbm_bytes for a in shapes_of(comp, update)))
             else:
                 written += out_bytes
     return sum(read.values()) + written, elems
@@ -164,7 +171,7 @@ def _in_place_accumulates(comp: Computation, region: list[Instruction]) -> dict[
                 base = comp.by_name.get(base.operands[0])
             if base is not None and base.opcode == "constant":
                 update = src.operands[-1 if src.opcode == "scatter" else 1]
-                found[inst.name] = float(sum(a.nbytes for a in shapes_of(comp, update)))
+                found[inst.name] = float(sum(a.hbm_bytes for a in shapes_of(comp, update)))
                 break
     return found
 
@@ -185,19 +192,50 @@ def _fusion_io(module: HloModule | None,
     for p in fused.instructions:
         if p.opcode != "parameter":
             continue
-        users = users_through_views(fused, p.name)
-        if users and all(u.opcode in SLICE_OPS and through_views(fused, u.operands[0]) == p.name
-                         for u in users):
-            reads[int(p.operands[0])] = float(sum(a.nbytes for u in users for a in u.shapes))
-        elif users and all(u.opcode in IN_PLACE_OPS and
-                           through_views(fused, u.operands[0]) == p.name for u in users):
-            reads[int(p.operands[0])] = 0.0
+        sliced = _sliced_read(module, fused, p.name)
+        if sliced is not None:
+            reads[int(p.operands[0])] = sliced
     write = None
     root = fused.root
     if root is not None and root.opcode in IN_PLACE_OPS and len(root.operands) > 1:
         update = root.operands[-1 if root.opcode == "scatter" else 1]
-        write = float(sum(a.nbytes for a in shapes_of(fused, update)))
+        write = float(sum(a.hbm_bytes for a in shapes_of(fused, update)))
     return reads, write
+
+
+def _sliced_read(module: HloModule, comp: Computation, name: str, depth: int = 0):
+    """Bytes of parameter `name` a fused computation reads when it only slices it (directly
+    or inside a nested fusion, as the TPU compiler nests a scanned layer's weight slice
+    into the matmul's fusion) or only updates it in place (0); None when it reads it
+    whole."""
+    users = users_through_views(comp, name)
+    if not users or depth > 8:
+        return None
+    source = comp.by_name.get(name)
+    in_hbm = source is None or all(a.memory_space == 0 for a in source.shapes)
+    total = 0.0
+    for u in users:
+        if u.opcode in SLICE_OPS and through_views(comp, u.operands[0]) == name:
+            # what the slice reads, from wherever its operand lives
+            total += float(sum(a.nbytes for a in u.shapes)) if in_hbm else 0.0
+        elif u.opcode in IN_PLACE_OPS and through_views(comp, u.operands[0]) == name:
+            continue
+        elif u.opcode == "fusion":
+            callee = next((c for role, c in u.called_computations() if role == "calls"), None)
+            inner = module.computations.get(callee) if callee else None
+            positions = [k for k, o in enumerate(u.operands) if through_views(comp, o) == name]
+            if inner is None or not positions:
+                return None
+            params = {int(i.operands[0]): i.name for i in inner.instructions
+                      if i.opcode == "parameter"}
+            for k in positions:
+                part = _sliced_read(module, inner, params.get(k, ""), depth + 1)
+                if part is None:
+                    return None
+                total += part
+        else:
+            return None
+    return total
 
 
 def _leaves_region(comp: Computation, user: Instruction, inside: set[str]) -> bool:
