@@ -143,6 +143,13 @@ class Report:
         return None if t is None or not self.sequences_per_step else t / self.sequences_per_step
 
     @property
+    def time_per_output_token_s(self) -> float | None:
+        """A decode step's time: each sequence gets one token per step (None otherwise)."""
+        if not self.sequences_per_step or self.tokens_per_step != self.sequences_per_step:
+            return None
+        return self.step_time_s
+
+    @property
     def mfu(self) -> float | None:
         """Model FLOPs per second over the devices' peak; hardware FLOPs from the HLO when
         no model FLOP count was given."""
@@ -289,6 +296,7 @@ class Report:
             "tokens_per_s": self.tokens_per_s,
             "tokens_per_s_per_device": self.tokens_per_s_per_device,
             "tokens_per_s_per_user": self.tokens_per_s_per_user,
+            "time_per_output_token_s": self.time_per_output_token_s,
             "mfu": self.mfu,
             "compute_s": self.compute_s,
             "matmul_s": self.compute.matmul_s,
@@ -410,6 +418,9 @@ def _summary_lines(r: Report) -> list[str]:
     if r.tokens_per_s is not None:
         per_user = ("" if r.tokens_per_s_per_user is None
                     else f", {r.tokens_per_s_per_user:,.1f} per user")
+        if r.time_per_output_token_s is not None:
+            per_user += (f"; {fmt_s(r.time_per_output_token_s)} per output token at "
+                         f"{r.sequences_per_step:g} sequences")
         lines.append(f"throughput     {r.tokens_per_s:,.0f} tokens/s, "
                      f"{r.tokens_per_s_per_device:,.0f} per device{per_user}")
     if r.mfu is not None:

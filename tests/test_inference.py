@@ -124,3 +124,53 @@ def test_int8_weights_and_cache_halve_70b_decode_bytes(cpu_devices):
     assert rep.bottleneck().startswith("HBM bandwidth")
     bf16_bytes = reps["bfloat16"][1].compute.hbm_bytes
     assert bf16_bytes / rep.compute.hbm_bytes == pytest.approx(2, rel=0.1)
+
+
+def test_tp_decode_time_is_the_weights_and_cache_read_plus_its_all_reduces(tmp_path,
+                                                                           cpu_devices):
+    # A 4-layer Llama 3 8B slice decoding 32 sequences over a 4096-position cache on 8
+    # H100s (TP 8). Each step reads the weights it uses (not the embedding table: only the
+    # 32 rows it gathers) and the cache once, at the measured HBM bandwidth; and every
+    # layer's two row-parallel matmuls end in an all-reduce of the 32 new positions'
+    # activations (plus one for the vocab-sharded embedding lookup) that the next matmul
+    # waits for, and the next token is the argmax over vocab-sharded logits (each device's
+    # best value and index, 32 x 4 bytes each, all-gathered): those sit in series with the
+    # reads.
+    from experiments import config, runner
+
+    text = """
+name = "small-decode"
+[model]
+preset = "llama3-8b"
+n_layers = 4
+[system]
+name = "h100:8"
+[parallelism]
+tensor = 8
+[workload]
+kind = "decode"
+seq_len = 4096
+global_batch = 32
+[precision]
+params = "bfloat16"
+compute = "bfloat16"
+"""
+    path = tmp_path / "d.toml"
+    path.write_text(text)
+    exp = config.load(path)
+    rep = runner.run(exp)
+    m, system = exp.model, exp.system
+    chip = system.chip
+    embedding_table = m.padded_vocab * m.d_model * 2 / 8
+    cache = 2 * m.n_layers * 32 * 4096 * (m.n_kv_heads // 8) * m.head_dim * 2
+    reads = dict(rep.memory.components)["parameters"] - embedding_table + cache
+    t_reads = reads / (chip.hbm_bytes_per_s * chip.hbm_efficiency)
+    group = [list(range(8))]
+    activations = 32 * m.d_model * 2  # bf16 (batch, 1, d_model)
+    t_all_reduce = system.collective_time_s("all-reduce", activations, group)
+    t_embedding = system.collective_time_s("all-reduce", activations, group)
+    t_argmax = 2 * system.collective_time_s("all-gather", 8 * 32 * 4, group)
+    expected = t_reads + 2 * m.n_layers * t_all_reduce + t_embedding + t_argmax
+    assert rep.step_time_s == pytest.approx(expected, rel=0.05)
+    assert rep.time_per_output_token_s == rep.step_time_s
+    assert rep.tokens_per_s == pytest.approx(32 / rep.step_time_s)
