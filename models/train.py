@@ -62,11 +62,16 @@ def make_optimizer(train: Train) -> optax.GradientTransformation:
 
 
 def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | None = None,
-                    mesh: Mesh | None = None):
+                    mesh: Mesh | None = None, replicas: tuple[str, ...] = (),
+                    param_specs=None):
     """step(params, opt_state, batch) -> (params, opt_state, loss); params a pure dict.
 
     `microbatches` > 1: gradient accumulation over that many sequential micro-steps (with
-    pipeline parallelism the microbatches are the pipeline's instead: pass 1)."""
+    pipeline parallelism the microbatches are the pipeline's instead: pass 1).
+    `replicas`: data-parallel mesh axes over which the gradients are summed once per step
+    (Megatron's DDP) rather than at every micro-step or pipeline tick: each replica keeps
+    its own gradient until then (`_replica_grads`); needs the rules, the mesh and the
+    parameters' PartitionSpecs (`param_specs`)."""
 
     def grads_of(params, inputs_BL, targets_BL):
         return jax.value_and_grad(
@@ -75,7 +80,11 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
     def step(params, opt_state, batch):
         inputs_BL, targets_BL = batch["inputs"], batch["targets"]
         k = microbatches
-        if k == 1:
+        if replicas:
+            loss, grads = _replica_grads(graphdef, params, inputs_BL, targets_BL, k=k,
+                                         rules=rules, mesh=mesh, replicas=replicas,
+                                         param_specs=param_specs)
+        elif k == 1:
             loss, grads = grads_of(params, inputs_BL, targets_BL)
         else:
             b = inputs_BL.shape[0] // k
@@ -104,6 +113,77 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
             return step(params, opt_state, batch)
 
     return sharded_step
+
+
+def _replica_grads(graphdef, params, inputs_BL, targets_BL, *, k: int, rules: AxisRules,
+                   mesh: Mesh, replicas: tuple[str, ...], param_specs):
+    """(loss, gradients) with the data-parallel sum deferred to the end of the step.
+
+    Under SPMD a gradient that a micro-step adds to a replicated accumulator is summed over
+    the replicas at once, every micro-step (every pipeline tick); a framework's DDP sums it
+    once per step. Here every replica gets its own copy of the parameters along a leading
+    dimension R sharded over `replicas` (no memory: each device holds the copy it would
+    anyway) and runs the model on its own rows under `jax.vmap(spmd_axis_name=replicas)`;
+    the gradients with respect to the copies stay per replica through every micro-step,
+    and one sum over R -- one all-reduce -- ends the step. Suffix R: the replicas."""
+    r = math.prod(dict(mesh.shape)[a] for a in replicas)
+    inner = rules.without(replicas)
+
+    def pin(x, spec):
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    def per_replica(p, inputs_bL, targets_bL):
+        with use_rules(inner, mesh):
+            return loss_fn(nnx.merge(graphdef, p), inputs_bL, targets_bL)
+
+    def mean_loss(params_R, inputs_RbL, targets_RbL):
+        losses_R = jax.vmap(per_replica, spmd_axis_name=replicas)(params_R, inputs_RbL,
+                                                                   targets_RbL)
+        return jnp.mean(losses_R)
+
+    def replicated(x, spec, dtype=None):
+        x_R = jnp.broadcast_to(x[None], (r, *x.shape))
+        return pin(x_R if dtype is None else x_R.astype(dtype), PartitionSpec(replicas, *spec))
+
+    params_R = jax.tree.map(replicated, params, param_specs)
+    # Rows stay on their devices: replica i's rows are the i-th block of the batch, and a
+    # micro-batch takes every k-th of a replica's rows.
+    split = lambda a: a.reshape(r, a.shape[0] // r, *a.shape[1:])  # noqa: E731
+    data = (split(inputs_BL), split(targets_BL))
+    if k == 1:
+        loss, grads_R = jax.value_and_grad(mean_loss)(params_R, *data)
+    else:
+        micro = jax.tree.map(
+            lambda a: jnp.moveaxis(a.reshape(r, a.shape[1] // k, k, *a.shape[2:]), 2, 0), data)
+
+        def add_microbatch(carry, mb):
+            loss_sum, grad_sum = carry
+            loss, grads = jax.value_and_grad(mean_loss)(params_R, *mb)
+            return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+
+        zeros = jax.tree.map(lambda p, spec: replicated(jnp.zeros(p.shape), spec, jnp.float32),
+                             params, param_specs)
+        (loss, grads_R), _ = jax.lax.scan(add_microbatch, (jnp.zeros((), jnp.float32), zeros),
+                                          micro)
+        loss, grads_R = loss / k, jax.tree.map(lambda g: g / k, grads_R)
+    with jax.named_scope("gradient_sum"):
+        grads = jax.tree.map(lambda g, p, spec: pin(jnp.sum(g, axis=0).astype(p.dtype), spec),
+                             grads_R, params, param_specs)
+    return loss, grads
+
+
+def replica_axes(rules: AxisRules, mesh_shape) -> tuple[str, ...]:
+    """The data-parallel mesh axes a step can keep per-replica gradients over: those that
+    shard the batch (a leading run of its rule, so a replica's rows are one block) and no
+    parameter."""
+    param_axes = {a for axes in rules.params.values() for a in axes}
+    out = []
+    for a in rules.mesh_axes("batch"):
+        if a in param_axes:
+            break
+        if mesh_shape.get(a, 1) > 1:
+            out.append(a)
+    return tuple(out)
 
 
 def param_shardings(axes_tree, abstract_params, rules: AxisRules, mesh: Mesh):
@@ -176,6 +256,9 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
                                                 save=train.save, offload=train.offload,
                                                 pipeline=pipeline, context_mode=context_mode)
 
+    # Gradients summed over the data-parallel replicas once per step when the step has
+    # several micro-steps or pipeline ticks (one micro-step sums once anyway).
+    replicas = replica_axes(rules, mesh_shape) if (pipeline or k > 1) else ()
     tx = make_optimizer(train)
     opt_abstract = jax.eval_shape(tx.init, params)
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -196,7 +279,8 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
 
     step = jax.jit(
         make_train_step(graphdef, tx, microbatches=1 if pipeline else k, rules=rules,
-                        mesh=mesh),
+                        mesh=mesh, replicas=replicas,
+                        param_specs=jax.tree.map(lambda s: s.spec, p_shard)),
         in_shardings=(p_shard, opt_shard, {"inputs": batch_sharding, "targets": batch_sharding}),
         out_shardings=(p_shard, opt_shard, replicated),
         donate_argnums=(0, 1),

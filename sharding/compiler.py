@@ -256,10 +256,14 @@ def tpu_devices(system: TpuSystem) -> list:
     mesh position i is system device i, as on the CPU path)."""
     from jax.experimental import topologies
 
+    # A host holds 2 x 2 x 1 chips; a slice smaller than that (a single chip, 1x2) is one
+    # host of its own size.
+    dims = [*system.shape, 1, 1, 1][:3]
+    per_host = tuple(min(h, d) for h, d in zip((2, 2, 1), dims))
     with capture_stderr():  # libtpu warns about TPU env vars it does not need here
         topo = topologies.get_topology_desc(
             platform="tpu", topology_name=topology_name(system), chip_config_name="default",
-            chips_per_host_bounds=(2, 2, 1), num_slices=system.num_slices)
+            chips_per_host_bounds=per_host, num_slices=system.num_slices)
     devices = list(topo.devices)
     if len(devices) != system.num_devices:
         raise ValueError(f"libtpu's {topology_name(system)} has {len(devices)} devices, the "

@@ -62,6 +62,13 @@ class AxisRules:
                              f"{', '.join(sorted(table))}")
         return tuple(table[logical])
 
+    def without(self, mesh_axes: Sequence[str]) -> AxisRules:
+        """These rules with `mesh_axes` taken out of every activation's mapping (inside a
+        vmap whose spmd_axis_name already places the mapped dimension on them)."""
+        drop = set(mesh_axes)
+        return dataclasses.replace(self, activations={
+            k: tuple(a for a in v if a not in drop) for k, v in self.activations.items()})
+
     def ways(self, logical: str, mesh_shape: Mapping[str, int], *,
              params: bool = False) -> int:
         """How many ways `logical` splits on a mesh of `mesh_shape` (mesh axis -> size;

@@ -220,6 +220,14 @@ def _sliced_read(module: HloModule, comp: Computation, name: str, depth: int = 0
             total += float(sum(a.nbytes for a in u.shapes)) if in_hbm else 0.0
         elif u.opcode in IN_PLACE_OPS and through_views(comp, u.operands[0]) == name:
             continue
+        elif (u.opcode in ("copy", "convert", "fusion") and source is not None
+              and [a.dims for a in u.shapes] == [a.dims for a in source.shapes]
+              and (after := _sliced_read(module, comp, u.name, depth + 1)) is not None):
+            # an element-wise relayout or conversion of the whole array inside a kernel
+            # whose result is only sliced: the kernel reads only the sliced elements
+            ratio = sum(a.nbytes for a in source.shapes) / max(1, sum(a.nbytes
+                                                                     for a in u.shapes))
+            total += after * ratio if in_hbm else 0.0
         elif u.opcode == "fusion":
             callee = next((c for role, c in u.called_computations() if role == "calls"), None)
             inner = module.computations.get(callee) if callee else None

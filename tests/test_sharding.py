@@ -300,3 +300,21 @@ def test_pipeline_stages_pass_microbatch_activations_to_their_neighbours(cpu_dev
     ops = rep.compute.ops
     assert ops[("mlp/down_proj (forward)", "matmul")]["flops"] == 7 * down
     assert ops[("mlp/down_proj (backward)", "matmul")]["flops"] == 2 * 7 * down
+
+
+@pytest.mark.parametrize("par, microbatches", [({"data": 8}, 4), ({"data": 4, "pipeline": 2}, 4)])
+def test_data_parallel_gradients_are_summed_once_per_step(cpu_devices, par, microbatches):
+    # Megatron's DDP sums the gradients over the data-parallel replicas once per step, not
+    # at every micro-step or pipeline tick: each parameter's f32 gradient crosses `data`
+    # once -- all-reduces over `data` of exactly the parameters' bytes, each run once.
+    cfg = tiny(n_layers=2)
+    mesh = sharding.make_mesh(H100, par)
+    prog = train_program(cfg, mesh, seq_len=16, global_batch=32, microbatches=microbatches,
+                         compute="float32")
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    # (Besides them only the scalar loss of each micro-step is summed over `data`.)
+    over_data = [c for c in rep.collectives if c.mesh_axes == ("data",)]
+    sums = [c for c in over_data if c.shape]
+    assert sums and all(c.kind == "all-reduce" and c.count == 1 for c in sums)
+    assert sum(c.bytes for c in sums) == prog.param_bytes_per_device
+    assert all(c.bytes == 4 for c in over_data if not c.shape)
