@@ -12,9 +12,27 @@ SLICE_OPS = frozenset({"slice", "dynamic-slice", "gather"})
 IN_PLACE_OPS = frozenset({"dynamic-update-slice", "scatter"})
 
 
+def is_view(inst, comp: Computation | None = None) -> bool:
+    """A reshape or bitcast, or a transpose that only moves dimensions of size 1 (the
+    leading dimension a vmap adds, one replica or stage per device): XLA makes it a
+    bitcast. Views move no data."""
+    if inst.opcode in VIEW_OPS:
+        return True
+    if inst.opcode != "transpose" or comp is None or not inst.operands or not inst.shapes:
+        return False
+    src = comp.by_name.get(inst.operands[0])
+    perm = inst.attr("dimensions")
+    if src is None or not src.shapes or perm is None:
+        return False
+    dims = src.shapes[0].dims
+    order = [int(d) for d in perm.strip("{}").split(",") if d.strip()]
+    kept = [d for d in order if dims[d] != 1]
+    return kept == sorted(kept)
+
+
 def through_views(comp: Computation, name: str) -> str:
     inst = comp.by_name.get(name)
-    while inst is not None and inst.opcode in VIEW_OPS and inst.operands:
+    while inst is not None and is_view(inst, comp) and inst.operands:
         name = inst.operands[0]
         inst = comp.by_name.get(name)
     return name
@@ -23,7 +41,8 @@ def through_views(comp: Computation, name: str) -> str:
 def read_bytes(comp: Computation, name: str) -> float:
     """Bytes actually read from HBM for value `name` (a broadcast reads its small input)."""
     inst = comp.by_name.get(name)
-    while inst is not None and inst.opcode in (VIEW_OPS | {"broadcast"}) and inst.operands:
+    while inst is not None and (inst.opcode == "broadcast" or is_view(inst, comp)) \
+            and inst.operands:
         inst = comp.by_name.get(inst.operands[0])
     if inst is None or inst.opcode in ("constant", "iota"):
         return 0.0
@@ -39,7 +58,7 @@ def users_through_views(comp: Computation, name: str) -> list[Instruction]:
     """The users of `name`, looking through bitcasts and reshapes."""
     out = []
     for u in comp.users.get(name, []):
-        if u.opcode in VIEW_OPS:
+        if is_view(u, comp):
             out.extend(users_through_views(comp, u.name))
         else:
             out.append(u)
@@ -51,7 +70,7 @@ def feeds_only_matmuls(comp: Computation, inst: Instruction) -> bool:
     if not users:
         return False
     for u in users:
-        if u.opcode in VIEW_OPS:
+        if is_view(u, comp):
             if not feeds_only_matmuls(comp, u):
                 return False
         elif u.opcode not in MATMUL_OPS:

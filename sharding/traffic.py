@@ -30,8 +30,8 @@ from sharding.dataflow import (
     IN_PLACE_OPS,
     MATMUL_OPS,
     SLICE_OPS,
-    VIEW_OPS,
     feeds_only_matmuls,
+    is_view,
     read_bytes,
     shapes_of,
     through_views,
@@ -63,6 +63,8 @@ REDUCTION_OPS = frozenset({"reduce", "reduce-window"})
 def is_memory_op(inst: Instruction, comp: Computation | None = None) -> bool:
     op = inst.opcode
     if op in FREE_OPS or op in MATMUL_OPS or is_collective(op) or op.endswith(("-start", "-done")):
+        return False
+    if comp is not None and is_view(inst, comp):
         return False
     if comp is not None and inst.name in dequant_ops(comp):
         return False  # fused into the matmul's operand load
@@ -250,7 +252,7 @@ def _leaves_region(comp: Computation, user: Instruction, inside: set[str]) -> bo
     """Whether a value used by `user` must be written to HBM (a view passes it on)."""
     if user.name in inside:
         return False
-    if user.opcode in VIEW_OPS:
+    if is_view(user, comp):
         return user.is_root or any(_leaves_region(comp, u, inside)
                                    for u in comp.users.get(user.name, []))
     return True

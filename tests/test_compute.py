@@ -72,6 +72,15 @@ def test_adding_an_update_into_zeros_accumulates_in_place():
     assert c.hbm_bytes == 3 * 1024 * 1024 * 4 + 4  # and the s32 index
 
 
+def test_a_transpose_of_size_one_dimensions_is_a_view():
+    # Moving a size-1 dimension (the leading one a vmap adds per device) changes no byte's
+    # place: XLA makes it a bitcast, no kernel. A real transpose reads and writes.
+    x = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+    nbytes = 1024 * 1024 * 4
+    assert cost_of(lambda x: jnp.transpose(x[None], (1, 0, 2)), x).hbm_bytes == 0
+    assert cost_of(lambda x: x.T, x).hbm_bytes == 2 * nbytes
+
+
 def test_matmul_flops_agree_across_compilers():
     # The same 4-layer train step compiled by XLA:CPU (post-SPMD), the TPU compiler (which
     # writes einsums as padded convolutions) and XLA:GPU: the same FLOPs per device.
