@@ -147,6 +147,44 @@ def _only_sliced(comp, inst: Instruction, n: int) -> bool:
     return True
 
 
+def _folded_all_reduces(comp) -> set[str]:
+    """All-reduces whose only user is another all-reduce of their result: XLA's
+    AllReduceFolder makes the pair one all-reduce over the union of their groups (the SPMD
+    partitioner sums a gradient over `sequence`, then over `data`; the GPU and TPU
+    compilers run one all-reduce over both). XLA:CPU's post-partitioning HLO has the pair."""
+    folded = set()
+    for inst in comp.instructions:
+        if inst.opcode != "all-reduce" or len(inst.operands) != 1:
+            continue
+        src = comp.by_name.get(inst.operands[0])
+        if (src is not None and src.opcode == "all-reduce"
+                and [u.name for u in comp.users.get(src.name, [])] == [inst.name]
+                and src.attr("to_apply") is not None and inst.shapes == src.shapes):
+            folded.add(src.name)
+    return folded
+
+
+def _merge_groups(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
+    """The groups of two all-reduces run one after the other: the connected devices."""
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for g in (*a, *b):
+        for d in g[1:]:
+            parent[find(d)] = find(g[0])
+        find(g[0])
+    merged: dict[int, list[int]] = {}
+    for d in sorted(parent):
+        merged.setdefault(find(d), []).append(d)
+    return sorted(merged.values())
+
+
 def _caller_op_name(module: HloModule, comp_name: str) -> str:
     """A collective the compiler moved into a fusion often loses its metadata; the fusion
     that calls it keeps the model operation."""
@@ -171,9 +209,10 @@ def extract_collectives(
         count = counts.get(comp.name, 0)
         if count == 0:
             continue
+        folded = _folded_all_reduces(comp)
         for inst in comp.instructions:
             op = inst.opcode
-            if op.endswith("-done") or op.endswith("-update"):
+            if op.endswith("-done") or op.endswith("-update") or inst.name in folded:
                 continue
             async_start = op.endswith("-start")
             kind = op[: -len("-start")] if async_start else op
@@ -182,6 +221,10 @@ def extract_collectives(
                     unknown.append(f"{comp.name}/{inst.name}: {op} (line {inst.line})")
                 continue
             groups = _groups(kind, inst, module.num_partitions)
+            inner = inst
+            while kind == "all-reduce" and inner.operands and inner.operands[0] in folded:
+                inner = comp.by_name[inner.operands[0]]
+                groups = _merge_groups(groups, _groups(kind, inner, module.num_partitions))
             n = 2 if kind == "collective-permute" else (len(groups[0]) if groups else 1)
             reported_kind = kind
             if kind == "all-reduce" and (comp.name.startswith("all-reduce-scatter")

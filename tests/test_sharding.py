@@ -318,3 +318,19 @@ def test_data_parallel_gradients_are_summed_once_per_step(cpu_devices, par, micr
     assert sums and all(c.kind == "all-reduce" and c.count == 1 for c in sums)
     assert sum(c.bytes for c in sums) == prog.param_bytes_per_device
     assert all(c.bytes == 4 for c in over_data if not c.shape)
+
+
+def test_a_gradient_summed_over_two_axes_is_one_all_reduce(cpu_devices):
+    # The SPMD partitioner sums a weight gradient over `sequence` and then over `data`;
+    # XLA's AllReduceFolder (GPU, TPU) makes the pair one all-reduce over both, as
+    # Megatron's DP x CP group does: one ring over all 8 devices instead of two.
+    cfg = tiny(n_layers=2)
+    mesh = sharding.make_mesh(H100, {"data": 2, "sequence": 4})
+    prog = train_program(cfg, mesh, seq_len=64, global_batch=4, compute="float32")
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    grads = [c for c in rep.collectives if c.kind == "all-reduce" and c.shape
+             and "sequence" in c.mesh_axes]
+    assert grads and all(c.mesh_axes == ("data", "sequence") and c.group_size == 8
+                         for c in grads)
+    # every parameter's f32 gradient, once
+    assert sum(c.bytes * c.count for c in grads) == prog.param_bytes_per_device
