@@ -43,15 +43,18 @@ Parallelism = dataclasses.make_dataclass(
     + [("rules", "str", dataclasses.field(default="default")),
        ("virtual_stages", "int", dataclasses.field(default=1)),
        ("pipeline_schedule", "str", dataclasses.field(default="1f1b")),
-       ("context_mode", "str", dataclasses.field(default="ring"))],
+       ("context_mode", "str", dataclasses.field(default="ring")),
+       ("sequence_parallel", "bool", dataclasses.field(default=False))],
     namespace={
         "sizes": _sizes,
         "num_devices": property(lambda self: math.prod(_sizes(self).values())),
-        "axis_rules": lambda self: rules_preset(self.rules),
+        "axis_rules": lambda self: (rules_preset(self.rules).with_sequence_parallel()
+                                    if self.sequence_parallel else rules_preset(self.rules)),
         "__doc__": "Mesh axis sizes (one field per sharding.rules.MESH_AXES), the rule "
                    "preset (sharding.rules.RULE_PRESETS), and the pipeline's virtual stages "
                    "per device and schedule (models.pipeline.SCHEDULES), and how attention "
-                   "reaches the other context-parallel ranks (models.context.MODES).",
+                   "reaches the other context-parallel ranks (models.context.MODES); "
+                   "sequence_parallel: Megatron's split of the residual stream over tensor.",
     },
     frozen=True, kw_only=True,
 )

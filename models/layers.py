@@ -91,4 +91,4 @@ class Mlp(nnx.Module):
             h_BLF = constrain(h_BLF, ("batch", "seq", "mlp"))
         with jax.named_scope("down_proj"):
             out_BLD = project("blf,fd->bld", h_BLF, self.w_down, precision=self.precision)
-            return checkpoint_name(constrain(out_BLD, ("batch", "seq", "embed")), "mlpwo")
+            return checkpoint_name(constrain(out_BLD, ("batch", "residual_seq", "embed")), "mlpwo")

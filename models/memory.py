@@ -60,8 +60,12 @@ def expert_slots_per_token(cfg: ModelConfig, local_tokens: int) -> float:
 
 def _splits(rules: AxisRules, mesh_shape: Mapping[str, int]) -> dict[str, int]:
     """Ways each logical axis of an activation splits."""
-    return {a: rules.ways(a, mesh_shape)
+    ways = {a: rules.ways(a, mesh_shape)
             for a in ("batch", "seq", "heads", "kv_heads", "mlp", "vocab", "embed")}
+    # Sequence parallelism: the residual stream is split further than the positions of
+    # the tensor-parallel regions (those are counted per token of `seq`).
+    ways["residual"] = rules.ways("residual_seq", mesh_shape) // ways["seq"]
+    return ways
 
 
 def named_bytes_per_token(cfg: ModelConfig, names, *, precision: Precision,
@@ -74,10 +78,11 @@ def named_bytes_per_token(cfg: ModelConfig, names, *, precision: Precision,
     d, f, e = cfg.d_model / ways["embed"], cfg.d_ff / ways["mlp"], cfg.head_dim
     h, k = cfg.n_heads / ways["heads"], cfg.n_kv_heads / ways["kv_heads"]
     r = expert_slots_per_token(cfg, local_tokens)
-    size = {"decoder_layer_input": d, "query_proj": h * e, "key_proj": k * e,
-            "value_proj": k * e, "context": h * e, "out_proj": d,
+    dr = d / ways["residual"]  # the residual stream's share
+    size = {"decoder_layer_input": dr, "query_proj": h * e, "key_proj": k * e,
+            "value_proj": k * e, "context": h * e, "out_proj": dr,
             "mlpwi": r * (2 if cfg.mlp == "swiglu" else 1) * f,
-            "mlpwo": r * d if cfg.n_experts > 1 else d}
+            "mlpwo": r * d if cfg.n_experts > 1 else dr}
     return sum(size[n] for n in expand_names(names)) * c
 
 
@@ -128,11 +133,12 @@ def activation_components(
     r = expert_slots_per_token(cfg, tokens)
     mlp_in = (2 if cfg.mlp == "swiglu" else 1) * f
 
-    x = d * c
+    dr = d / ways["residual"]  # the residual stream's share (sequence parallelism)
+    x = dr * c
     # MoE: the expert buffers hold r slots per token (dispatched input, hidden, output).
     moe = 2 * r * d * c if cfg.n_experts > 1 else 0
-    minimal = x + (h + 2 * k) * e * c + d * c + r * mlp_in * c + d * c + moe
-    everything = minimal + 2 * d * c + h * e * c + h * _F32 + r * f * c + 2 * d * c
+    minimal = x + (h + 2 * k) * e * c + dr * c + r * mlp_in * c + dr * c + moe
+    everything = minimal + 2 * dr * c + h * e * c + h * _F32 + r * f * c + 2 * dr * c
     custom = named_bytes_per_token(cfg, save, precision=precision, mesh_shape=mesh_shape,
                                    rules=rules, local_tokens=tokens)
     per_layer = {"full": x, "minimal": minimal, "none": everything, "custom": custom}[remat]

@@ -153,7 +153,7 @@ class MoeMlp(nnx.Module):
             y_RTAD = jax.vmap(lambda rows, idx: rows[idx])(slot_rows, flat_RTA)
             out_RTD = jnp.einsum("gskd,gsk->gsd", y_RTAD.astype(jnp.float32),
                                  weight_RTA).astype(x_BLD.dtype)
-            out_BLD = constrain(out_RTD.reshape(b, seq, d), ("batch", "seq", "embed"))
+            out_BLD = constrain(out_RTD.reshape(b, seq, d), ("batch", "residual_seq", "embed"))
         if cfg.n_shared_experts:
             with jax.named_scope("shared_expert"):
                 out_BLD = out_BLD + self.shared(x_BLD)

@@ -165,18 +165,21 @@ shift_stages.defvjp(lambda x, axis: (jnp.roll(x, 1, axis=axis), None),
 
 
 def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipeline, mesh,
-                 axis: str, batch_axes: tuple[str, ...] = ()):
+                 axis: str, batch_axes: tuple[str, ...] = (), seq_axes: tuple[str, ...] = ()):
     """The layers as `plan`'s circular pipeline over mesh axis `axis`.
 
     `layers`: the stacked layer state (leading dimension `plan.slots`, stage-major, sharded
     over `axis`). `run_chunk(x_bLD, chunk_layers, valid_c, positions_bL)` runs one chunk's c
-    layers, skipping the padded ones. `batch_axes`: the mesh axes of each microbatch's batch.
+    layers, skipping the padded ones. `batch_axes`, `seq_axes`: the mesh axes of each
+    microbatch's batch and positions (the residual stream's: with sequence parallelism the
+    stages pass each other 1/TP of the activations).
     Suffixes: P stages, M microbatches, b one microbatch's batch (models/__init__.py)."""
     b, seq, d = x_BLD.shape
     stages, m, v, c = plan.stages, plan.microbatches, plan.virtual, plan.chunk
     if b % m:
         raise ValueError(f"batch {b} is not divisible by {m} pipeline microbatches")
     batch_axes = tuple(a for a in batch_axes if dict(mesh.shape).get(a, 1) > 1) or None
+    seq_axes = tuple(a for a in seq_axes if dict(mesh.shape).get(a, 1) > 1) or None
 
     def pin(x, *spec):
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*spec)))
@@ -184,7 +187,7 @@ def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipe
     # Microbatch k is rows k, M + k, 2M + k, ... of the batch: each device's microbatches
     # come from its own rows (a split of the major dimension would move rows between
     # data-parallel devices).
-    xs_MbLD = pin(x_BLD.reshape(b // m, m, seq, d).swapaxes(0, 1), None, batch_axes)
+    xs_MbLD = pin(x_BLD.reshape(b // m, m, seq, d).swapaxes(0, 1), None, batch_axes, seq_axes)
     # Training positions are 0..L-1 for every sequence: rebuilt per microbatch rather than
     # sliced out of the batch-sharded array (which would move them between data shards).
     pos_bL = jnp.broadcast_to(positions_BL[0], (b // m, seq))
@@ -206,23 +209,24 @@ def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipe
     def tick(carry, t):
         state_PbLD, buffer_PMbLD = carry
         chunk_P = jnp.clip((t - stage_P) // m, 0, v - 1)
-        y_PbLD = pin(all_stages(state_PbLD, chunks, valid_PVc, chunk_P), axis, batch_axes)
+        y_PbLD = pin(all_stages(state_PbLD, chunks, valid_PVc, chunk_P), axis, batch_axes,
+                     seq_axes)
         # Stage p's output moves to stage p + 1; the last stage's to stage 0, which keeps it
         # (item t - P + 1: microbatch (t - P + 1) mod M) for that microbatch's next pass and,
         # after the last pass, as the pipeline's output. Before the first item arrives, the
         # slot still holds a microbatch's input.
-        moved_PbLD = pin(shift_stages(y_PbLD), axis, batch_axes)
+        moved_PbLD = pin(shift_stages(y_PbLD), axis, batch_axes, seq_axes)
         slot = (t - stages + 1) % m
         buffer_PMbLD = buffer_PMbLD.at[:, slot].set(
             jnp.where(t >= stages - 1, moved_PbLD, buffer_PMbLD[:, slot]))
         state_PbLD = jnp.where(is_first_P111, buffer_PMbLD[:, (t + 1) % m], moved_PbLD)
-        return (pin(state_PbLD, axis, batch_axes), buffer_PMbLD), None
+        return (pin(state_PbLD, axis, batch_axes, seq_axes), buffer_PMbLD), None
 
     # The buffer starts with the microbatches' inputs at stage 0 (the one place the
     # pipeline's input, replicated over the stages, meets the stage axis: its gradient is
     # summed over the stages once).
     buffer_PMbLD = pin(jnp.where(is_first_P111[..., None], xs_MbLD[None],
-                                 jnp.zeros((), x_BLD.dtype)), axis, None, batch_axes)
+                                 jnp.zeros((), x_BLD.dtype)), axis, None, batch_axes, seq_axes)
     (_, buffer_PMbLD), _ = jax.lax.scan(tick, (buffer_PMbLD[:, 0], buffer_PMbLD),
                                         jnp.arange(plan.ticks))
     return buffer_PMbLD[0].swapaxes(0, 1).reshape(b, seq, d)

@@ -112,7 +112,8 @@ class Attention(nnx.Module):
         out_BLHE = checkpoint_name(out_BLHE, "context")
         with jax.named_scope("out_proj"):
             out_BLD = project("blhe,hed->bld", out_BLHE, self.wo, precision=self.precision)
-            out_BLD = checkpoint_name(constrain(out_BLD, ("batch", "seq", "embed")), "out_proj")
+            out_BLD = checkpoint_name(constrain(out_BLD, ("batch", "residual_seq", "embed")),
+                                      "out_proj")
             return out_BLD, (k_BLKE, v_BLKE)
 
 
@@ -289,7 +290,7 @@ class Transformer(nnx.Module):
             x_BLD = jnp.take(self.embed[...], tokens_BL, axis=0).astype(dt)
             if cfg.positions == "learned":
                 x_BLD = x_BLD + jnp.take(self.pos_embed[...], positions_BL, axis=0).astype(dt)
-            return constrain(x_BLD, ("batch", "seq", "embed"))
+            return constrain(x_BLD, ("batch", "residual_seq", "embed"))
 
     def _layers(self, x_BLD, positions_BL, cache=None, context: str | None = None):
         """Run the stacked layers under lax.scan; returns (x, per-layer (k, v) stacked)."""
@@ -301,7 +302,7 @@ class Transformer(nnx.Module):
                 layer_cache = (*layer_cache, cache[2])
             y_BLD, kv = nnx.merge(graphdef, layer_state)(x_BLD, positions_BL, layer_cache,
                                                          context)
-            return constrain(y_BLD, ("batch", "seq", "embed")), kv
+            return constrain(y_BLD, ("batch", "residual_seq", "embed")), kv
 
         layer = checkpointed(layer, self.remat, self.save, self.offload)
         if self.pipeline is None:
@@ -333,7 +334,8 @@ class Transformer(nnx.Module):
             raise ValueError(f"pipeline parallelism needs the rule of 'layers' to name one mesh "
                              f"axis; it names {axes}")
         return run_pipeline(run_chunk, layers, x_BLD, positions_BL, plan=self.pipeline,
-                            mesh=mesh, axis=axes[0], batch_axes=rules.mesh_axes("batch"))
+                            mesh=mesh, axis=axes[0], batch_axes=rules.mesh_axes("batch"),
+                            seq_axes=rules.mesh_axes("residual_seq"))
 
     def _head(self, x_BLD):
         cfg = self.cfg

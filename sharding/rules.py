@@ -23,6 +23,7 @@ LOGICAL_AXES = (
     "batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "experts",
     "expert_batch",  # the batch of tokens dispatched to experts (not sharded over `expert`)
     "cache_seq",  # the positions of a KV cache
+    "residual_seq",  # the positions of the residual stream between tensor-parallel regions
 )
 
 # Mesh axes in the order devices are laid out: the last varies fastest, so `tensor` groups
@@ -69,6 +70,16 @@ class AxisRules:
         return dataclasses.replace(self, activations={
             k: tuple(a for a in v if a not in drop) for k, v in self.activations.items()})
 
+    def with_sequence_parallel(self) -> AxisRules:
+        """Megatron's sequence parallelism: the residual stream (norms, residual adds, the
+        pipeline's stage-to-stage transfers) split over `tensor` along its positions, so
+        a tensor-parallel region starts with an all-gather and ends with a reduce-scatter
+        instead of an all-reduce."""
+        seq = self.activations["residual_seq"]
+        return dataclasses.replace(self, activations={
+            **self.activations,
+            "residual_seq": (*seq, *(a for a in self.activations["heads"] if a not in seq))})
+
     def ways(self, logical: str, mesh_shape: Mapping[str, int], *,
              params: bool = False) -> int:
         """How many ways `logical` splits on a mesh of `mesh_shape` (mesh axis -> size;
@@ -101,6 +112,7 @@ def default_rules() -> AxisRules:
             "expert_batch": ("data", "fsdp"),
             "cache_seq": ("sequence",),
             "seq": ("sequence",),
+            "residual_seq": ("sequence",),
             "embed": (),
             "heads": ("tensor",),
             "kv_heads": ("tensor",),

@@ -41,7 +41,7 @@ def pipeline_layout(params, plan):
 
 
 def train_both_ways(cfg, par, *, seed: int, token_seed: int, virtual_stages: int = 1,
-                    context_mode: str = "ring", **setup):
+                    context_mode: str = "ring", sequence_parallel: bool = False, **setup):
     """(loss, params) after one train step without a mesh, then over mesh `par`, from the
     same initial parameters and a random batch of global_batch x seq_len tokens. With a
     pipeline, the sharded run's parameters are the same layers in its slots (the embedding
@@ -60,7 +60,9 @@ def train_both_ways(cfg, par, *, seed: int, token_seed: int, virtual_stages: int
     p1, _, loss1 = jax.jit(step)(params, opt, batch)
 
     mesh = sharding.make_mesh(meshes.get_system("h100:8"), par)
-    prog = models.build_train_program(cfg, mesh, sharding.default_rules(),
+    rules = sharding.default_rules()
+    prog = models.build_train_program(cfg, mesh, rules.with_sequence_parallel()
+                                      if sequence_parallel else rules,
                                       virtual_stages=virtual_stages, context_mode=context_mode,
                                       **train_setup(**setup))
     params = pipeline_layout(params, prog.pipeline)

@@ -102,6 +102,18 @@ def test_pipeline_matches_unsharded_in_every_precision(cpu_devices, layers, virt
     assert diff.max() <= 2.01 * lr and np.mean(diff > 0.1 * lr) <= flipped
 
 
+@pytest.mark.parametrize("par", [{"data": 2, "tensor": 4}, {"data": 2, "tensor": 2, "pipeline": 2},
+                                 {"tensor": 2, "sequence": 2, "pipeline": 2}])
+def test_sequence_parallel_matches_unsharded(cpu_devices, par):
+    # Megatron's sequence parallelism (the residual stream split over `tensor`) computes
+    # the unsharded loss, with a pipeline and with context parallelism too.
+    cfg = models.preset("tiny", n_heads=4, n_kv_heads=4)
+    (loss1, _), (loss2, _) = train_both_ways(
+        cfg, par, seed=1, token_seed=0, seq_len=32, global_batch=8, microbatches=2,
+        remat="full", compute="float32", sequence_parallel=True)
+    assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
+
+
 def test_flash_attention_matches_dense_values_and_gradients():
     from models.attention import dense_attention, flash_attention
 

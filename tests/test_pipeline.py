@@ -75,3 +75,17 @@ def test_stage_memory_holds_its_slots_for_the_microbatches_in_flight(cpu_devices
     saved = one["saved activations (full remat, 2 layers)"]
     key = f"saved activations (full remat, 2 layers, {in_flight:g} microbatches in flight)"
     assert mem[key] == pytest.approx(in_flight * saved)
+
+
+def test_sequence_parallel_divides_the_residual_stream_by_tp():
+    # Full remat keeps each layer's input: d_model x 2 bytes per token, and with sequence
+    # parallelism 1/TP of it on each tensor-parallel rank (Korthikanti et al. 2022).
+    cfg = models.preset("llama3-8b")
+    kw = dict(micro_batch=8, seq_len=4096, precision=models.Precision(), remat="full",
+              mesh_shape={"tensor": 4})
+    key = "saved activations (full remat, 32 layers)"
+    plain = dict(activation_components(cfg, rules=sharding.default_rules(), **kw))[key]
+    sp = dict(activation_components(
+        cfg, rules=sharding.default_rules().with_sequence_parallel(), **kw))[key]
+    assert plain == 32 * 8 * 4096 * 4096 * 2
+    assert sp == plain / 4

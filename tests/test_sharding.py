@@ -334,3 +334,22 @@ def test_a_gradient_summed_over_two_axes_is_one_all_reduce(cpu_devices):
                          for c in grads)
     # every parameter's f32 gradient, once
     assert sum(c.bytes * c.count for c in grads) == prog.param_bytes_per_device
+
+
+def test_sequence_parallel_splits_the_stage_transfers_over_tensor(cpu_devices):
+    # With Megatron's sequence parallelism a stage passes on 1/TP of the activations: a
+    # microbatch of 16 / 4 sequences x 16 positions x d_model 64 f32, split over tensor 2.
+    cfg = tiny(n_layers=4)
+    mesh = sharding.make_mesh(H100, {"pipeline": 4, "tensor": 2})
+    rules = sharding.default_rules().with_sequence_parallel()
+    prog = models.build_train_program(
+        cfg, mesh, rules, workload=models.Workload(seq_len=16, global_batch=16, microbatches=4),
+        precision=models.Precision(params="float32", compute="float32"), train=models.Train())
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    ticks = [c for c in rep.collectives if c.kind == "collective-permute"
+             and c.mesh_axes == ("pipeline",)]
+    assert {c.bytes for c in ticks} == {(16 // 4) * 16 * cfg.d_model * F32 // 2}
+    assert sum(c.count for c in ticks) == 2 * (4 + 4 - 1)
+    # the tensor-parallel regions start with an all-gather and end with a reduce-scatter
+    kinds = {c.kind for c in rep.collectives if c.mesh_axes == ("tensor",)}
+    assert {"all-gather", "reduce-scatter"} <= kinds
