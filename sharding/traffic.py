@@ -85,7 +85,8 @@ def kernels(
     by_name = comp.by_name
     members = [i for i in comp.instructions if is_memory_op(i, comp)
                and (final or i.opcode != "copy")
-               and (final or DECODE_ATTENTION_SCOPE not in i.op_name)]
+               and (final or DECODE_ATTENTION_SCOPE not in i.op_name)
+               and not _slice_for_matmuls(module, comp, i)]
     if not members:
         return []
     is_member = {i.name for i in members}
@@ -155,6 +156,33 @@ def _kernel_traffic(
             else:
                 written += out_bytes
     return sum(read.values()) + written, elems
+
+
+def _fused(module: HloModule | None, inst: Instruction) -> Computation | None:
+    if module is None or inst.opcode != "fusion":
+        return None
+    callee = next((c for role, c in inst.called_computations() if role == "calls"), None)
+    return module.computations.get(callee) if callee else None
+
+
+def _slice_for_matmuls(module: HloModule | None, comp: Computation, inst: Instruction) -> bool:
+    """A compiler's fusion that only slices one layer out of a stacked array (XLA:GPU's
+    `dynamic_slice_fusion`) for matmuls alone: the matmuls' operand reads count the layer,
+    as a serving engine's GEMMs read a layer's weights (or cache) where they lie."""
+    fused = _fused(module, inst)
+    if fused is None or fused.root is None:
+        return False
+    root = fused.by_name.get(through_views(fused, fused.root.name))
+    while root is not None and root.opcode == "copy":  # the layout the GEMM wants: an
+        root = fused.by_name.get(through_views(fused, root.operands[0]))  # engine stores it so
+    if root is None or root.opcode not in ("slice", "dynamic-slice"):
+        return False
+    if fused.by_name.get(through_views(fused, root.operands[0])).opcode != "parameter":
+        return False
+    users = users_through_views(comp, inst.name)
+    return bool(users) and all(
+        u.opcode in MATMUL_OPS or (f := _fused(module, u)) is not None
+        and any(i.opcode in MATMUL_OPS for i in f.instructions) for u in users)
 
 
 def _in_place_accumulates(comp: Computation, region: list[Instruction]) -> dict[str, float]:
