@@ -52,9 +52,10 @@ def serve_flops(cfg: ModelConfig, workload: Workload) -> float:
 
 def serving_rules(rules: AxisRules, kind: str) -> AxisRules:
     """The rules a serving step runs under: decode has one new position per sequence, so
-    only the cache's positions are split."""
+    only the cache's positions are split (the residual stream's neither)."""
     if kind == "decode":
-        return dataclasses.replace(rules, activations={**rules.activations, "seq": ()})
+        return dataclasses.replace(rules, activations={**rules.activations, "seq": (),
+                                                       "residual_seq": ()})
     return rules
 
 

@@ -170,8 +170,8 @@ def _slice_for_matmuls(module: HloModule | None, comp: Computation, inst: Instru
     `dynamic_slice_fusion`) for matmuls alone: the matmuls' operand reads count the layer,
     as a serving engine's GEMMs read a layer's weights (or cache) where they lie."""
     fused = _fused(module, inst)
-    if fused is None or fused.root is None:
-        return False
+    if fused is None or fused.root is None or any(a.memory_space for a in inst.shapes):
+        return False  # a copy into on-chip memory (TPU VMEM) is the layer's one read
     root = fused.by_name.get(through_views(fused, fused.root.name))
     while root is not None and root.opcode == "copy":  # the layout the GEMM wants: an
         root = fused.by_name.get(through_views(fused, root.operands[0]))  # engine stores it so
