@@ -114,6 +114,16 @@ def test_sequence_parallel_matches_unsharded(cpu_devices, par):
     assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
 
 
+def test_pipeline_in_fp4_matches_unsharded(cpu_devices):
+    # Block-scaled FP4 matmuls (32-element blocks along each contraction: head_dim 32,
+    # 64 positions) inside an interleaved pipeline with tensor parallelism on XLA:CPU.
+    cfg = models.preset("tiny", n_layers=4, head_dim=32)
+    (loss1, _), (loss2, _) = train_both_ways(
+        cfg, {"data": 2, "pipeline": 2, "tensor": 2}, seed=1, token_seed=0, seq_len=64,
+        global_batch=16, microbatches=4, remat="full", compute="float4", virtual_stages=2)
+    assert float(loss2) == pytest.approx(float(loss1), rel=1e-2)
+
+
 def test_flash_attention_matches_dense_values_and_gradients():
     from models.attention import dense_attention, flash_attention
 
