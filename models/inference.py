@@ -28,7 +28,9 @@ from models.quant import SCALE_DTYPE, STORAGE_DTYPES
 from models.train import abstract_params, per_device_bytes
 from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
 
-CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+# The cache in the layout an attention kernel reads (vLLM's per-head blocks): batch and kv
+# heads lead, so each head's positions x head_dim is one contiguous matrix for its GEMMs.
+CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -61,10 +63,10 @@ def serving_rules(rules: AxisRules, kind: str) -> AxisRules:
 
 def _abstract_cache(cfg: ModelConfig, w: Workload, precision: Precision, mesh: Mesh,
                     rules: AxisRules):
-    """(keys and values as sharded ShapeDtypeStructs, their shardings): each (N, B, S, K, E)
+    """(keys and values as sharded ShapeDtypeStructs, their shardings): each (N, B, K, S, E)
     in the cache's dtype, or a (values, per position x kv head scales) pair when quantised."""
     mesh_shape = mesh_shape_of(mesh)
-    cache_shape = (cfg.n_layers, w.global_batch, w.seq_len, cfg.n_kv_heads, cfg.head_dim)
+    cache_shape = (cfg.n_layers, w.global_batch, cfg.n_kv_heads, w.seq_len, cfg.head_dim)
     cache_spec = resolve(CACHE_AXES, cache_shape, rules.activations, mesh_shape, what="KV cache")
     one = NamedSharding(mesh, cache_spec)
     quantized = precision.quantized_kv_cache

@@ -75,13 +75,13 @@ class Attention(nnx.Module):
                              contract=2, scale=(h * e) ** -0.5)
 
     def __call__(self, x_BLD, positions_BL, cache=None, context: str | None = None):
-        """Attention over the sequence (training, prefill) or, with `cache` = (k_BSKE,
-        v_BSKE, index), one new position per sequence over its KV cache (decode).
+        """Attention over the sequence (training, prefill) or, with `cache` = (k_BKSE,
+        v_BKSE, index), one new position per sequence over its KV cache (decode).
         `context`: the context-parallel mode (models/context.py) when the positions are
         split over a mesh axis in zigzag order; None otherwise.
 
         Returns (output, (k, v)): the keys and values computed here (the whole sequence's
-        for prefill, the new position's for decode), in the cache's layout.
+        for prefill, the new position's for decode), as (B, L, K, E).
         """
         cfg = self.cfg
         with jax.named_scope("qkv_proj"):
@@ -136,18 +136,18 @@ def context_ranks() -> int:
     return rules.ways("seq", dict(mesh.shape))
 
 
-def _write_cache(cache_NBSKE, new_NB1KE, index, quantized: str | None):
+def _write_cache(cache_NBKSE, new_NBK1E, index, quantized: str | None):
     """Write one position into the cache in place (quantising it first if the cache is)."""
-    start = (0, 0, index, 0, 0)
+    start = (0, 0, 0, index, 0)
     if quantized is None:
-        return jax.lax.dynamic_update_slice(cache_NBSKE, new_NB1KE.astype(cache_NBSKE.dtype),
+        return jax.lax.dynamic_update_slice(cache_NBKSE, new_NBK1E.astype(cache_NBKSE.dtype),
                                             start)
-    q_NB1KE, scale_NB1K1 = quantize(new_NB1KE, quantized, (-1,))
-    return (jax.lax.dynamic_update_slice(cache_NBSKE[0], q_NB1KE, start),
-            jax.lax.dynamic_update_slice(cache_NBSKE[1], scale_NB1K1, start))
+    q_NBK1E, scale_NBK11 = quantize(new_NBK1E, quantized, (-1,))
+    return (jax.lax.dynamic_update_slice(cache_NBKSE[0], q_NBK1E, start),
+            jax.lax.dynamic_update_slice(cache_NBKSE[1], scale_NBK11, start))
 
 
-def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BSKE, v_BSKE, index):
+def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BKSE, v_BKSE, index):
     """One query per sequence over cache positions [0, index) plus itself.
 
     The cache is read once and not written here: the caller writes the new keys and values
@@ -157,18 +157,18 @@ def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BSKE, v_BSKE, index):
     e = q_B1KGE.shape[-1]
     scale = e**-0.5
     with jax.named_scope("kv_cache_attention"):
-        if isinstance(k_BSKE, tuple):
-            k_BSKE = dequantize(*k_BSKE, q_B1KGE.dtype)
-            v_BSKE = dequantize(*v_BSKE, q_B1KGE.dtype)
-        s_BKGS = jnp.einsum("bqkge,bske->bkgs", q_B1KGE, k_BSKE).astype(jnp.float32) * scale
-        valid_S = jnp.arange(k_BSKE.shape[1]) < index
+        if isinstance(k_BKSE, tuple):
+            k_BKSE = dequantize(*k_BKSE, q_B1KGE.dtype)
+            v_BKSE = dequantize(*v_BKSE, q_B1KGE.dtype)
+        s_BKGS = jnp.einsum("bqkge,bkse->bkgs", q_B1KGE, k_BKSE).astype(jnp.float32) * scale
+        valid_S = jnp.arange(k_BKSE.shape[2]) < index
         s_BKGS = jnp.where(valid_S, s_BKGS, -1e30)
         s_self_BKG = jnp.einsum("bqkge,bqke->bkg", q_B1KGE, k_B1KE).astype(jnp.float32) * scale
         m_BKG = jnp.maximum(jnp.max(s_BKGS, axis=-1), s_self_BKG)
         p_BKGS = jnp.exp(s_BKGS - m_BKG[..., None])
         p_self_BKG = jnp.exp(s_self_BKG - m_BKG)
         denom_BKG = jnp.sum(p_BKGS, axis=-1) + p_self_BKG
-        out_BKGE = jnp.einsum("bkgs,bske->bkge", p_BKGS.astype(v_BSKE.dtype), v_BSKE)
+        out_BKGE = jnp.einsum("bkgs,bkse->bkge", p_BKGS.astype(v_BKSE.dtype), v_BKSE)
         out_BKGE = out_BKGE.astype(jnp.float32) + p_self_BKG[..., None] * \
             v_B1KE[:, 0, :, None, :].astype(jnp.float32)
         out_BKGE = out_BKGE / denom_BKG[..., None]
@@ -257,32 +257,33 @@ class Transformer(nnx.Module):
         return constrain(x_BL[:, zigzag_order(x_BL.shape[1], ranks)], ("batch", "seq"))
 
     def prefill(self, tokens_BL):
-        """Process prompts: (logits of the last position (B, V), KV cache (N, B, L, K, E) x 2)."""
+        """Process prompts: (logits of the last position (B, V), KV cache (N, B, K, L, E) x 2)."""
         b, seq = tokens_BL.shape
         positions_BL = jnp.broadcast_to(jnp.arange(seq), (b, seq))
         x_BLD, (k_NBLKE, v_NBLKE) = self._layers(self._embed(tokens_BL, positions_BL),
                                                  positions_BL)
+        k_NBKLE, v_NBKLE = (jnp.swapaxes(a, 2, 3) for a in (k_NBLKE, v_NBLKE))  # cache layout
         quantized = self.precision.quantized_kv_cache
         if quantized is not None:
             with jax.named_scope("kv_cache_quantize"):
-                k_NBLKE = quantize(k_NBLKE, quantized, (-1,))
-                v_NBLKE = quantize(v_NBLKE, quantized, (-1,))
-        return self._head(x_BLD[:, -1:])[:, 0], (k_NBLKE, v_NBLKE)
+                k_NBKLE = quantize(k_NBKLE, quantized, (-1,))
+                v_NBKLE = quantize(v_NBKLE, quantized, (-1,))
+        return self._head(x_BLD[:, -1:])[:, 0], (k_NBKLE, v_NBKLE)
 
     def decode(self, tokens_B1, cache, index):
-        """One new token per sequence at position `index` over a KV cache of (N, B, S, K, E)
+        """One new token per sequence at position `index` over a KV cache of (N, B, K, S, E)
         keys and values (each a (q, scale) pair when the cache is quantised): (logits (B, V),
         cache with the new keys and values written)."""
         b = tokens_B1.shape[0]
         positions_B1 = jnp.full((b, 1), index)
-        k_NBSKE, v_NBSKE = cache
+        k_NBKSE, v_NBKSE = cache
         x_BLD, (k_NB1KE, v_NB1KE) = self._layers(self._embed(tokens_B1, positions_B1),
-                                                 positions_B1, (k_NBSKE, v_NBSKE, index))
+                                                 positions_B1, (k_NBKSE, v_NBKSE, index))
         with jax.named_scope("kv_cache_write"):  # in place: only the new position is written
             quantized = self.precision.quantized_kv_cache
-            k_NBSKE = _write_cache(k_NBSKE, k_NB1KE, index, quantized)
-            v_NBSKE = _write_cache(v_NBSKE, v_NB1KE, index, quantized)
-        return self._head(x_BLD)[:, 0], (k_NBSKE, v_NBSKE)
+            k_NBKSE = _write_cache(k_NBKSE, jnp.swapaxes(k_NB1KE, 2, 3), index, quantized)
+            v_NBKSE = _write_cache(v_NBKSE, jnp.swapaxes(v_NB1KE, 2, 3), index, quantized)
+        return self._head(x_BLD)[:, 0], (k_NBKSE, v_NBKSE)
 
     def _embed(self, tokens_BL, positions_BL):
         cfg, dt = self.cfg, self.compute_dtype

@@ -82,9 +82,10 @@ def test_gpu_decode_reads_each_layers_weights_once(tmp_path, cpu_devices):
     # XLA:GPU copies each layer's weights out of the stacked arrays before its GEMMs (a
     # dynamic-slice fusion); a serving engine's GEMMs read them where they lie, so the
     # copies are not traffic. Before, the 4-layer TP-8 decode below counted 3.07x the bytes
-    # it must read (weights but the embedding table, KV cache); now 1.44x, and what is left
-    # is this program's own: XLA:GPU transposes the whole K cache once per step for the
-    # QK^T GEMM (the cache is (N, B, S, K, E): +19%) and writes split-K partial sums in f32.
+    # it must read (weights but the embedding table, KV cache), then 1.44x while the cache
+    # was (N, B, S, K, E) and XLA:GPU transposed the whole K cache for QK^T each step; with
+    # the cache as (N, B, K, S, E) 1.25x: what is left is XLA:GPU's split-K partial sums in
+    # f32 (written, then reduced) and its small unfused kernels.
     from experiments import config, runner
     from tests.test_tpu import DECODE_70B
 
@@ -94,4 +95,4 @@ def test_gpu_decode_reads_each_layers_weights_once(tmp_path, cpu_devices):
     params = dict(rep.memory.components)["parameters"]
     cache = dict(rep.memory.components)["KV cache"]
     floor = params - m.padded_vocab * m.d_model * 2 / 8 + cache
-    assert floor < rep.compute.hbm_bytes < 1.5 * floor
+    assert floor < rep.compute.hbm_bytes < 1.3 * floor

@@ -18,7 +18,7 @@ def test_decode_with_the_cache_matches_the_full_forward_pass(cpu_devices):
     full_logits = model(tokens)  # (B, L, V)
     # Prefill 8 tokens into a cache of 12 positions, then decode tokens 8..11 one by one.
     _, (k, v) = model.prefill(tokens[:, :8])
-    pad = ((0, 0), (0, 0), (0, 4), (0, 0), (0, 0))
+    pad = ((0, 0), (0, 0), (0, 0), (0, 4), (0, 0))  # (N, B, K, S, E): 4 more positions
     cache = (jnp.pad(k, pad), jnp.pad(v, pad))
     for i in range(8, 12):
         logits, cache = model.decode(tokens[:, i:i + 1], cache, i)
@@ -71,7 +71,7 @@ def test_quantised_weights_and_cache_decode_close_to_full_forward(cpu_devices):
         full = model(tokens)  # the same quantised weights, no cache
         _, (k, v) = model.prefill(tokens[:, :8])
         assert k[0].dtype == wq.q[...].dtype and k[1].shape[-1] == 1  # (q, scale)
-        pad = ((0, 0), (0, 0), (0, 4), (0, 0), (0, 0))
+        pad = ((0, 0), (0, 0), (0, 0), (0, 4), (0, 0))  # (N, B, K, S, E): 4 more positions
         cache = tuple((jnp.pad(c[0], pad), jnp.pad(c[1], pad)) for c in (k, v))
         for i in range(8, 12):
             logits, cache = model.decode(tokens[:, i:i + 1], cache, i)
@@ -83,7 +83,7 @@ def test_kv_cache_sharded_by_sequence_decodes_the_same(cpu_devices):
     cfg = models.preset("tiny", n_kv_heads=2)
     prog, mesh, (expect_logits, expect_cache), (next_tok, new_cache) = decode_both_ways(
         cfg, {"sequence": 4, "tensor": 2}, batch=2, index=9, seed=2)
-    assert prog.args[1][0].sharding.spec[2:4] == ("sequence", "tensor")
+    assert prog.args[1][0].sharding.spec[2:4] == ("tensor", "sequence")  # (N, B, K, S, E)
     np.testing.assert_array_equal(np.asarray(next_tok), np.argmax(expect_logits, axis=-1))
     np.testing.assert_allclose(np.asarray(new_cache[0]), np.asarray(expect_cache[0]), rtol=1e-4,
                                atol=1e-6)
