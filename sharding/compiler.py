@@ -35,6 +35,11 @@ from meshes import GpuSystem, System, TpuSystem
 from meshes.chips import GPU_TARGETS
 from sharding.report import Memory
 
+# libtpu takes a lock file so that one process owns the TPU chips; deviceless compiles own
+# no chip, and several must run side by side (two `shardscope run`, `make test` next to
+# either, a search's workers). Set before libtpu loads: it is read when the plugin starts.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
 # XLA log lines worth showing the user, with the words that identify them.
 _XLA_WARNINGS = (
     "Involuntary full rematerialization",

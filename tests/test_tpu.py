@@ -157,3 +157,23 @@ def test_decode_reads_each_weight_and_cache_byte_once(tmp_path, cpu_devices, bac
         mesh_shape=exp.parallelism.sizes(), rules=exp.parallelism.axis_rules())
     floor = params - embedding_table + cache + activations
     assert rep.compute.hbm_bytes == pytest.approx(floor, rel=0.05)
+
+
+def test_deviceless_tpu_compiles_run_side_by_side(tmp_path):
+    # Two processes that load libtpu at once used to collide on its lock file ("Internal
+    # error when accessing libtpu multi-process lockfile"); deviceless compiles own no
+    # chip, so both must finish, with the same estimate.
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    config = write(tmp_path, TPU_TINY)
+    runs = [subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", config,
+                              "--backend", "tpu", "--json", str(tmp_path / f"{i}.json")],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i in range(2)]
+    results = [p.communicate(timeout=600) for p in runs]
+    assert [p.returncode for p in runs] == [0, 0], [err[-300:] for _, err in results]
+    steps = {json.loads((tmp_path / f"{i}.json").read_text())["step_time_s"] for i in range(2)}
+    assert len(steps) == 1
