@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from experiments.config import ConfigError  # noqa: E402
+from sharding import progress  # noqa: E402
 
 EXIT_USAGE = 2
 
@@ -41,7 +43,8 @@ def cmd_run(args) -> int:
     from experiments import runner
 
     exp = config_mod.load(args.config, args.set or [])
-    report = runner.run(exp, backend=args.backend, calibration=_calibration(args))
+    with progress.reporting(_progress_sink(args)):
+        report = runner.run(exp, backend=args.backend, calibration=_calibration(args))
     print(report.format_table())
     if args.json:
         _write_json(args.json, {**report.to_dict(), "config": exp.to_dict()})
@@ -56,6 +59,21 @@ def cmd_run(args) -> int:
                    hbm_bw=chip.hbm_bytes_per_s * chip.hbm_efficiency)
         print(f"wrote {args.html}")
     return 0
+
+
+def _progress_sink(args):
+    """Stage lines with the elapsed time on stderr when it is a terminal and --quiet is not
+    given; None otherwise. Written to a copy of the terminal's descriptor: compiles capture
+    the process's stderr to keep libtpu's and XLA's noise away."""
+    if args.quiet or not sys.stderr.isatty():
+        return None
+    out = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
+    t0 = time.perf_counter()
+
+    def sink(message: str) -> None:
+        out.write(f"[{time.perf_counter() - t0:6.1f} s] {message}\n")
+
+    return sink
 
 
 def cmd_inspect(args) -> int:
@@ -189,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--calibration", metavar="CAL.toml",
                    help="fitted efficiencies from `shardscope calibrate` (default: the "
                         "catalog's, meshes/calibration.toml)")
+    r.add_argument("--quiet", action="store_true",
+                   help="no progress lines on stderr (shown only when it is a terminal)")
     r.set_defaults(fn=cmd_run)
     i = sub.add_parser("inspect", help="collectives and estimate of any HLO text dump")
     i.add_argument("hlo")

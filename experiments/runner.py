@@ -11,6 +11,7 @@ from models.inference import build_serve_program
 from models.memory import offload_bytes_per_step, serving_memory, training_memory
 from models.train import build_train_program
 from sharding import compiler
+from sharding.progress import stage
 from sharding.report import Report
 from sharding.rules import mesh_shape_of
 
@@ -53,6 +54,7 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
     rules = exp.parallelism.axis_rules()
     mesh_shape = mesh_shape_of(mesh)
     serving = exp.workload.kind != "train"
+    stage(f"building the {exp.workload.kind} step of {exp.model.name} on {system.label}")
     host_bytes = 0.0
     pipeline = None
     try:

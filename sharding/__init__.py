@@ -9,7 +9,8 @@ Rooms, in the order data flows through them:
   `AxisRules.ways` (how many ways a logical axis splits), activation constraints.
 - `mesh.py`: a jax Mesh over a system's devices; the fake CPU device count.
 - `compiler.py`: backends (fake CPU, deviceless TPU and GPU), lowering and compiling,
-  XLA's captured warnings, the out-of-memory refusal, the compiler's memory figure.
+  XLA's captured warnings, the out-of-memory refusal, the compiler's memory figure;
+  `progress.py`: the stages of a long run, for a terminal.
 - `hlo.py`: the HLO text parser (shapes, instructions, computations, call graph) and the
   model operation behind an op_name; `replica_groups.py`: every replica-group form;
   `loops.py`: trip counts and how often each computation runs.

@@ -23,6 +23,7 @@ from sharding.collectives import Collective, extract_collectives
 from sharding.compiler import compile_to_hlo, compiled_memory, system_device_id
 from sharding.compute import computation_costs, compute_cost
 from sharding.hlo import HloModule, parse_hlo
+from sharding.progress import stage
 from sharding.report import Memory, Report
 from sharding.schedule import Scheduler
 
@@ -178,8 +179,11 @@ def analyze(
     """
     system = get_system(system) if isinstance(system, str) else system
     on_cpu = all(d.platform == "cpu" for d in mesh.devices.flat)
+    stage(f"lowering and compiling with {compiler or 'XLA:CPU (fake devices)'} for "
+          f"{mesh.devices.size} devices")
     with jax.set_mesh(mesh):
         c = compile_to_hlo(fn, *args, final_hlo=not on_cpu)
+    stage("reading the HLO and estimating")
     if compiler:
         c.compiler = compiler
     t0 = time.perf_counter()

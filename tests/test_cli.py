@@ -252,3 +252,48 @@ def test_pipeline_in_bf16_and_fp8_runs_on_the_cpu_compiler_and_shows_the_bubble(
         "pipeline = 2", "pipeline = 2\nvirtual_stages = 2").replace(
         "microbatches = 4", "microbatches = 1"))], capsys)
     assert code == 2 and "parallelism.virtual_stages=2" in err and err.count("\n") == 1
+
+
+def test_progress_goes_to_a_terminal_only_and_quiet_silences_it(tmp_path):
+    # Stage lines with the elapsed time on stderr when it is a terminal (a pty here);
+    # nothing when it is not, nothing with --quiet; the report itself is unchanged.
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    config = write(tmp_path, TINY)
+
+    def run(*extra, tty: bool):
+        cmd = [sys.executable, "-m", "experiments.cli", "run", config, *extra]
+        if not tty:
+            p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+            return p.returncode, p.stdout, p.stderr
+        leader, follower = pty.openpty()
+        p = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=follower, text=True,
+                           timeout=300)
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                data = os.read(leader, 4096)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(leader)
+        return p.returncode, p.stdout, b"".join(chunks).decode()
+
+    code, out_tty, err = run(tty=True)
+    assert code == 0
+    stages = [line for line in err.splitlines() if line.startswith("[")]
+    assert [s.split("] ", 1)[1].split(" ")[0] for s in stages] == ["building", "lowering",
+                                                                   "reading"]
+    assert "XLA:CPU (fake devices) for 8 devices" in err
+    code, out_quiet, err = run("--quiet", tty=True)
+    assert code == 0 and "] " not in err
+    code, out_pipe, err = run(tty=False)
+    assert code == 0 and err == "" and out_pipe == out_quiet == out_tty
