@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import sharding
@@ -12,7 +13,7 @@ from models.memory import offload_bytes_per_step, serving_memory, training_memor
 from models.train import build_train_program
 from sharding import compiler
 from sharding.progress import stage
-from sharding.report import Report
+from sharding.report import Report, fmt_bytes
 from sharding.rules import mesh_shape_of
 
 
@@ -78,6 +79,7 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
                                                 mesh_shape=mesh_shape, rules=rules)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    advice = () if serving else _fit_advice(exp, program, memory, mesh_shape, rules)
     return sharding.analyze(
         program.step, *program.args, mesh=mesh, system=system,
         model_flops_per_step=program.model_flops_per_step,
@@ -85,8 +87,46 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
         sequences_per_step=exp.workload.global_batch if serving else None,
         memory=memory, timings={"build_s": time.perf_counter() - t0}, warnings=warnings,
         name=exp.name, compiler=compiler_name, calibration=calibration,
-        host_transfer_bytes=host_bytes, pipeline=pipeline,
+        host_transfer_bytes=host_bytes, pipeline=pipeline, fit_advice=advice,
     )
+
+
+def _fit_advice(exp: Experiment, program, memory, mesh_shape, rules) -> tuple[str, ...]:
+    """What would make a training step that does not fit in HBM fit, from the memory model:
+    full remat (only each layer's input kept), the data-parallel ways moved to FSDP (the
+    parameters, gradients and optimizer state sharded k more ways; the batch per device
+    unchanged), or both; else how far off it is."""
+    cap = exp.system.chip.hbm_bytes
+    need = memory.total_bytes
+    if need <= cap:
+        return ()
+    parts = dict(memory.components)
+    state = parts["parameters"] + parts["gradients"] + parts["optimizer state"]
+    rest = need - state
+    full = need
+    if exp.train.remat != "full":
+        full = training_memory(exp.model, program, workload=exp.workload,
+                               precision=exp.precision,
+                               train=dataclasses.replace(exp.train, remat="full", save=(),
+                                                         offload=()),
+                               mesh_shape=mesh_shape, rules=rules).total_bytes
+    par = exp.parallelism
+    ways = [k for k in range(2, par.data + 1)
+            if par.data % k == 0 and exp.model.d_model % (par.fsdp * k) == 0]
+    out = []
+    if full <= cap:
+        out.append(f"train.remat = 'full' ({fmt_bytes(full)} per device)")
+    for remat, other in (("", rest), (" and train.remat = 'full'", full - state)):
+        k = next((k for k in ways if state / k + other <= cap), None)
+        if k is not None and not (remat and out):
+            out.append(f"parallelism.fsdp = {par.fsdp * k}, data = {par.data // k}{remat} "
+                       f"(about {fmt_bytes(state / k + other)} per device)")
+            break
+    if not out:
+        out.append(f"no remat or data-to-FSDP change is enough ({need / cap:.1f}x the HBM, "
+                   f"{fmt_bytes(state)} of it parameters, gradients and optimizer state): "
+                   f"shard over more devices (fsdp, tensor, pipeline) or offload")
+    return tuple(out)
 
 
 def _devices(system, backend: str):

@@ -121,7 +121,7 @@ def run_case(path: str | Path, *, backend: str = "cpu", calibration: str | None 
         return Row(**base, status="refused", message=_first_line(e),
                    wall_s=time.perf_counter() - t0)
     return Row(**base, status="ok", estimate_s=report.step_time_s, mfu=report.mfu,
-               bottleneck=report.bottleneck(), compiler=report.compiler, fits=report.fits,
+               bottleneck=report.time_bottleneck(), compiler=report.compiler, fits=report.fits,
                timings=dict(report.timings), wall_s=time.perf_counter() - t0,
                features=report.calibration_features())
 

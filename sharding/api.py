@@ -148,6 +148,7 @@ def analyze(
     calibration: Calibration | None = None,
     host_transfer_bytes: float = 0.0,
     pipeline: dict | None = None,
+    fit_advice: Sequence[str] = (),
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -173,6 +174,8 @@ def analyze(
             step (XLA:CPU elides the host copies, so the caller counts them).
         pipeline: the pipeline schedule the program runs (models.Pipeline.summary()),
             shown with its bubble.
+        fit_advice: what would make a step that does not fit in HBM fit (the caller's
+            memory model), shown under the verdict.
         compiler: a name for the compiler, e.g. "TPU compiler (deviceless v6e:2x4)"; TPU
             and GPU devices are compiled for and read from their final HLO, CPU devices
             from the HLO after SPMD partitioning.
@@ -194,7 +197,7 @@ def analyze(
     if memory is not None:
         compiled = dataclasses.replace(memory, compiler_bytes=compiled.total_bytes or None,
                                        compiler_source=compiled.source)
-    return analyze_module(
+    report = analyze_module(
         module,
         system=system,
         mesh_shape=mesh.devices.shape,
@@ -213,6 +216,7 @@ def analyze(
         host_transfer_bytes=host_transfer_bytes,
         pipeline=pipeline,
     )
+    return dataclasses.replace(report, fit_advice=tuple(fit_advice)) if fit_advice else report
 
 
 def analyze_hlo(

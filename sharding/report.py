@@ -76,6 +76,8 @@ class Report:
     host_transfer_bytes: float = 0.0
     host_bytes_per_s: float | None = None
     placement: str = ""  # how the devices sit in the machine (System.placement)
+    # What would make a step that does not fit in HBM fit, worked out by the caller.
+    fit_advice: tuple[str, ...] = ()
     # The pipeline schedule the program runs (models.Pipeline.summary()), None without one.
     pipeline: dict | None = None
 
@@ -216,7 +218,15 @@ class Report:
         return sorted(rows.values(), key=lambda r: -r["time_s"])
 
     def bottleneck(self) -> str:
-        """The narrowest pipe, in words."""
+        """The narrowest pipe, in words: HBM capacity when the step does not fit, else what
+        limits its time."""
+        if not self.fits:
+            return (f"HBM capacity: needs {fmt_bytes(self.memory_per_device_bytes)} per "
+                    f"device, has {fmt_bytes(self.hbm_capacity_bytes)}")
+        return self.time_bottleneck()
+
+    def time_bottleneck(self) -> str:
+        """What limits the step's time (as if it fit), in words."""
         step = self.step_time_s
         if step <= 0:
             return "nothing to run"
@@ -316,6 +326,8 @@ class Report:
             "by_link": self.by_link(),
             "by_operation": self.by_operation(),
             "bottleneck": self.bottleneck(),
+            "time_bottleneck": self.time_bottleneck(),
+            "fit_advice": list(self.fit_advice),
             "slowest_link": self.slowest_link(),
             "slowest_hop": self.slowest_hop(),
             "timings": dict(self.timings),
@@ -368,6 +380,10 @@ def _collective_lines(r: Report) -> list[str]:
     placed = f": {r.placement}" if r.placement else ""
     lines.append(f"{title}on {r.system} ({r.num_devices} devices{placed}), HLO from "
                  f"{r.compiler}")
+    if not r.fits:
+        lines.append(f"DOES NOT FIT: needs {fmt_bytes(r.memory_per_device_bytes)} of HBM per "
+                     f"device, has {fmt_bytes(r.hbm_capacity_bytes)}; the times below are "
+                     f"as if it fit")
     lines.append("")
     header = f"{'collective':<20}{'mesh axes':<14}{'link':<12}{'algorithm':<26}" \
              f"{'bytes/step':>12}{'count':>8}{'time/step':>12}"
@@ -414,7 +430,9 @@ def _summary_lines(r: Report) -> list[str]:
     if r.pipeline is not None:
         lines.append(f"pipeline       {r.pipeline['description']} (~{fmt_s(r.pipeline_bubble_s)} "
                      f"of compute)")
-    lines.append(f"step time      {fmt_s(r.step_time_s)}  (bounds {fmt_s(lo)} .. {fmt_s(hi)})")
+    if_fit = "" if r.fits else "  -- if it fit"
+    lines.append(f"step time      {fmt_s(r.step_time_s)}  (bounds {fmt_s(lo)} .. {fmt_s(hi)})"
+                 f"{if_fit}")
     if r.tokens_per_s is not None:
         per_user = ("" if r.tokens_per_s_per_user is None
                     else f", {r.tokens_per_s_per_user:,.1f} per user")
@@ -425,7 +443,7 @@ def _summary_lines(r: Report) -> list[str]:
                      f"{r.tokens_per_s_per_device:,.0f} per device{per_user}")
     if r.mfu is not None:
         what = "model FLOPs" if r.model_flops_per_step else "HLO matmul FLOPs"
-        lines.append(f"MFU            {r.mfu:.1%}  ({what})")
+        lines.append(f"MFU            {r.mfu:.1%}  ({what}){if_fit}")
         if (suspect := r.suspect_mfu()) is not None:
             lines.append(f"               {suspect}")
     m = r.memory
@@ -436,7 +454,11 @@ def _summary_lines(r: Report) -> list[str]:
     if m.compiler_bytes is not None:
         lines.append(f"  (compiler's own figure: {fmt_bytes(m.compiler_bytes)}, from "
                      f"{m.compiler_source})")
+    for advice in r.fit_advice:
+        lines.append(f"  to fit: {advice}")
     lines.append(f"bottleneck     {r.bottleneck()}")
+    if not r.fits:
+        lines.append(f"               if it fit: {r.time_bottleneck()}")
     lines.append(f"calibration    {r.calibration.source}")
     slow = r.slowest_link()
     if slow:

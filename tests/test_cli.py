@@ -297,3 +297,50 @@ def test_progress_goes_to_a_terminal_only_and_quiet_silences_it(tmp_path):
     assert code == 0 and "] " not in err
     code, out_pipe, err = run(tty=False)
     assert code == 0 and err == "" and out_pipe == out_quiet == out_tty
+
+
+NO_FIT = """
+name = "8b-on-8"
+[model]
+preset = "llama3-8b"
+n_layers = 8
+[system]
+name = "h100:8"
+[parallelism]
+data = 8
+[workload]
+seq_len = 8192
+global_batch = 16
+[train]
+remat = "none"
+"""
+
+
+def test_a_step_that_does_not_fit_says_so_first_and_what_would_fit(tmp_path, capsys,
+                                                                      cpu_devices):
+    # f32 parameters, gradients and Adam state of 8 Llama 3 8B layers replicated on every
+    # GPU plus no-remat activations: 88 GB on an 80 GB H100.
+    import re
+
+    path = write(tmp_path, NO_FIT)
+    out_json = tmp_path / "r.json"
+    code, out, _ = run_cli(["run", path, "--json", str(out_json)], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].startswith("DOES NOT FIT: needs ") and "has 80.00 GB" in lines[1]
+    assert "-- if it fit" in next(line for line in lines if line.startswith("step time"))
+    assert "bottleneck     HBM capacity: needs" in out
+    d = json.loads(out_json.read_text())
+    assert not d["fits"] and d["bottleneck"].startswith("HBM capacity")
+    advice = d["fit_advice"]
+    assert advice[0].startswith("train.remat = 'full'")
+    fsdp = re.search(r"parallelism.fsdp = (\d+), data = (\d+) \(about ([\d.]+) GB", advice[1])
+    assert fsdp
+    # Each fix, applied, fits; the FSDP one at about the size it said.
+    for fix in (["--set", "train.remat=full"],
+                ["--set", f"parallelism.fsdp={fsdp[1]}", "--set", f"parallelism.data={fsdp[2]}"]):
+        code, _, err = run_cli(["run", path, *fix, "--json", str(out_json)], capsys)
+        assert code == 0, err
+        d = json.loads(out_json.read_text())
+        assert d["fits"] and not d["fit_advice"]
+    assert d["memory_per_device_bytes"] == pytest.approx(float(fsdp[3]) * 1e9, rel=0.1)
