@@ -113,15 +113,20 @@ def _fit_advice(exp: Experiment, program, memory, mesh_shape, rules) -> tuple[st
     par = exp.parallelism
     ways = [k for k in range(2, par.data + 1)
             if par.data % k == 0 and exp.model.d_model % (par.fsdp * k) == 0]
+    def fsdp_fix(other: float, also: str = "") -> str | None:
+        """The fewest data ways moved to FSDP with which the state fits beside `other`."""
+        k = next((k for k in ways if state / k + other <= cap), None)
+        return None if k is None else (
+            f"parallelism.fsdp = {par.fsdp * k}, data = {par.data // k}{also} "
+            f"(about {fmt_bytes(state / k + other)} per device)")
+
     out = []
     if full <= cap:
         out.append(f"train.remat = 'full' ({fmt_bytes(full)} per device)")
-    for remat, other in (("", rest), (" and train.remat = 'full'", full - state)):
-        k = next((k for k in ways if state / k + other <= cap), None)
-        if k is not None and not (remat and out):
-            out.append(f"parallelism.fsdp = {par.fsdp * k}, data = {par.data // k}{remat} "
-                       f"(about {fmt_bytes(state / k + other)} per device)")
-            break
+    if fix := fsdp_fix(rest):
+        out.append(fix)
+    elif not out and (fix := fsdp_fix(full - state, " and train.remat = 'full'")):
+        out.append(fix)
     if not out:
         out.append(f"no remat or data-to-FSDP change is enough ({need / cap:.1f}x the HBM, "
                    f"{fmt_bytes(state)} of it parameters, gradients and optimizer state): "

@@ -62,10 +62,9 @@ def _merge(o1_BlKGE, lse1_BKGl, o2_BlKGE, lse2_BKGl):
     return o_BlKGE, lse_BKGl
 
 
-def _rank_attention(q_BZlKGE, rank, kv_steps):
-    """One rank's attention over all ranks' keys and values: `kv_steps(r)` gives the
-    (k, v) halves (B, Z, l, K, E) it holds at step r."""
-    ranks = len(kv_steps) if isinstance(kv_steps, list) else kv_steps.ranks
+def _rank_attention(q_BZlKGE, rank, kv_steps, ranks: int):
+    """One rank's attention over all `ranks` ranks' keys and values: `kv_steps[r]` gives
+    the (k, v) halves (B, Z, l, K, E) it holds at step r."""
     qa, qb = q_BZlKGE[:, 0], q_BZlKGE[:, 1]
     k_BZlKE, v_BZlKE = kv_steps[0]
     o_a, l_a = flash_block(qa, k_BZlKE[:, 0], v_BZlKE[:, 0], causal=True)
@@ -124,7 +123,7 @@ def context_attention(q_BLKGE, k_BLKE, v_BLKE, *, mode: str, mesh, rules, axis: 
             k_prev, v_prev = steps[-1]
             steps.append((pin(shift_stages(k_prev, 1), kv_names),
                           pin(shift_stages(v_prev, 1), kv_names)))
-        out = jax.vmap(lambda q, i, st: _rank_attention(q, i, st), in_axes=(1, 0, 1),
+        out = jax.vmap(lambda q, i, st: _rank_attention(q, i, st, ranks), in_axes=(1, 0, 1),
                        out_axes=1, spmd_axis_name=axis)(q_BYZlKGE, rank_Y, steps)
     else:
         # Gathered once, then one copy per rank (each device keeps its own), so that the
@@ -137,7 +136,8 @@ def context_attention(q_BLKGE, k_BLKE, v_BLKE, *, mode: str, mesh, rules, axis: 
             return pin(jnp.broadcast_to(x_BYZlKE[None], (ranks, *x_BYZlKE.shape)), per_rank)
 
         k_all, v_all = each_rank(k_BYZlKE), each_rank(v_BYZlKE)
-        out = jax.vmap(lambda q, i, k, v: _rank_attention(q, i, _Gathered(k, v, i, ranks)),
+        out = jax.vmap(lambda q, i, k, v: _rank_attention(q, i, _Gathered(k, v, i, ranks),
+                                                          ranks),
                        in_axes=(1, 0, 0, 0), out_axes=1, spmd_axis_name=axis)(
             q_BYZlKGE, rank_Y, k_all, v_all)
     out = pin(out, ("batch", "seq", None, None, "kv_heads", None, None))

@@ -159,6 +159,7 @@ def _kernel_traffic(
 
 
 def _fused(module: HloModule | None, inst: Instruction) -> Computation | None:
+    """The computation a fusion instruction runs (None for anything else)."""
     if module is None or inst.opcode != "fusion":
         return None
     callee = next((c for role, c in inst.called_computations() if role == "calls"), None)
@@ -212,10 +213,7 @@ def _fusion_io(module: HloModule | None,
     slices is read for the slices' size (a layer's weights out of the stacked array), an
     operand it only updates in place is not read, and a dynamic-update-slice root writes
     only its update."""
-    if module is None:
-        return {}, None
-    callee = next((c for role, c in inst.called_computations() if role == "calls"), None)
-    fused = module.computations.get(callee) if callee else None
+    fused = _fused(module, inst)
     if fused is None:
         return {}, None
     reads: dict[int, float] = {}
@@ -259,8 +257,7 @@ def _sliced_read(module: HloModule, comp: Computation, name: str, depth: int = 0
                                                                      for a in u.shapes))
             total += after * ratio if in_hbm else 0.0
         elif u.opcode == "fusion":
-            callee = next((c for role, c in u.called_computations() if role == "calls"), None)
-            inner = module.computations.get(callee) if callee else None
+            inner = _fused(module, u)
             positions = [k for k, o in enumerate(u.operands) if through_views(comp, o) == name]
             if inner is None or not positions:
                 return None
