@@ -32,6 +32,15 @@ def _write_json(path: str, data: dict) -> None:
     out.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
 
 
+def tool_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shardscope")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _jsonable(o):
     if isinstance(o, set | frozenset | tuple):
         return list(o)
@@ -43,11 +52,14 @@ def cmd_run(args) -> int:
     from experiments import runner
 
     exp = config_mod.load(args.config, args.set or [])
+    config = {**exp.to_dict(), "backend": args.backend, "tool_version": tool_version()}
+    if args.backend == "all":
+        return _run_all_backends(args, exp, config)
     with progress.reporting(_progress_sink(args)):
         report = runner.run(exp, backend=args.backend, calibration=_calibration(args))
     print(report.format_table())
     if args.json:
-        _write_json(args.json, {**report.to_dict(), "config": exp.to_dict()})
+        _write_json(args.json, {**report.to_dict(groups=args.groups), "config": config})
         print(f"\nwrote {args.json}")
     if args.html:
         from sharding.html import write_html
@@ -58,6 +70,35 @@ def cmd_run(args) -> int:
                    * chip.efficiency_for(exp.precision.compute),
                    hbm_bw=chip.hbm_bytes_per_s * chip.hbm_efficiency)
         print(f"wrote {args.html}")
+    return 0
+
+
+def _run_all_backends(args, exp, config) -> int:
+    """The step on every compiler that can compile for the system here, side by side."""
+    from experiments import runner
+    from sharding.compiler import GPU_EXTRA, TPU_EXTRA, available_backends
+    from sharding.report import format_side_by_side
+
+    if args.html:
+        raise ConfigError("--html takes one backend; run --backend all without --html, or "
+                          "--html with --backend cpu|tpu|gpu")
+    backends = available_backends(exp.system)
+    reports = []
+    with progress.reporting(_progress_sink(args)):
+        for b in backends:
+            reports.append((b, runner.run(exp, backend=b, calibration=_calibration(args))))
+    print(f"{exp.name}  on {reports[0][1].system}: the same step from each compiler\n")
+    print(format_side_by_side(reports))
+    if len(backends) == 1:
+        from meshes import TpuSystem
+
+        extra = TPU_EXTRA if isinstance(exp.system, TpuSystem) else GPU_EXTRA
+        print(f"\nonly XLA:CPU can compile for {exp.system.name} here; for its own "
+              f"compiler: {extra}")
+    if args.json:
+        _write_json(args.json, {"backends": [{**r.to_dict(groups=args.groups), "backend": b}
+                                             for b, r in reports], "config": config})
+        print(f"\nwrote {args.json}")
     return 0
 
 
@@ -95,7 +136,7 @@ def cmd_inspect(args) -> int:
                                   mesh_shape=mesh_shape, axis_names=axis_names, name=path.name)
     print(report.format_table())
     if args.json:
-        _write_json(args.json, report.to_dict())
+        _write_json(args.json, report.to_dict(groups=args.groups))
         print(f"\nwrote {args.json}")
     return 0
 
@@ -184,13 +225,63 @@ def cmd_systems(args) -> int:
 def cmd_models(args) -> int:
     from models import PRESETS
 
-    print(f"{'preset':<14}{'layers':>7}{'d_model':>9}{'heads':>7}{'kv':>5}{'d_ff':>8}"
-          f"{'vocab':>9}  {'mlp':<7}{'params':>10}")
+    header = ("preset", "layers", "d_model", "heads", "kv", "d_ff", "vocab", "mlp", "experts",
+              "params", "active")
+    rows = []
     for name, make in PRESETS.items():
         c = make()
-        print(f"{name:<14}{c.n_layers:>7}{c.d_model:>9}{c.n_heads:>7}{c.n_kv_heads:>5}"
-              f"{c.d_ff:>8}{c.vocab:>9}  {c.mlp:<7}{c.param_count() / 1e9:>9.2f}B")
+        experts = (f"{c.n_experts} top-{c.experts_per_token}"
+                   + (f" +{c.n_shared_experts} shared" if c.n_shared_experts else "")
+                   if c.n_experts > 1 else "-")
+        rows.append((name, c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_ff, c.vocab,
+                     c.mlp, experts, f"{c.param_count() / 1e9:.2f}B",
+                     f"{c.active_param_count() / 1e9:.2f}B"))
+    print(format_columns(header, rows))
+    print("\nparams: all parameters with the embedding; active: the non-embedding parameters "
+          "a token's matmuls touch (what MFU's 6 x N counts, with attention on top)")
     return 0
+
+
+def cmd_configs(args) -> int:
+    from experiments.config import BUNDLED, bundled_names, read_toml
+
+    rows = []
+    for name in bundled_names():
+        raw = read_toml(BUNDLED / f"{name}.toml", what="config file", example="")
+        first = _first_sentence(BUNDLED / f"{name}.toml")
+        rows.append((name, raw.get("system", {}).get("name", "?"),
+                     raw.get("workload", {}).get("kind", "train"), first))
+    print(format_columns(("config", "system", "kind", "what it is"), rows))
+    print("\nRun one by name: shardscope run llama3-8b-nvl72 (files in experiments/configs/)")
+    return 0
+
+
+def _first_sentence(path: Path, width: int = 72) -> str:
+    """The first sentence of a config's leading comment, shortened at a word."""
+    lines = []
+    for ln in path.read_text().splitlines():
+        if not ln.startswith("#"):
+            break
+        lines.append(ln.lstrip("#").strip())
+    text = " ".join(lines)
+    text = text.split(". ")[0].rstrip(".")
+    if len(text) > width:
+        text = text[:width].rsplit(" ", 1)[0] + " ..."
+    return text
+
+
+def format_columns(header, rows) -> str:
+    """A plain table: each column as wide as its widest cell, text left, numbers right."""
+    cells = [tuple(map(str, header)), *(tuple(map(str, r)) for r in rows)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    numeric = [all(isinstance(r[i], int | float) for r in rows) for i in range(len(header))]
+    numeric = [n or all(str(r[i])[:1].isdigit() for r in rows) and i > 0
+               for i, n in enumerate(numeric)]
+
+    def line(r):
+        return "  ".join(c.rjust(w) if num else c.ljust(w)
+                         for c, w, num in zip(r, widths, numeric, strict=True)).rstrip()
+    return "\n".join([line(cells[0]), *(line(r) for r in cells[1:])])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,9 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="compile and estimate an experiment config")
     r.add_argument("config")
-    r.add_argument("--backend", default="auto",
-                   help="auto (TPU compiler when installed, for TPU systems), cpu, tpu, gpu")
+    r.add_argument("--backend", default="auto", choices=("auto", "cpu", "tpu", "gpu", "all"),
+                   help="auto (the system's own compiler when installed, else cpu), cpu, "
+                        "tpu, gpu, or all (each that can compile for the system, side by "
+                        "side)")
     r.add_argument("--json", metavar="OUT")
+    r.add_argument("--groups", action="store_true",
+                   help="--json keeps every replica group (default: the first of each)")
     r.add_argument("--html", metavar="OUT")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config key, e.g. --set parallelism.fsdp=8")
@@ -215,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--system", required=True)
     i.add_argument("--mesh", help="mesh axes of the program, e.g. data=2,fsdp=4,tensor=2")
     i.add_argument("--json", metavar="OUT")
+    i.add_argument("--groups", action="store_true",
+                   help="--json keeps every replica group (default: the first of each)")
     i.set_defaults(fn=cmd_inspect)
     v = sub.add_parser("validate", help="run configs with a [measured] table and compare")
     v.add_argument("dir", nargs="?", default=None,
@@ -240,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_calibrate)
     sub.add_parser("systems", help="the system catalog").set_defaults(fn=cmd_systems)
     sub.add_parser("models", help="the model presets").set_defaults(fn=cmd_models)
+    sub.add_parser("configs", help="the bundled experiment configs (run them by name)"
+                   ).set_defaults(fn=cmd_configs)
     return p
 
 

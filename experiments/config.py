@@ -11,6 +11,7 @@ Every mistake is a `ConfigError` naming the key, the value, the valid choices an
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import tomllib
 from collections.abc import Mapping
@@ -134,10 +135,34 @@ def load_calibration(path: str | Path) -> Calibration:
         raise ConfigError(str(e)) from None
 
 
+BUNDLED = Path(__file__).parent / "configs"
+
+
+def bundled_names() -> list[str]:
+    """The bundled experiment configs, by name (experiments/configs/NAME.toml)."""
+    return sorted(p.stem for p in BUNDLED.glob("*.toml"))
+
+
+def resolve(path: str | Path) -> Path:
+    """A config path, or the name of a bundled config (with or without .toml)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    bundled = BUNDLED / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
+    if p.parent == Path(".") and bundled.is_file():
+        return bundled
+    close = difflib.get_close_matches(p.stem, bundled_names(), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"config file {str(path)!r} not found; {hint}give the path of a .toml "
+                      f"experiment or a bundled name (`shardscope configs` lists them), e.g. "
+                      f"llama3-8b-nvl72")
+
+
 def load(path: str | Path, overrides: list[str] = ()) -> Experiment:
-    """Read a TOML experiment, apply `key=value` overrides, validate."""
-    raw = read_toml(path, what="config file", example="give the path of a .toml experiment, "
-                    "e.g. experiments/configs/llama3-8b-nvl72.toml")
+    """Read a TOML experiment (a path or a bundled config's name), apply `key=value`
+    overrides, validate."""
+    raw = read_toml(resolve(path), what="config file", example="give the path of a .toml "
+                    "experiment, e.g. experiments/configs/llama3-8b-nvl72.toml")
     for item in overrides:
         apply_override(raw, item)
     return from_dict(raw)
@@ -166,7 +191,9 @@ def _check_keys(raw: Mapping, where: str, valid: set[str]) -> None:
     for k in raw:
         if k not in valid:
             section = f" in [{where.rstrip('.')}]" if where else ""
-            raise ConfigError(f"unknown key '{where}{k}'; valid keys{section}: "
+            close = difflib.get_close_matches(str(k), sorted(valid), n=1)
+            hint = f"did you mean '{where}{close[0]}'? " if close else ""
+            raise ConfigError(f"unknown key '{where}{k}'; {hint}valid keys{section}: "
                               f"{', '.join(sorted(valid))}")
 
 
@@ -226,6 +253,11 @@ def _model(raw: Mapping) -> ModelConfig:
 def _check_structure(raw: Mapping[str, Any]) -> None:
     """Known tables and keys, required keys present."""
     _check_keys(raw, "", {"name", *_SECTIONS})
+    for section, valid in _SECTIONS.items():
+        if section in raw:
+            if not isinstance(raw[section], dict):
+                raise ConfigError(f"{section} must be a [{section}] table")
+            _check_keys(raw[section], f"{section}.", valid)
     for key, inner in _REQUIRED.items():
         if key not in raw:
             raise ConfigError(f"missing required key {key!r}"
@@ -233,11 +265,6 @@ def _check_structure(raw: Mapping[str, Any]) -> None:
         for k in inner or ():
             if k not in raw[key]:
                 raise ConfigError(f"missing required key {key}.{k}")
-    for section, valid in _SECTIONS.items():
-        if section in raw:
-            if not isinstance(raw[section], dict):
-                raise ConfigError(f"{section} must be a [{section}] table")
-            _check_keys(raw[section], f"{section}.", valid)
     if not isinstance(raw["name"], str):
         raise ConfigError(f"name={raw['name']!r} must be a string")
 
@@ -295,13 +322,19 @@ def _check_devices(exp: Experiment) -> None:
 
 def _check_split(rules: AxisRules, sizes: Mapping[str, int], logical: str, size: int,
                  what: str, *, params: bool = False) -> None:
-    """The mesh axes the rules give `logical` must divide its size."""
+    """The mesh axes the rules give `logical` must divide its size; the suggested ways
+    divide both the size and the device count."""
     axes = [a for a in rules.mesh_axes(logical, params=params) if sizes.get(a, 1) > 1]
     ways = math.prod(sizes[a] for a in axes)
     if size % ways:
         keys = " x ".join(f"parallelism.{a}={sizes[a]}" for a in axes)
-        raise ConfigError(f"{keys} does not divide {what}={size}; choose one of "
-                          f"{divisors(size)}")
+        devices = math.prod(sizes.values())
+        fitting = [d for d in range(1, math.gcd(size, devices) + 1)
+                   if size % d == 0 and devices % d == 0]
+        what_ways = "its ways" if len(axes) == 1 else "their product"
+        raise ConfigError(f"{keys} does not divide {what}={size}; make {what_ways} one that "
+                          f"divides both {size} and the {devices} devices: "
+                          f"{', '.join(map(str, fitting[-12:]))}")
 
 
 def _check_model_splits(exp: Experiment) -> None:

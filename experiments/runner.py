@@ -80,7 +80,7 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
     except ValueError as e:
         raise ConfigError(str(e)) from None
     advice = () if serving else _fit_advice(exp, program, memory, mesh_shape, rules)
-    return sharding.analyze(
+    report = sharding.analyze(
         program.step, *program.args, mesh=mesh, system=system,
         model_flops_per_step=program.model_flops_per_step,
         tokens_per_step=program.tokens_per_step,
@@ -89,6 +89,8 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
         name=exp.name, compiler=compiler_name, calibration=calibration,
         host_transfer_bytes=host_bytes, pipeline=pipeline, fit_advice=advice,
     )
+    return dataclasses.replace(report,
+                               compiler_note=compiler.target_compiler_note(backend, system))
 
 
 def _fit_advice(exp: Experiment, program, memory, mesh_shape, rules) -> tuple[str, ...]:

@@ -24,7 +24,36 @@ Rooms, in the order data flows through them:
 - `api.py`: `analyze`, `analyze_hlo`, `analyze_module`: orchestration of the above.
 
 May import `meshes`; knows nothing of models or configs.
+
+Importing it on a machine without TPU chips keeps JAX from starting the TPU runtime (which
+`libtpu`, installed for deviceless compiles, would otherwise start, find no chip and write
+a page of warnings to stderr); set JAX_PLATFORMS to choose otherwise.
 """
+
+import importlib.util
+import os
+
+
+def _skip_absent_tpu_runtime() -> None:
+    """JAX_PLATFORMS for a machine with no TPU chip, when nobody chose one and JAX has not
+    started: the CPU (for fake devices) and, with a GPU and its plugin, CUDA. Deviceless
+    TPU and GPU compiles (sharding.compiler) need no runtime."""
+    import jax
+    from jax._src import hardware_utils, xla_bridge
+
+    if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or \
+            xla_bridge.backends_are_initialized() or importlib.util.find_spec("libtpu") is None:
+        return
+    if hardware_utils.num_available_tpu_chips_and_device_id()[0]:
+        return
+    gpu = (os.path.exists("/dev/nvidiactl")
+           and importlib.util.find_spec("jax_cuda12_plugin") is not None)
+    jax.config.update("jax_platforms", "cuda,cpu" if gpu else "cpu")
+
+
+_skip_absent_tpu_runtime()
+
+# ruff: noqa: E402
 
 from sharding.api import analyze, analyze_hlo, analyze_module
 from sharding.collectives import Collective, extract_collectives

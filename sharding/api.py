@@ -9,6 +9,7 @@ the Report once.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +43,32 @@ def _time_collectives(
         t = cache[key]
         out.append(dataclasses.replace(c, link=t.link, time_s=t.time_s, algorithm=t.algorithm))
     return out
+
+
+def _check_group_ids(collectives: list[Collective], n: int) -> None:
+    """Every replica group names partitions the program has (a damaged dump may not)."""
+    for c in collectives:
+        bad = next((p for g in c.groups for p in g if not 0 <= p < n), None)
+        if bad is not None:
+            raise ValueError(f"{c.kind} {c.name}: its replica groups name partition {bad}, "
+                             f"but the program runs on {n} (0..{n - 1}); the dump is damaged "
+                             f"or its num_partitions is wrong")
+
+
+def _promotion_note(collectives: list[Collective]) -> tuple[str, ...]:
+    """XLA:CPU's final HLO promotes 16-bit collectives to f32: its reductions say so (their
+    reducers are named *_promoted) and are counted at the program's type; its other f32
+    collectives cannot be told from real f32 ones, and the warning says how many."""
+    promoted = [c for c in collectives if c.compiled_dtype]
+    if not promoted:
+        return ()
+    unsure = sum(1 for c in collectives if not c.compiled_dtype and c.dtype == "float32")
+    rest = (f"; its other {unsure} f32 collectives may be promoted too and are counted as "
+            f"f32 (up to twice the program's bytes)" if unsure else "")
+    return (f"XLA:CPU's final HLO promotes 16-bit collectives to f32: {len(promoted)} "
+            f"reductions (reducers named *_promoted) counted at the program's "
+            f"{promoted[0].dtype}{rest}; the HLO after SPMD partitioning keeps the program's "
+            f"types (XLA_FLAGS=--xla_dump_hlo_pass_re=spmd-partitioning)",)
 
 
 _COMPILER_REMAT = re.compile(r"\.remat\d*$")
@@ -93,8 +120,14 @@ def analyze_module(
     if n > system.num_devices:
         raise ValueError(f"the program runs on {n} devices but {system.name} has "
                          f"{system.num_devices}; pick a system with at least {n} devices")
+    if mesh_shape and math.prod(mesh_shape) != n:
+        shape = ",".join(f"{a}={s}" for a, s in zip(axis_names, mesh_shape, strict=False))
+        raise ValueError(f"--mesh {shape} has {math.prod(mesh_shape)} devices but the program "
+                         f"runs on {n} (num_partitions); give sizes whose product is {n}")
     ids = list(device_ids) if device_ids is not None else list(range(n))
+    _check_group_ids(collectives, len(ids))
     collectives = _time_collectives(collectives, system, ids)
+    warnings = (*warnings, *_promotion_note(collectives))
     per_comp = computation_costs(module, system.chip, compute_dtype=compute_dtype,
                                  calibration=calibration)
     cost = compute_cost(module, system.chip, costs=per_comp)
@@ -112,7 +145,7 @@ def analyze_module(
         compiler=compiler,
         collectives=collectives,
         compute=cost,
-        memory=memory or Memory(components=(), source="unknown (HLO text only)"),
+        memory=memory or Memory(components=(), source="HLO text only"),
         hbm_capacity_bytes=system.chip.hbm_bytes,
         peak_flops_per_device=system.chip.peak_for(dtype),
         model_flops_per_step=model_flops_per_step,

@@ -44,6 +44,8 @@ class Collective:
         op_name: the JAX operation that caused it (HLO metadata op_name).
         algorithm: the collective algorithm assumed for the time.
         computation: the HLO computation holding the instruction.
+        compiled_dtype: the element type in the compiled HLO when it is not the program's
+            (XLA:CPU's final HLO promotes 16-bit reductions to f32); "" otherwise.
     """
 
     kind: str
@@ -61,6 +63,7 @@ class Collective:
     op_name: str = ""
     algorithm: str = ""
     computation: str = ""
+    compiled_dtype: str = ""
 
     @property
     def total_bytes(self) -> int:
@@ -102,6 +105,26 @@ def _buffer(kind: str, inst: Instruction, async_start: bool, n: int) -> list[Arr
         return [ArrayShape(a.dtype, (a.dims[0] * n, *a.dims[1:]) if a.dims else (n,))
                 for a in out]
     return out
+
+
+_NARROW_FLOATS = ("bf16", "f16")
+
+
+def _program_dtype(comp, inst: Instruction) -> str | None:
+    """The 16-bit type a reduction XLA:CPU promoted to f32 had in the program (its reducer
+    is then named `*_promoted` and its operand converted up from that type); None when
+    not promoted."""
+    reducer = inst.attr("to_apply") or ""
+    if not reducer.rstrip("}").endswith("_promoted"):
+        return None
+    for name in inst.operands:
+        src = comp.by_name.get(name)
+        for operand in (src.operands if src is not None else ()):
+            feeder = comp.by_name.get(operand)
+            dtypes = {a.dtype for a in feeder.shapes} if feeder is not None else set()
+            if len(dtypes) == 1 and (d := dtypes.pop()) in _NARROW_FLOATS:
+                return d
+    return "bf16"
 
 
 def _groups(kind: str, inst: Instruction, num_partitions: int) -> list[list[int]]:
@@ -231,6 +254,11 @@ def extract_collectives(
                                          or _only_sliced(comp, inst, n)):
                 reported_kind = "reduce-scatter"
             arrays = _buffer(kind, inst, async_start, n)
+            compiled_dtype = ""
+            if (program := _program_dtype(comp, inst)) is not None:
+                compiled_dtype = "float32"
+                arrays = [ArrayShape(program, a.dims) if a.dtype == "f32" else a
+                          for a in arrays]
             nbytes = sum(a.nbytes for a in arrays)
             first = arrays[0] if arrays else ArrayShape("f32", ())
             out.append(
@@ -247,6 +275,7 @@ def extract_collectives(
                     mesh_axes=mesh_axes_of(groups, mesh_shape, axis_names),
                     op_name=inst.op_name or _caller_op_name(module, comp.name),
                     computation=comp.name,
+                    compiled_dtype=compiled_dtype,
                 )
             )
     return out, unknown

@@ -197,6 +197,28 @@ def resolve_backend(backend: str, system: System) -> str:
     return backend
 
 
+def available_backends(system: System) -> list[str]:
+    """The backends that can compile for `system` here: XLA:CPU always, and the system's
+    own compiler when its extra is installed."""
+    own = [name for name, kind, installed in (("tpu", TpuSystem, tpu_compiler_installed),
+                                              ("gpu", GpuSystem, gpu_compiler_installed))
+           if isinstance(system, kind) and installed()]
+    return ["cpu", *own]
+
+
+def target_compiler_note(backend: str, system: System) -> str:
+    """Why an XLA:CPU estimate of a TPU or GPU system may differ from the target compiler's
+    ("" when the target compiler made the HLO)."""
+    target = ("the TPU compiler" if isinstance(system, TpuSystem) else
+              "XLA:GPU" if isinstance(system, GpuSystem) else "")
+    if backend != "cpu" or not target:
+        return ""
+    how = ("--backend all compares them" if len(available_backends(system)) > 1 else
+           f"install {TPU_EXTRA if isinstance(system, TpuSystem) else GPU_EXTRA} to compare")
+    return (f"not {target}: XLA:CPU's partitioning is the same, but its fusions, layouts and "
+            f"memory-bound kernels are not, so compute time and HBM traffic may differ ({how})")
+
+
 def gpu_target_config(system: GpuSystem) -> str:
     """The GpuTargetConfig text proto for the system's GPU, from the catalog."""
     chip, t = system.chip, GPU_TARGETS[system.chip.name]

@@ -25,7 +25,9 @@ def is_view(inst, comp: Computation | None = None) -> bool:
     if src is None or not src.shapes or perm is None:
         return False
     dims = src.shapes[0].dims
-    order = [int(d) for d in perm.strip("{}").split(",") if d.strip()]
+    order = [int(d) for d in perm.strip("{}").split(",") if d.strip().isdigit()]
+    if sorted(order) != list(range(len(dims))):
+        return False  # not a permutation of the operand's dimensions (a damaged dump)
     kept = [d for d in order if dims[d] != 1]
     return kept == sorted(kept)
 

@@ -330,8 +330,34 @@ def parse_hlo(text: str) -> HloModule:
         raise HloParseError("no HLO computations found (is this an HLO module dump?)")
     if not entry:
         entry = list(computations)[-1]
+    _check_references(computations)
     _inherit_fusion_op_names(computations)
     return HloModule(module_name, computations, entry, num_partitions, header)
+
+
+def _check_references(computations: dict[str, Computation]) -> None:
+    """Every operand is an instruction of its computation and every called computation is
+    in the module: a damaged or truncated dump gets the line it breaks on."""
+    for comp in computations.values():
+        defined = {i.name for i in comp.instructions}
+        for inst in comp.instructions:
+            where = f"HLO line {inst.line}: %{inst.name}"
+            if inst.opcode not in ("constant", "parameter"):
+                missing = next((o for o in inst.operands if o not in defined), None)
+                if missing is not None:
+                    raise HloParseError(f"{where} uses %{missing}, which computation "
+                                        f"{comp.name!r} does not define (damaged dump?)")
+            roles = inst.called_computations()
+            if inst.opcode == "while" and not {"body", "condition"} <= {r for r, _ in roles}:
+                raise HloParseError(f"{where}: a while without its body= and condition= "
+                                    f"computations (damaged dump?)")
+            for _, callee in roles:
+                if callee not in computations:
+                    raise HloParseError(f"{where} calls computation {callee!r}, which the "
+                                        f"module does not define (truncated dump?)")
+        if not any(i.is_root for i in comp.instructions) and comp.instructions:
+            raise HloParseError(f"HLO line {comp.line}: computation {comp.name!r} has no ROOT "
+                                f"instruction (damaged dump?)")
 
 
 def _inherit_fusion_op_names(computations: dict[str, Computation]) -> None:
@@ -348,6 +374,9 @@ def _inherit_fusion_op_names(computations: dict[str, Computation]) -> None:
                 names = [i.op_name for i in sorted(body.instructions, key=lambda i: not i.is_root)]
                 inst.inherited_op_name = next((n for n in names if n), "")
                 break
+
+
+_COMMENT = re.compile(r"/\*.*?\*/")
 
 
 def _parse_instruction(s: str, lineno: int) -> Instruction:
@@ -383,6 +412,7 @@ def _parse_instruction(s: str, lineno: int) -> Instruction:
     if opcode == "constant":
         operands = [rest[paren + 1: close]]
     else:
-        operands = [o.split()[-1].lstrip("%") for o in parts]
+        # `s32[] %x`, or `/*index=5*/%x` in long operand lists.
+        operands = [_COMMENT.sub(" ", o).split()[-1].lstrip("%") for o in parts]
     attr_text = rest[close + 1:].lstrip(", ")
     return Instruction(name, shape_text, opcode, operands, attr_text, lineno, is_root)

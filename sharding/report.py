@@ -42,6 +42,11 @@ class Memory:
     def total_bytes(self) -> float:
         return sum(b for _, b in self.components)
 
+    @property
+    def known(self) -> bool:
+        """False for a bare HLO dump: no figures, so no verdict on fitting."""
+        return bool(self.components)
+
     def largest(self, n: int = 4) -> list[tuple[str, float]]:
         return sorted(self.components, key=lambda c: -c[1])[:n]
 
@@ -80,6 +85,8 @@ class Report:
     fit_advice: tuple[str, ...] = ()
     # The pipeline schedule the program runs (models.Pipeline.summary()), None without one.
     pipeline: dict | None = None
+    # Why the HLO's compiler may not be the target's (sharding.compiler.target_compiler_note).
+    compiler_note: str = ""
 
     # --- time ----------------------------------------------------------------------
     @property
@@ -257,7 +264,8 @@ class Report:
         link = min(rates, key=rates.get)
         top = next(g for g in self.rows() if g["link"] == link)
         axes = ",".join(top["mesh_axes"]) or "?"
-        return (f"{link} at {rates[link] / 1e9:.1f} GB/s per device; most of its time: "
+        return (f"{link} at {rates[link] / 1e9:.1f} GB/s sent per device over all "
+                f"its links (`systems` lists one link, one direction); most of its time: "
                 f"{top['kind']} over {axes} ({top['algorithm']})")
 
     def slowest_link(self) -> str | None:
@@ -293,7 +301,9 @@ class Report:
                 "exposed_s": self.step_time_s - self.compute_s}
 
     # --- output --------------------------------------------------------------------
-    def to_dict(self) -> dict:
+    def to_dict(self, *, groups: bool = True) -> dict:
+        """JSON-ready. groups=False keeps each collective's first replica group only (with
+        `group_count`): at thousands of devices the groups are most of the file."""
         lo, hi = self.step_time_bounds_s
         return {
             "name": self.name,
@@ -301,6 +311,7 @@ class Report:
             "placement": self.placement,
             "num_devices": self.num_devices,
             "compiler": self.compiler,
+            "compiler_note": self.compiler_note,
             "step_time_s": self.step_time_s,
             "step_time_bounds_s": [lo, hi],
             "tokens_per_s": self.tokens_per_s,
@@ -320,8 +331,8 @@ class Report:
             "memory": self.memory.to_dict(),
             "hbm_capacity_bytes": self.hbm_capacity_bytes,
             "hbm_bytes": self.compute.hbm_bytes,
-            "fits": self.fits,
-            "collectives": [_collective_dict(c) for c in self.collectives],
+            "fits": self.fits if self.memory.known else None,
+            "collectives": [_collective_dict(c, groups) for c in self.collectives],
             "by_kind": self.by_kind(),
             "by_link": self.by_link(),
             "by_operation": self.by_operation(),
@@ -345,12 +356,14 @@ class Report:
         return format_report(self)
 
 
-def _collective_dict(c: Collective) -> dict:
+def _collective_dict(c: Collective, groups: bool = True) -> dict:
     d = dataclasses.asdict(c)
     d["shape"] = list(c.shape)
     d["mesh_axes"] = list(c.mesh_axes)
-    # Groups can be thousands of ids; keep them, as lists, for tools that map placement.
-    d["groups"] = [list(g) for g in c.groups]
+    # Groups can be thousands of ids: all of them for tools that map placement, or the
+    # first with the count.
+    d["groups"] = [list(g) for g in (c.groups if groups else c.groups[:1])]
+    d["group_count"] = len(c.groups)
     return d
 
 
@@ -369,6 +382,50 @@ def fmt_s(t: float) -> str:
     return f"{t * 1e6:.1f} us"
 
 
+def format_side_by_side(reports: list[tuple[str, Report]]) -> str:
+    """The same step under several labels (backends, systems): one column each, a row per
+    figure, then where the largest difference comes from."""
+    def row(what, fn):
+        return (what, [fn(r) for _, r in reports])
+
+    rows = [
+        row("compiler", lambda r: r.compiler.split(" (")[0]),
+        row("step time", lambda r: fmt_s(r.step_time_s)),
+        row("compute", lambda r: fmt_s(r.compute_s)),
+        row("  matmul", lambda r: fmt_s(r.compute.matmul_s)),
+        row("  memory-bound", lambda r: fmt_s(r.compute.memory_bound_s)),
+        row("communication", lambda r: fmt_s(r.comm_s)),
+        row("  exposed", lambda r: fmt_s(r.exposed_comm_s)),
+        row("matmul TFLOP/dev", lambda r: f"{r.compute.matmul_flops / 1e12:.1f}"),
+        row("HBM traffic/dev", lambda r: fmt_bytes(r.compute.hbm_bytes)),
+        row("collective bytes", lambda r: fmt_bytes(sum(r.by_kind().values()))),
+        row("MFU", lambda r: "-" if r.mfu is None else f"{r.mfu:.1%}"),
+        row("memory/device", lambda r: fmt_bytes(r.memory_per_device_bytes)
+            + ("" if r.fits else " (no fit)")),
+    ]
+    w0 = max(len(w) for w, _ in rows) + 2
+    widths = [max(len(label), *(len(v[i]) for _, v in rows)) + 2
+              for i, (label, _) in enumerate(reports)]
+    lines = [f"{'':<{w0}}" + "".join(f"{label:>{w}}" for (label, _), w in
+                                     zip(reports, widths, strict=True))]
+    lines += [f"{what:<{w0}}" + "".join(f"{v:>{w}}" for v, w in zip(vals, widths, strict=True))
+              for what, vals in rows]
+    for label, r in reports:
+        lines.append(f"bottleneck ({label}): {r.bottleneck()}")
+    if len(reports) > 1:
+        parts = {"matmul": lambda r: r.compute.matmul_s,
+                 "memory-bound kernels": lambda r: r.compute.memory_bound_s,
+                 "exposed communication": lambda r: r.exposed_comm_s}
+        (la, a), (lb, b) = min(reports, key=lambda x: x[1].step_time_s), \
+            max(reports, key=lambda x: x[1].step_time_s)
+        what, fn = max(parts.items(), key=lambda kv: abs(kv[1](b) - kv[1](a)))
+        if b.step_time_s > 0:
+            lines.append(f"difference: the {lb} step is {b.step_time_s / a.step_time_s - 1:.0%} "
+                         f"longer than the {la} one; most of it in {what} ({fmt_s(fn(b))} vs "
+                         f"{fmt_s(fn(a))})")
+    return "\n".join(lines)
+
+
 def format_report(r: Report) -> str:
     """The terminal report: collectives by row and by model operation, then the step."""
     return "\n".join([*_collective_lines(r), "", *_summary_lines(r)])
@@ -380,33 +437,42 @@ def _collective_lines(r: Report) -> list[str]:
     placed = f": {r.placement}" if r.placement else ""
     lines.append(f"{title}on {r.system} ({r.num_devices} devices{placed}), HLO from "
                  f"{r.compiler}")
+    if r.compiler_note:
+        lines.append(f"HLO compiler: {r.compiler_note}")
     if not r.fits:
         lines.append(f"DOES NOT FIT: needs {fmt_bytes(r.memory_per_device_bytes)} of HBM per "
                      f"device, has {fmt_bytes(r.hbm_capacity_bytes)}; the times below are "
                      f"as if it fit")
     lines.append("")
-    header = f"{'collective':<20}{'mesh axes':<14}{'link':<12}{'algorithm':<26}" \
-             f"{'bytes/step':>12}{'count':>8}{'time/step':>12}"
+    rows = r.rows()
+    algo_w = max([len("algorithm"), *(len(g["algorithm"]) for g in rows)]) + 2
+    axes_w = max([len("mesh axes"), *(len(",".join(g["mesh_axes"])) for g in rows)]) + 2
+    link_w = max([len("link"), *(len(g["link"] or "") for g in rows)]) + 2
+    lead = 20 + axes_w + link_w + algo_w
+    header = (f"{'collective':<20}{'mesh axes':<{axes_w}}{'link':<{link_w}}"
+              f"{'algorithm':<{algo_w}}{'bytes/step':>12}{'count':>8}{'time/step':>12}")
     lines.append(header)
     lines.append("-" * len(header))
-    for g in r.rows():
+    for g in rows:
         lines.append(
-            f"{g['kind']:<20}{','.join(g['mesh_axes']) or '-':<14}{g['link']:<12}"
-            f"{g['algorithm'][:25]:<26}{fmt_bytes(g['bytes']):>12}{g['count']:>8}"
+            f"{g['kind']:<20}{','.join(g['mesh_axes']) or '-':<{axes_w}}{g['link']:<{link_w}}"
+            f"{g['algorithm']:<{algo_w}}{fmt_bytes(g['bytes']):>12}{g['count']:>8}"
             f"{fmt_s(g['time_s']):>12}"
         )
     if not r.collectives:
         lines.append("(no collectives)")
     lines.append("-" * len(header))
-    lines.append(f"{'total':<72}{fmt_bytes(sum(r.by_kind().values())):>12}"
+    lines.append(f"{'total':<{lead}}{fmt_bytes(sum(r.by_kind().values())):>12}"
                  f"{sum(c.count for c in r.collectives):>8}{fmt_s(r.comm_s):>12}")
-    ops = r.by_operation()
+    ops = r.by_operation()[:6]
     if ops:
         lines.append("")
         lines.append("slowest collectives by model operation:")
-        for o in ops[:6]:
-            what = f"{o['kind']} over {','.join(o['mesh_axes']) or '-'}"
-            lines.append(f"  {o['operation'][:44]:<46}{what:<30}"
+        op_w = max(len(o["operation"]) for o in ops) + 2
+        whats = [f"{o['kind']} over {','.join(o['mesh_axes']) or '-'}" for o in ops]
+        what_w = max(map(len, whats)) + 2
+        for o, what in zip(ops, whats, strict=True):
+            lines.append(f"  {o['operation']:<{op_w}}{what:<{what_w}}"
                          f"{fmt_bytes(o['bytes']):>12}{fmt_s(o['time_s']):>12}")
     return lines
 
@@ -447,8 +513,13 @@ def _summary_lines(r: Report) -> list[str]:
         if (suspect := r.suspect_mfu()) is not None:
             lines.append(f"               {suspect}")
     m = r.memory
-    lines.append(f"memory/device  {fmt_bytes(m.total_bytes)} of {fmt_bytes(r.hbm_capacity_bytes)}"
-                 f" HBM: {'fits' if r.fits else 'DOES NOT FIT'}  ({m.source})")
+    if not m.known:
+        lines.append(f"memory/device  unknown ({m.source}; HBM {fmt_bytes(r.hbm_capacity_bytes)}"
+                     f" per device): no verdict on fitting")
+    else:
+        lines.append(f"memory/device  {fmt_bytes(m.total_bytes)} of "
+                     f"{fmt_bytes(r.hbm_capacity_bytes)} HBM: "
+                     f"{'fits' if r.fits else 'DOES NOT FIT'}  ({m.source})")
     for what, nbytes in m.largest(6):
         lines.append(f"  {fmt_bytes(nbytes):>10}  {what}")
     if m.compiler_bytes is not None:

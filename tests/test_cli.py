@@ -77,6 +77,7 @@ def test_run_prints_report_and_writes_json(tmp_path, capsys, cpu_devices):
                                           "context_mode": "ring", "sequence_parallel": False}
     assert d["config"]["model"]["n_layers"] == 2 and d["config"]["train"]["remat"] == "full"
     assert d["compiler"].startswith("XLA:CPU")
+    assert d["config"]["backend"] == "auto" and d["config"]["tool_version"] == "0.1.0"
 
 
 def test_set_overrides_a_key(tmp_path, capsys, cpu_devices):
@@ -88,11 +89,21 @@ def test_set_overrides_a_key(tmp_path, capsys, cpu_devices):
 
 BAD = {
     "unknown key": (TINY.replace("seq_len = 32", "seq_len = 32\nseqlen = 3"),
-                    "unknown key 'workload.seqlen'; valid keys in [workload]"),
+                    "unknown key 'workload.seqlen'; did you mean 'workload.seq_len'? valid keys "
+                    "in [workload]"),
+    # A typo of a required key is the typo, not a missing key.
+    "typo": (TINY.replace("global_batch", "global_batc"),
+             "unknown key 'workload.global_batc'; did you mean 'workload.global_batch'?"),
+    # 72 devices: the suggestions divide both d_model = 64 and 72, not just 64.
+    "suggest": (TINY.replace('"h100:8"', '"gb200-nvl72:72"').replace(
+        "data = 2\nfsdp = 4", "fsdp = 72").replace("global_batch = 16", "global_batch = 72"),
+                "parallelism.fsdp=72 does not divide model.d_model=64; make its ways one that "
+                "divides both 64 and the 72 devices: 1, 2, 4, 8"),
     "product": (TINY.replace("fsdp = 4", "fsdp = 2"),
                 "= 4 devices, but system.name='h100:8' has 8"),
     "indivisible": (TINY.replace("data = 2\nfsdp = 4", "data = 2\ntensor = 4"),
-                    "parallelism.tensor=4 does not divide model.n_kv_heads=2; choose one of 1, 2"),
+                    "parallelism.tensor=4 does not divide model.n_kv_heads=2; make its ways one "
+                    "that divides both 2 and the 8 devices: 1, 2"),
     "system": (TINY.replace('"h100:8"', '"h900:8"'),
                "unknown system family 'h900' in 'h900:8'; valid: a100:8"),
     "preset": (TINY.replace('"tiny"', '"llama5"'), "model.preset='llama5' is unknown; valid:"),
@@ -104,7 +115,8 @@ BAD = {
               "not divisible by parallelism.data x parallelism.fsdp x parallelism.expert = 8"),
     "experts": (TINY.replace("[system]", "n_experts = 4\nexperts_per_token = 2\n[system]")
                 .replace("data = 2\nfsdp = 4", "expert = 8"),
-                "parallelism.expert=8 does not divide model.n_experts=4; choose one of 1, 2, 4"),
+                "parallelism.expert=8 does not divide model.n_experts=4; make its ways one "
+                "that divides both 4 and the 8 devices: 1, 2, 4"),
     "moe+cp": (TINY.replace("[system]", "n_experts = 4\nexperts_per_token = 2\n[system]")
                .replace("data = 2\nfsdp = 4", "data = 4\nsequence = 2"),
                "parallelism.sequence=2 with a mixture of experts"),
@@ -114,7 +126,8 @@ BAD = {
                    "precision.weights='int8' applies to serving"),
     "type": (TINY.replace("data = 2", 'data = "two"'), "parallelism.data='two' must be an integer"),
     "override key": (TINY.replace('name = "h100:8"', 'name = "h100:8"\nnic_gb = 100'),
-                     "unknown key 'system.nic_gb'; valid keys in [system]: dcn_gbps, "
+                     "unknown key 'system.nic_gb'; did you mean 'system.nic_gbps'? valid keys in "
+                     "[system]: dcn_gbps, "
                      "gpus_per_domain, name, nic_gbps, sharp"),
     "override value": (TINY.replace('name = "h100:8"', 'name = "h100:8"\nsharp = "yes"'),
                        "[system]: system override sharp='yes' must be true or false"),
@@ -172,6 +185,71 @@ def test_systems_and_models_list_the_catalog(capsys):
     assert code == 0 and "gb200-nvl72:72" in out and "tpu7x" in out and "nvlink" in out
     code, out, _ = run_cli(["models"], capsys)
     assert code == 0 and "llama3-405b" in out
+    lines = out.splitlines()
+    header = lines[0].split()
+    assert header[-3:] == ["experts", "params", "active"]
+    # Columns line up: every row's parameter count ends where the header's "params" does.
+    end = lines[0].index("params") + len("params")
+    rows = [ln for ln in lines[1:] if ln and not ln.startswith("params:")]
+    assert all(ln[end - 1] == "B" for ln in rows), rows
+    mixtral = next(ln for ln in rows if ln.startswith("mixtral-8x7b "))
+    assert "8 top-2" in mixtral and mixtral.split()[-1] == "12.75B"
+
+
+def test_bundled_configs_run_by_name(capsys, cpu_devices):
+    code, out, _ = run_cli(["configs"], capsys)
+    assert code == 0 and "tiny-h100-dp-tp" in out and "llama3-8b-nvl72" in out
+    code, out, err = run_cli(["run", "tiny-h100-dp-tp", "--quiet"], capsys)
+    assert code == 0, err
+    assert out.startswith("tiny-h100-dp-tp  on h100:8")
+    code, _, err = run_cli(["run", "tiny-h100-dp"], capsys)
+    assert code == 2 and "did you mean 'tiny-h100-dp-tp'?" in err
+
+
+def test_inspect_a_bare_dump_has_no_memory_verdict_and_checks_the_mesh(tmp_path, capsys):
+    hlo = str(DATA / "collectives.cpu-after-spmd.hlo")
+    out_json = tmp_path / "i.json"
+    code, out, err = run_cli(["inspect", hlo, "--system", "h100:16", "--json",
+                              str(out_json)], capsys)
+    assert code == 0, err
+    assert "memory/device  unknown (HLO text only" in out and "no verdict" in out
+    assert "fits" not in out.split("memory/device")[1].splitlines()[0]
+    d = json.loads(out_json.read_text())
+    assert d["fits"] is None
+    # Groups: the first of each unless --groups.
+    assert all(len(c["groups"]) == 1 and c["group_count"] >= 1 for c in d["collectives"])
+    code, _, err = run_cli(["inspect", hlo, "--system", "h100:16", "--mesh", "data=2,fsdp=4"],
+                           capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "--mesh data=2,fsdp=4 has 8 devices but the program runs on 16" in err
+    code, out, _ = run_cli(["inspect", str(DATA / "collectives.cpu.hlo"), "--system",
+                            "h100:16"], capsys)
+    assert code == 0 and "warning        XLA:CPU's final HLO promotes 16-bit" in out
+
+
+def test_python_api_writes_nothing_to_stderr(tmp_path):
+    # libtpu is installed for deviceless compiles; on a machine without TPU chips, starting
+    # JAX must not start the TPU runtime (a page of warnings about TPU environment vars).
+    script = tmp_path / "api.py"
+    script.write_text(API_EXAMPLE)
+    p = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
+    assert float(p.stdout.split()[-1]) > 0
+
+
+API_EXAMPLE = """
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+import sharding
+sharding.ensure_cpu_devices(8)
+mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu"))
+x = jax.ShapeDtypeStruct((64, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P("data")))
+w = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+rep = sharding.analyze(jax.jit(lambda x, w: jnp.sum(x @ w)), x, w, mesh=mesh, system="h100:8")
+print(rep.step_time_s)
+"""
 
 
 def test_every_shipped_config_is_valid():
