@@ -8,7 +8,7 @@ DEFAULT_EXPERIMENT := experiments/configs/llama3-8b-nvl72.toml
 GPU_VENV  := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed-stamp
 
-.PHONY: run test test-fast test-gpu bench validate clean
+.PHONY: run test test-fast test-gpu bench validate clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,20 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/shardscope run $(DEFAULT_EXPERIMENT)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q
+
+# The HTML report's test drives a real headless browser: Debian's chromium (Playwright's own
+# browser download is not reachable everywhere). Installed when missing and run as root (CI).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium for the HTML report test"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends chromium >/dev/null; \
+	  else \
+	    echo "no chromium and not root: the HTML report's browser test will be skipped"; \
+	  fi; }
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -64,11 +64,8 @@ def cmd_run(args) -> int:
     if args.html:
         from sharding.html import write_html
 
-        chip = exp.system.chip
-        write_html(report, args.html,
-                   peak_flops=chip.peak_for(exp.precision.compute)
-                   * chip.efficiency_for(exp.precision.compute),
-                   hbm_bw=chip.hbm_bytes_per_s * chip.hbm_efficiency)
+        write_html(report, args.html, chip=exp.system.chip,
+                   compute_dtype=exp.precision.compute)
         print(f"wrote {args.html}")
     return 0
 

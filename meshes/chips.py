@@ -93,6 +93,12 @@ def size_factor(curve: str, size: float) -> float:
     return log_interp(sizes, effs, size) / log_interp(sizes, effs, _REFERENCE_SIZE)
 
 
+def best_size_factor(curve: str) -> float:
+    """The largest `size_factor` on the curve: matmuls bigger than 8192^3 may run faster."""
+    sizes, effs = zip(*MATMUL_SIZE_CURVES[curve])
+    return max(effs) / log_interp(sizes, effs, _REFERENCE_SIZE)
+
+
 def _dtype_class(dtype: str) -> str:
     """"float8_e4m3fn" -> "float8", "float4_e2m1fn" -> "float4", "uint8" -> "int8"."""
     for prefix in ("float8", "float4"):

@@ -25,7 +25,7 @@ from sharding.compiler import compile_to_hlo, compiled_memory, system_device_id
 from sharding.compute import computation_costs, compute_cost
 from sharding.hlo import HloModule, parse_hlo
 from sharding.progress import stage
-from sharding.report import Memory, Report
+from sharding.report import Memory, Report, fmt_bytes, fmt_s
 from sharding.schedule import Scheduler
 
 
@@ -69,6 +69,24 @@ def _promotion_note(collectives: list[Collective]) -> tuple[str, ...]:
             f"reductions (reducers named *_promoted) counted at the program's "
             f"{promoted[0].dtype}{rest}; the HLO after SPMD partitioning keeps the program's "
             f"types (XLA_FLAGS=--xla_dump_hlo_pass_re=spmd-partitioning)",)
+
+
+def _windowed_einsum_note(module, per_comp) -> tuple[str, ...]:
+    """The TPU (and GPU) SPMD partitioner can turn a matmul with a sharded operand into a
+    windowed-einsum loop (a collective matmul: each step multiplies the chunk at hand while
+    the next arrives). Over a sharded contracting dimension each step adds a full-size
+    partial product into an accumulator in HBM: traffic XLA:CPU's program, which gathers
+    the operand once, does not have. Said, with its size, where it happens."""
+    counts = loops.execution_counts(module)
+    bodies = [name for name in per_comp if "windowed_dot_general_body" in name]
+    if not bodies:
+        return ()
+    nbytes = sum(per_comp[b].hbm_bytes * counts.get(b, 0) for b in bodies)
+    mem_s = sum(per_comp[b].memory_bound_s * counts.get(b, 0) for b in bodies)
+    return (f"the compiler made {len(bodies)} windowed-einsum loops (collective matmuls): "
+            f"{fmt_bytes(nbytes)} of HBM traffic and {fmt_s(mem_s)} of memory-bound "
+            f"kernels per step, mostly partial products accumulated in HBM; XLA:CPU gathers "
+            f"the operand instead, so --backend cpu does not see this cost",)
 
 
 _COMPILER_REMAT = re.compile(r"\.remat\d*$")
@@ -131,6 +149,7 @@ def analyze_module(
     per_comp = computation_costs(module, system.chip, compute_dtype=compute_dtype,
                                  calibration=calibration)
     cost = compute_cost(module, system.chip, costs=per_comp)
+    warnings = (*warnings, *_windowed_einsum_note(module, per_comp))
     schedule = Scheduler(
         module,
         {name: c.times for name, c in per_comp.items()},

@@ -242,6 +242,12 @@ class HloModule:
 
 _PLUMBING = frozenset({"while", "body", "cond", "closed_call", "checkpoint",
                        "rematted_computation", "shard_map", "remat", "pjit", ""})
+# Primitives JAX itself adds outside the model's scopes, by what they do.
+_UNSCOPED = {"dynamic_update_index_in_dim": "layer scan: stacking per-layer values",
+             "dynamic_index_in_dim": "layer scan: reading per-layer values",
+             "dynamic_update_slice": "layer scan: stacking per-layer values",
+             "dynamic_slice": "layer scan: reading per-layer values",
+             "while": "loop control", "lt": "loop control", "cond": "loop control"}
 _WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|jit|pjit|remat|checkpoint)\((.*)\)$")
 
 
@@ -253,7 +259,7 @@ def operation_of(op_name: str) -> str:
     transform wrappers, loop plumbing, einsum specs and the primitive name do not.
     """
     if not op_name:
-        return "?"
+        return "compiler-made (no op_name)"
     parts = op_name.split("/")
     phase = "forward"
     if "rematted_computation" in parts:
@@ -269,7 +275,13 @@ def operation_of(op_name: str) -> str:
         if part in _PLUMBING or "->" in part or part.startswith("_"):
             continue
         kept.append(part)
-    name = "/".join(kept) if kept else parts[-1]
+    if kept and kept[0] in _UNSCOPED:
+        name = _UNSCOPED[kept[0]]
+    elif kept:
+        name = "/".join(kept)
+    else:  # a primitive outside every named scope: JAX's own plumbing has plain names
+        primitive = re.sub(r"\.\d+$", "", parts[-1])
+        name = _UNSCOPED.get(primitive, primitive)
     return f"{name} ({phase})"
 
 

@@ -4,15 +4,19 @@
   link's total collective time beside it;
 - bytes per step on each link class;
 - a roofline of the step's operations: arithmetic intensity against attained FLOP/s, under
-  the chip's peak and HBM bandwidth.
+  the matmul rate and HBM bandwidth the step model times with (achieved, with the nominal
+  figures beside them), and the operations behind it in a table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from pathlib import Path
 
+from meshes.calibration import Calibration
+from meshes.chips import Chip, best_size_factor
 from sharding.report import Report, fmt_bytes, fmt_s
 
 _COLORS = {"matmul": "#4c78a8", "memory-bound": "#72b7b2", "exposed communication": "#e45756",
@@ -50,72 +54,156 @@ def link_bytes_plot(r: Report) -> str:
     return _bar_rows(rows, fmt_bytes) if rows else "<p>(no collectives)</p>"
 
 
-def roofline_plot(r: Report, peak_flops: float, hbm_bw: float, width: int = _W,
-                  height: int = 360) -> str:
-    """Log-log roofline: x = FLOP/byte, y = attained FLOP/s per device."""
-    pts = [(k, d) for k, d in r.compute.ops.items() if d["bytes"] > 0 and d["time_s"] > 0
-           and d["flops"] > 0]
-    x_lo, x_hi, y_lo, y_hi = 0.01, 1e4, peak_flops / 1e5, peak_flops * 2
-    pad = 50
+@dataclasses.dataclass(frozen=True)
+class Roofs:
+    """The roofline's two roofs, as the step model uses them (achieved) and as the
+    catalog lists them (nominal)."""
+
+    flops: float  # the best matmul rate: peak x efficiency x calibration, largest sizes
+    hbm: float  # achieved HBM bandwidth: nominal x efficiency
+    peak_flops: float
+    peak_hbm: float
+    dtype: str
+
+    @classmethod
+    def of(cls, r: Report, chip: Chip, dtype: str) -> Roofs:
+        factor = r.calibration.rate_factor(Calibration.rate_class(chip, dtype)) * \
+            best_size_factor(chip.size_curve)
+        return cls(flops=chip.peak_for(dtype) * chip.efficiency_for(dtype) * factor,
+                   hbm=chip.hbm_bytes_per_s * chip.hbm_efficiency,
+                   peak_flops=chip.peak_for(dtype), peak_hbm=chip.hbm_bytes_per_s,
+                   dtype=dtype)
+
+    def labels(self) -> tuple[str, str]:
+        return (f"roofs as the model times them: {self.dtype} matmuls at "
+                f"{self.flops / 1e12:.0f} TFLOP/s ({self.flops / self.peak_flops:.0%} of the "
+                f"{self.peak_flops / 1e12:.0f} peak),",
+                f"HBM at {self.hbm / 1e12:.2f} TB/s ({self.hbm / self.peak_hbm:.0%} of the "
+                f"{self.peak_hbm / 1e12:.2f} nominal); y: attained FLOP/s per device")
+
+
+def roofline_points(r: Report) -> list[dict]:
+    """One point per model operation: its matmuls and memory-bound kernels together (a
+    fused matmul's operand traffic is its fusion's), FLOPs over HBM bytes against FLOPs over
+    time. Operations with no HBM traffic (all operands on chip) have no finite intensity
+    and are left out; so are those that take no time."""
+    ops: dict[str, dict[str, float]] = {}
+    for (name, kind), d in r.compute.ops.items():
+        o = ops.setdefault(name, {"flops": 0.0, "bytes": 0.0, "time_s": 0.0, "matmul_s": 0.0})
+        o["flops"] += d["flops"]
+        o["bytes"] += d["bytes"]
+        o["time_s"] += d["time_s"]
+        if kind == "matmul":
+            o["matmul_s"] += d["time_s"]
+    return [{"operation": name, **o, "intensity": o["flops"] / o["bytes"],
+             "flops_per_s": o["flops"] / o["time_s"],
+             "kind": "matmul" if o["matmul_s"] >= o["time_s"] / 2 else "memory-bound"}
+            for name, o in ops.items() if o["bytes"] > 0 and o["time_s"] > 0 and o["flops"] > 0]
+
+
+def _si(v: float) -> str:
+    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if v >= div:
+            return f"{v / div:g}{unit}"
+    return f"{v:g}"
+
+
+def roofline_plot(r: Report, roofs: Roofs, width: int = _W, height: int = 380) -> str:
+    """Log-log roofline: x = FLOP per HBM byte, y = attained FLOP/s per device, with ticks
+    on both axes and the roofs the model times with."""
+    pts = sorted(roofline_points(r), key=lambda p: -p["time_s"])[:40]
+    peak = roofs.flops
+    x_lo, x_hi = 0.01, 1e4
+    y_hi = 10 ** math.ceil(math.log10(peak * 1.5))
+    y_lo = y_hi / 1e6
+    left, right, top, bottom = 70, 20, 52, 50
 
     def px(x):
-        return pad + (width - 2 * pad) * (math.log10(x) - math.log10(x_lo)) / \
+        return left + (width - left - right) * (math.log10(x) - math.log10(x_lo)) / \
             (math.log10(x_hi) - math.log10(x_lo))
 
     def py(y):
-        return height - pad - (height - 2 * pad) * (math.log10(y) - math.log10(y_lo)) / \
-            (math.log10(y_hi) - math.log10(y_lo))
+        return height - bottom - (height - top - bottom) * (
+            math.log10(y) - math.log10(y_lo)) / (math.log10(y_hi) - math.log10(y_lo))
 
-    ridge = peak_flops / hbm_bw
+    ridge = peak / roofs.hbm
     parts = [f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
-             f'font-family="sans-serif" font-size="11">',
-             f'<rect x="{pad}" y="{pad}" width="{width - 2 * pad}" height="{height - 2 * pad}" '
-             f'fill="none" stroke="#ccc"/>',
-             f'<polyline fill="none" stroke="#333" stroke-width="2" points="'
-             f'{px(x_lo):.1f},{py(max(y_lo, x_lo * hbm_bw)):.1f} {px(ridge):.1f},'
-             f'{py(peak_flops):.1f} {px(x_hi):.1f},{py(peak_flops):.1f}"/>',
-             f'<text x="{px(ridge) + 4:.1f}" y="{py(peak_flops) - 6:.1f}">peak '
-             f'{peak_flops / 1e12:.0f} TFLOP/s; HBM {hbm_bw / 1e12:.2f} TB/s</text>']
-    for d in range(-2, 5):
-        parts.append(f'<text x="{px(10.0**d) - 8:.1f}" y="{height - pad + 16}">1e{d}</text>')
-    parts.append(f'<text x="{width / 2 - 60}" y="{height - 8}">FLOP per HBM byte</text>')
-    parts.append(f'<text x="4" y="{pad - 10}">attained FLOP/s per device (log)</text>')
-    for (name, kind), d in sorted(pts, key=lambda p: -p[1]["time_s"])[:40]:
-        x = min(max(d["flops"] / d["bytes"], x_lo), x_hi)
-        y = min(max(d["flops"] / d["time_s"], y_lo), y_hi)
-        color = _COLORS["matmul"] if kind == "matmul" else _COLORS["memory-bound"]
-        radius = 3 + 9 * math.sqrt(d["time_s"] / max(r.compute_s, 1e-12))
+             f'font-family="sans-serif" font-size="11" class="roofline">',
+             f'<rect x="{left}" y="{top}" width="{width - left - right}" '
+             f'height="{height - top - bottom}" fill="none" stroke="#ccc"/>']
+    for d in range(-2, 5):  # x ticks
+        x = px(10.0 ** d)
+        parts.append(f'<line x1="{x:.1f}" y1="{height - bottom}" x2="{x:.1f}" '
+                     f'y2="{height - bottom + 4}" stroke="#333"/>'
+                     f'<text x="{x:.1f}" y="{height - bottom + 16}" text-anchor="middle">'
+                     f'{10.0 ** d:g}</text>')
+    for e in range(round(math.log10(y_lo)), round(math.log10(y_hi)) + 1):  # y ticks
+        y = py(10.0 ** e)
+        parts.append(f'<line x1="{left - 4}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" '
+                     f'stroke="#eee"/><text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" '
+                     f'class="ytick">{_si(10.0 ** e)}</text>')
+    x0 = max(x_lo, y_lo / roofs.hbm)
+    parts.append(f'<polyline fill="none" stroke="#333" stroke-width="2" class="roof" points="'
+                 f'{px(x0):.1f},{py(x0 * roofs.hbm):.1f} {px(ridge):.1f},{py(peak):.1f} '
+                 f'{px(x_hi):.1f},{py(peak):.1f}"/>')
+    parts.append(f'<text x="{width / 2:.0f}" y="{height - 10}" text-anchor="middle">FLOP per '
+                 f'HBM byte</text>')
+    first, second = roofs.labels()
+    parts.append(f'<text x="{left}" y="{top - 30}">{html.escape(first)}</text>'
+                 f'<text x="{left}" y="{top - 14}">{html.escape(second)}</text>')
+    for p in pts:
+        x = min(max(p["intensity"], x_lo), x_hi)
+        y = min(max(p["flops_per_s"], y_lo), y_hi)
+        color = _COLORS["matmul"] if p["kind"] == "matmul" else _COLORS["memory-bound"]
+        radius = 3 + 9 * math.sqrt(p["time_s"] / max(r.compute_s, 1e-12))
         parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{radius:.1f}" '
-                     f'fill="{color}" fill-opacity="0.6"><title>{html.escape(name)} ({kind}): '
-                     f'{fmt_s(d["time_s"])}</title></circle>')
+                     f'fill="{color}" fill-opacity="0.6" class="point {p["kind"]}">'
+                     f'<title>{html.escape(p["operation"])}: {fmt_s(p["time_s"])}, '
+                     f'{p["flops_per_s"] / 1e12:.1f} TFLOP/s at {p["intensity"]:.1f} '
+                     f'FLOP/byte</title></circle>')
     parts.append("</svg>")
     return "".join(parts)
 
 
-def render_html(r: Report, *, peak_flops: float, hbm_bw: float) -> str:
+def _op_table(r: Report) -> str:
+    pts = sorted(roofline_points(r), key=lambda p: -p["time_s"])[:12]
+    rows = "".join(
+        f"<tr><td>{html.escape(p['operation'])}</td><td>{p['kind']}</td>"
+        f"<td>{fmt_s(p['time_s'])}</td><td>{p['flops_per_s'] / 1e12:.1f}</td>"
+        f"<td>{p['intensity']:.1f}</td></tr>" for p in pts)
+    return ("<table class=\"ops\"><tr><th>operation</th><th>mostly</th><th>time/step</th>"
+            f"<th>TFLOP/s</th><th>FLOP/byte</th></tr>{rows}</table>")
+
+
+def render_html(r: Report, *, roofs: Roofs) -> str:
     rows = "".join(
         f"<tr><td>{g['kind']}</td><td>{','.join(g['mesh_axes']) or '-'}</td><td>{g['link']}</td>"
         f"<td>{html.escape(g['algorithm'])}</td><td>{fmt_bytes(g['bytes'])}</td>"
         f"<td>{g['count']}</td><td>{fmt_s(g['time_s'])}</td>"
-        f"<td>{html.escape(', '.join(sorted(g['ops']))[:200])}</td></tr>"
+        f"<td>{html.escape(', '.join(sorted(g['ops'])))}</td></tr>"
         for g in r.rows()
     )
     summary = html.escape(r.format_table().split("\n\n")[-1])
     title = html.escape(r.name or "report")
+    verdict = "" if r.fits else (f"<p class=\"nofit\"><b>Does not fit</b>: "
+                                 f"{html.escape(r.bottleneck())}; times are as if it fit.</p>")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>shardscope: {title}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1000px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}pre{{background:#f6f6f6;padding:1em;
-white-space:pre-wrap}}h2{{margin-top:1.6em}}</style></head><body>
-<h1>{title} on {html.escape(r.system)}</h1>
+white-space:pre-wrap}}h2{{margin-top:1.6em}}.nofit{{color:#b00}}</style></head><body>
+<h1>{title} on {html.escape(r.system)}</h1>{verdict}
 <p>{r.num_devices} devices; HLO from {html.escape(r.compiler)}. Step
 {fmt_s(r.step_time_s)} (between {fmt_s(r.step_time_bounds_s[0])} with perfect overlap and
 {fmt_s(r.step_time_bounds_s[1])} with none). Bottleneck: {html.escape(r.bottleneck())}.</p>
 <h2>Where the step goes</h2>{step_plot(r)}
 <h2>Bytes per step on each link</h2>{link_bytes_plot(r)}
 <h2>Roofline of the step's operations</h2>
-<p>Each circle is a model operation (area ~ its time): blue matmuls, teal memory-bound kernels.</p>
-{roofline_plot(r, peak_flops, hbm_bw)}
+<p>Each circle is a model operation, its matmuls and memory-bound kernels together (area ~ its
+time): blue mostly matmul time, teal mostly memory-bound. Hover for its name; the table
+below lists the largest.</p>
+{roofline_plot(r, roofs)}
+{_op_table(r)}
 <h2>Collectives</h2>
 <table><tr><th>kind</th><th>mesh axes</th><th>link</th><th>algorithm</th><th>bytes/step</th>
 <th>count</th><th>time/step</th><th>operations</th></tr>{rows}</table>
@@ -124,9 +212,9 @@ white-space:pre-wrap}}h2{{margin-top:1.6em}}</style></head><body>
 """
 
 
-def write_html(r: Report, path: str, *, peak_flops: float, hbm_bw: float) -> None:
+def write_html(r: Report, path: str, *, chip: Chip, compute_dtype: str = "bfloat16") -> None:
     out = Path(path)
     if not out.parent.exists():
         raise ValueError(f"--html {path!r}: folder {str(out.parent)!r} does not exist; create "
                          f"it or write elsewhere")
-    out.write_text(render_html(r, peak_flops=peak_flops, hbm_bw=hbm_bw))
+    out.write_text(render_html(r, roofs=Roofs.of(r, chip, compute_dtype)))
