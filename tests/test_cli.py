@@ -422,3 +422,16 @@ def test_a_step_that_does_not_fit_says_so_first_and_what_would_fit(tmp_path, cap
         d = json.loads(out_json.read_text())
         assert d["fits"] and not d["fit_advice"]
     assert d["memory_per_device_bytes"] == pytest.approx(float(fsdp[3]) * 1e9, rel=0.1)
+
+
+def test_a_gpu_system_on_the_cpu_path_says_how_to_get_its_compiler(tmp_path, capsys,
+                                                                  cpu_devices):
+    from sharding.compiler import gpu_compiler_installed
+
+    code, stdout, _ = run_cli(["run", write(tmp_path, TINY), "--quiet"], capsys)
+    assert code == 0
+    second = stdout.splitlines()[1]
+    if gpu_compiler_installed():  # make test-gpu's environment
+        assert second == "" or "XLA:GPU" not in second
+    else:
+        assert second.startswith("HLO compiler: not XLA:GPU:") and "install" in second

@@ -177,3 +177,35 @@ def test_deviceless_tpu_compiles_run_side_by_side(tmp_path):
     assert [p.returncode for p in runs] == [0, 0], [err[-300:] for _, err in results]
     steps = {json.loads((tmp_path / f"{i}.json").read_text())["step_time_s"] for i in range(2)}
     assert len(steps) == 1
+
+
+def test_backend_all_puts_the_compilers_side_by_side(tmp_path, capsys, cpu_devices):
+    out = tmp_path / "all.json"
+    code, stdout, err = run_cli(["run", write(tmp_path, TPU_TINY), "--backend", "all",
+                                 "--quiet", "--json", str(out)], capsys)
+    assert code == 0, err
+    lines = stdout.splitlines()
+    assert lines[0] == "t  on tpu-v5e:2x4: the same step from each compiler"
+    assert lines[2].split() == ["cpu", "tpu"]
+    assert lines[3].split()[:3] == ["compiler", "XLA:CPU", "the"]
+    assert any(ln.startswith("difference: the ") for ln in lines)
+    d = json.loads(out.read_text())
+    assert [b["backend"] for b in d["backends"]] == ["cpu", "tpu"]
+    cpu, tpu = d["backends"]
+    assert cpu["compiler_note"].startswith("not the TPU compiler") and tpu["compiler_note"] == ""
+    # The same step: the model's FLOPs are the same; both gather FSDP weights over fsdp.
+    assert cpu["model_flops_per_step"] == tpu["model_flops_per_step"]
+    for r in (cpu, tpu):
+        assert any(c["kind"] == "all-gather" and c["mesh_axes"] == ["fsdp"]
+                   for c in r["collectives"])
+
+
+def test_the_cpu_path_for_a_tpu_system_says_it_is_not_the_tpu_compiler(tmp_path, capsys,
+                                                                        cpu_devices):
+    code, stdout, _ = run_cli(["run", write(tmp_path, TPU_TINY), "--backend", "cpu",
+                               "--quiet"], capsys)
+    assert code == 0
+    second = stdout.splitlines()[1]
+    assert second.startswith("HLO compiler: not the TPU compiler: XLA:CPU's partitioning is "
+                             "the same, but its fusions")
+    assert second.endswith("(--backend all compares them)")
