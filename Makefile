@@ -8,7 +8,7 @@ DEFAULT_EXPERIMENT := experiments/configs/llama3-8b-nvl72.toml
 GPU_VENV  := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed-stamp
 
-.PHONY: run test test-fast test-gpu bench validate clean browser
+.PHONY: run test test-fast test-gpu bench validate clean browser readme
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ browser:
 	  else \
 	    echo "no chromium and not root: the HTML report's browser test will be skipped"; \
 	  fi; }
+
+readme: $(STAMP)
+	$(PY) docs/build_readme.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

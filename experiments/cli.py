@@ -185,7 +185,7 @@ def cmd_calibrate(args) -> int:
         raise ConfigError(f"{len(cases)} run(s) compiled; calibrating needs at least 2 runs "
                           f"with a [measured] table")
     result = calibrate.calibrate(cases)
-    fitted_on = args.dir or "experiments/validation"
+    fitted_on = " ".join(args.dir) if args.dir else "experiments/validation"
     calibrate.write_calibration(result, out, fitted_on=fitted_on,
                                 best=calibrate.best_mfu(rows))
     print(calibrate.format_fit(result))
@@ -311,9 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--json keeps every replica group (default: the first of each)")
     i.set_defaults(fn=cmd_inspect)
     v = sub.add_parser("validate", help="run configs with a [measured] table and compare")
-    v.add_argument("dir", nargs="?", default=None,
-                   help="folder of configs with [measured] tables (default: the bundled "
-                        "validation set, experiments/validation)")
+    v.add_argument("dir", nargs="*", default=None,
+                   help="folders or .toml files of configs with [measured] tables (default: "
+                        "the bundled validation set, experiments/validation)")
     v.add_argument("--backend", default="cpu", help="cpu (default), auto, tpu or gpu")
     v.add_argument("--workers", type=int, default=None,
                    help="cases compiled at once (default: the core count)")
@@ -323,8 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(fn=cmd_validate)
     c = sub.add_parser("calibrate", help="fit the step-time model's efficiencies on measured "
                                          "runs")
-    c.add_argument("dir", nargs="?", default=None,
-                   help="folder of configs with [measured] tables (default: "
+    c.add_argument("dir", nargs="*", default=None,
+                   help="folders or .toml files of configs with [measured] tables (default: "
                         "experiments/validation)")
     c.add_argument("--out", required=True, metavar="CAL.toml")
     c.add_argument("--features", metavar="OUT.json",

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 VALIDATION_DIR = Path(__file__).resolve().parent / "validation"
@@ -78,18 +79,26 @@ def family_of(exp) -> str:
     return f"{family} {_PRECISION.get(exp.precision.compute, exp.precision.compute)}"
 
 
-def find_cases(directory: str | Path) -> list[Path]:
-    """The TOML configs of a directory (sorted); a missing or empty directory is an error."""
+def find_cases(where: str | Path | Sequence[str | Path]) -> list[Path]:
+    """The TOML configs of a directory (sorted), or of several directories and files; a
+    missing path or an empty directory is an error."""
     from experiments.config import ConfigError
 
-    d = Path(directory)
-    if not d.is_dir():
-        raise ConfigError(f"validation directory {str(directory)!r} not found; give a folder of "
-                          f"configs with [measured] tables, e.g. experiments/validation")
-    paths = sorted(d.glob("*.toml"))
-    if not paths:
-        raise ConfigError(f"{str(directory)!r} holds no .toml configs; add configs with a "
-                          f"[measured] table")
+    paths: list[Path] = []
+    for item in [where] if isinstance(where, str | Path) else where:
+        d = Path(item)
+        if d.is_file() and d.suffix == ".toml":
+            paths.append(d)
+            continue
+        if not d.is_dir():
+            raise ConfigError(f"validation path {str(item)!r} not found; give folders or .toml "
+                              f"files of configs with [measured] tables, e.g. "
+                              f"experiments/validation")
+        found = sorted(d.glob("*.toml"))
+        if not found:
+            raise ConfigError(f"{str(item)!r} holds no .toml configs; add configs with a "
+                              f"[measured] table")
+        paths += found
     return paths
 
 
@@ -160,13 +169,14 @@ def _error_row(path: Path, message: str, t0: float) -> Row:
                wall_s=time.perf_counter() - t0)
 
 
-def validate(directory: str | Path | None = None, *, backend: str = "cpu",
+def validate(directory: str | Path | Sequence[str | Path] | None = None, *,
+             backend: str = "cpu",
              workers: int | None = None, timeout_s: float = 1800.0,
              calibration: str | None = None) -> list[Row]:
     """Every case of `directory`, `workers` at a time (the core count by default), each
     with its leave-one-out estimate: the step under a calibration fitted on the other
     cases (experiments/calibrate.py)."""
-    paths = find_cases(VALIDATION_DIR if directory is None else directory)
+    paths = find_cases(VALIDATION_DIR if not directory else directory)
     for path in paths:  # config mistakes are the user's: one line, before any compile
         load_case(path)
     workers = workers or os.cpu_count() or 1
@@ -231,13 +241,19 @@ def format_table(rows: list[Row], stats: dict) -> str:
                      f"{r.bottleneck.split(':')[0]}{fits}")
     lines.append("-" * 136)
     o = stats["overall"]
+    def pct(v, width=0):
+        return f"{'-':>{width}}" if v is None or math.isnan(v) else f"{v:>{width}.0%}"
+
+    loo_note = "" if any(r.loo_error is not None for r in rows) else \
+        " (leave-one-out refits without each case: it needs at least 3 that ran)"
     lines.append(f"all cases: {o['ran']} of {o['cases']} ran; median |error| "
-                 f"{o['median_abs_error']:.0%}, p90 {o['p90_abs_error']:.0%}; leave-one-out "
-                 f"median {o['loo_median_abs_error']:.0%}, p90 {o['loo_p90_abs_error']:.0%}")
+                 f"{pct(o['median_abs_error'])}, p90 {pct(o['p90_abs_error'])}; leave-one-out "
+                 f"median {pct(o['loo_median_abs_error'])}, p90 "
+                 f"{pct(o['loo_p90_abs_error'])}{loo_note}")
     for f, s in stats["families"].items():
-        lines.append(f"  {f:<22}{s['ran']:>3} ran   median {s['median_abs_error']:>5.0%}   "
-                     f"p90 {s['p90_abs_error']:>5.0%}   leave-one-out median "
-                     f"{s['loo_median_abs_error']:>5.0%}")
+        lines.append(f"  {f:<22}{s['ran']:>3} ran   median {pct(s['median_abs_error'], 5)}   "
+                     f"p90 {pct(s['p90_abs_error'], 5)}   leave-one-out median "
+                     f"{pct(s['loo_median_abs_error'], 5)}")
     compilers = sorted({r.compiler for r in rows if r.compiler})
     lines.append(f"HLO from: {'; '.join(compilers) or '-'}")
     return "\n".join(lines)

@@ -214,7 +214,7 @@ def target_compiler_note(backend: str, system: System) -> str:
     if backend != "cpu" or not target:
         return ""
     how = ("--backend all compares them" if len(available_backends(system)) > 1 else
-           f"install {TPU_EXTRA if isinstance(system, TpuSystem) else GPU_EXTRA} to compare")
+           f"to compare: {TPU_EXTRA if isinstance(system, TpuSystem) else GPU_EXTRA}")
     return (f"not {target}: XLA:CPU's partitioning is the same, but its fusions, layouts and "
             f"memory-bound kernels are not, so compute time and HBM traffic may differ ({how})")
 
