@@ -87,6 +87,9 @@ class Report:
     pipeline: dict | None = None
     # Why the HLO's compiler may not be the target's (sharding.compiler.target_compiler_note).
     compiler_note: str = ""
+    # What the estimate was made from (sharding.api.AnalysisInputs), for re-timing it
+    # without compiling; not part of the report's JSON.
+    inputs: object = dataclasses.field(default=None, compare=False, repr=False)
 
     # --- time ----------------------------------------------------------------------
     @property
@@ -437,12 +440,12 @@ def _collective_lines(r: Report) -> list[str]:
     placed = f": {r.placement}" if r.placement else ""
     lines.append(f"{title}on {r.system} ({r.num_devices} devices{placed}), HLO from "
                  f"{r.compiler}")
-    if r.compiler_note:
-        lines.append(f"HLO compiler: {r.compiler_note}")
     if not r.fits:
         lines.append(f"DOES NOT FIT: needs {fmt_bytes(r.memory_per_device_bytes)} of HBM per "
                      f"device, has {fmt_bytes(r.hbm_capacity_bytes)}; the times below are "
                      f"as if it fit")
+    if r.compiler_note:
+        lines.append(f"HLO compiler: {r.compiler_note}")
     lines.append("")
     rows = r.rows()
     algo_w = max([len("algorithm"), *(len(g["algorithm"]) for g in rows)]) + 2
