@@ -198,6 +198,89 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_search(args) -> int:
+    from experiments import search as search_mod
+    from experiments.config import read_toml, resolve
+    from experiments.store import Store
+
+    path = resolve(args.config)
+    exp = config_mod_load(path, args.set or [])
+    raw = read_toml(path, what="config file", example="")
+    from experiments.config import apply_override
+
+    for item in args.set or []:
+        apply_override(raw, item)
+    axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())
+    vary = search_mod.parse_vary(args.vary or [])
+    _calibration(args)
+    with Store(args.store) as store:
+        if args.reestimate:
+            cal = _calibration(args)
+            results = search_mod.reestimate(store, system=args.system, calibration=cal,
+                                            search=exp.name)
+            how = f"on {args.system}" if args.system else "under the current model"
+            print(f"re-estimated {sum(r.status == 'ok' for r in results)} stored programs "
+                  f"{how}, no compile\n")
+        else:
+            sink = _search_progress(args)
+            outcome = search_mod.run_search(
+                raw, num_devices=exp.system.num_devices, axes=axes, vary=vary, store=store,
+                search=exp.name, backend=args.backend, workers=args.workers,
+                keep_unfit=args.keep_unfit, budget=args.budget,
+                time_budget_s=args.time_budget, timeout_s=args.timeout,
+                calibration=args.calibration, on_result=sink)
+            if outcome.interrupted:
+                print(f"stopped: {len(outcome.results)} results committed to {args.store}; "
+                      f"the same command resumes", file=sys.stderr)
+                return 130
+            results = store.results(search=exp.name)
+            print(f"{exp.name} on {exp.system.label}: {len(results)} configs in "
+                  f"{args.store} ({outcome.skipped} already there, {outcome.compiled} "
+                  f"compiled now)\n")
+    print(search_mod.format_results(results, top=args.top))
+    if args.json:
+        _write_json(args.json, search_mod.to_json(results))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def config_mod_load(path, overrides):
+    from experiments import config as config_mod
+
+    return config_mod.load(path, overrides)
+
+
+def _search_progress(args):
+    """One line per finished config on stderr when it is a terminal."""
+    if args.quiet or not sys.stderr.isatty():
+        return None
+    t0 = time.perf_counter()
+
+    def sink(r, p) -> None:
+        elapsed = time.perf_counter() - t0
+        eta = elapsed / p["done"] * (p["total"] - p["done"]) if p["done"] else 0
+        print(f"[{p['done']}/{p['total']} done, {p['failed']} failed, ETA {eta:.0f} s] "
+              f"{r.name}: {r.status}", file=sys.stderr)
+
+    return sink
+
+
+def cmd_results(args) -> int:
+    from experiments import search as search_mod
+    from experiments.store import Store
+
+    if not Path(args.store).is_file():
+        raise ConfigError(f"store {args.store!r} not found; `shardscope search CONFIG --store "
+                          f"{args.store}` makes one")
+    with Store(args.store) as store:
+        results = store.results(search=args.search)
+    print(search_mod.format_results(results, top=args.top))
+    if args.json:
+        _write_json(args.json, search_mod.to_json(results))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 def cmd_systems(args) -> int:
     from meshes import get_system, system_names
 
@@ -332,6 +415,42 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--backend", default="cpu")
     c.add_argument("--workers", type=int, default=None)
     c.set_defaults(fn=cmd_calibrate)
+    se = sub.add_parser("search", help="every sharding of a config's model on its system, "
+                                       "compiled and ranked")
+    se.add_argument("config")
+    se.add_argument("--axes", default="data,fsdp,tensor",
+                    help="mesh axes to spread the devices over (default data,fsdp,tensor; "
+                         "any of data, fsdp, tensor, sequence, expert, pipeline)")
+    se.add_argument("--vary", action="append", metavar="KEY=V1,V2",
+                    help="also try these values of a key, e.g. train.remat=full,minimal")
+    se.add_argument("--set", action="append", metavar="KEY=VALUE")
+    se.add_argument("--store", default="shardscope-results.sqlite", metavar="DB",
+                    help="the results store (SQLite; a rerun resumes from it)")
+    se.add_argument("--workers", type=int, default=None,
+                    help="compiles at once (default: the core count)")
+    se.add_argument("--backend", default="cpu", choices=("cpu", "tpu", "gpu", "auto"))
+    se.add_argument("--keep-unfit", action="store_true",
+                    help="compile configs the memory model says cannot fit")
+    se.add_argument("--budget", type=int, default=None, help="compile at most N configs")
+    se.add_argument("--time-budget", type=float, default=None, metavar="S",
+                    help="start no compile after S seconds")
+    se.add_argument("--timeout", type=float, default=1800.0, metavar="S",
+                    help="per-config compile limit")
+    se.add_argument("--reestimate", action="store_true",
+                    help="re-time the stored programs without compiling")
+    se.add_argument("--system", help="with --reestimate: time them on this system (same "
+                                     "device count)")
+    se.add_argument("--calibration", metavar="CAL.toml")
+    se.add_argument("--top", type=int, default=10)
+    se.add_argument("--json", metavar="OUT")
+    se.add_argument("--quiet", action="store_true")
+    se.set_defaults(fn=cmd_search)
+    rs = sub.add_parser("results", help="the ranking in a search's results store")
+    rs.add_argument("store")
+    rs.add_argument("--search", help="one search of the store (its config's name)")
+    rs.add_argument("--top", type=int, default=10)
+    rs.add_argument("--json", metavar="OUT")
+    rs.set_defaults(fn=cmd_results)
     sub.add_parser("systems", help="the system catalog").set_defaults(fn=cmd_systems)
     sub.add_parser("models", help="the model presets").set_defaults(fn=cmd_models)
     sub.add_parser("configs", help="the bundled experiment configs (run them by name)"

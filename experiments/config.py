@@ -101,7 +101,7 @@ class Experiment:
         return out
 
 
-_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} - {"name"}
+_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 _TABLES = {"parallelism": Parallelism, "workload": Workload, "precision": Precision,
            "train": Train}
 _SECTIONS = {

@@ -17,17 +17,24 @@ from sharding.report import Report, fmt_bytes
 from sharding.rules import mesh_shape_of
 
 
+class Unfit(ConfigError):
+    """The memory model says the step cannot fit in HBM; it was not compiled."""
+
+
 def run(exp: Experiment, *, backend: str = "auto",
-        calibration: Calibration | None = None) -> Report:
+        calibration: Calibration | None = None, compile_unfit: bool = True) -> Report:
     """Compile the experiment's step (fake CPU devices or a deviceless real compiler) and
     estimate it on its system.
 
     With `auto`, a program the TPU compiler refuses for lack of HBM is compiled on the CPU
     path instead, and the report carries the TPU compiler's verdict. `calibration`: the
     step-time model's fitted efficiencies (meshes/calibration.py); the catalog's by default.
+    `compile_unfit=False`: a step the memory model says cannot fit raises `Unfit` before
+    compiling (a search prunes with it).
     """
     try:
-        return _run(exp, backend=backend, calibration=calibration)
+        return _run(exp, backend=backend, calibration=calibration,
+                    compile_unfit=compile_unfit)
     except compiler.DoesNotFit as e:
         if backend != "auto":
             raise ConfigError(str(e)) from None
@@ -36,7 +43,7 @@ def run(exp: Experiment, *, backend: str = "auto",
 
 
 def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
-         warnings: tuple[str, ...] = ()) -> Report:
+         warnings: tuple[str, ...] = (), compile_unfit: bool = True) -> Report:
     system = exp.system
     try:
         backend = compiler.resolve_backend(backend, system)
@@ -80,6 +87,10 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
     except ValueError as e:
         raise ConfigError(str(e)) from None
     advice = () if serving else _fit_advice(exp, program, memory, mesh_shape, rules)
+    if not compile_unfit and memory.total_bytes > system.chip.hbm_bytes:
+        raise Unfit(f"does not fit: needs {fmt_bytes(memory.total_bytes)} of HBM per device, "
+                    f"has {fmt_bytes(system.chip.hbm_bytes)}" + (f"; {advice[0]}" if advice
+                                                                  else ""))
     report = sharding.analyze(
         program.step, *program.args, mesh=mesh, system=system,
         model_flops_per_step=program.model_flops_per_step,

@@ -55,7 +55,7 @@ _skip_absent_tpu_runtime()
 
 # ruff: noqa: E402
 
-from sharding.api import analyze, analyze_hlo, analyze_module
+from sharding.api import AnalysisInputs, analyze, analyze_hlo, analyze_module, reanalyze
 from sharding.collectives import Collective, extract_collectives
 from sharding.compiler import Compiled, compile_to_hlo
 from sharding.hlo import HloParseError, parse_hlo
@@ -74,6 +74,7 @@ from sharding.rules import (
 )
 
 __all__ = [
+    "AnalysisInputs",
     "LOGICAL_AXES",
     "MESH_AXES",
     "RULE_PRESETS",
@@ -93,6 +94,7 @@ __all__ = [
     "extract_collectives",
     "make_mesh",
     "parse_hlo",
+    "reanalyze",
     "resolve",
     "rules_preset",
     "use_rules",

@@ -105,6 +105,77 @@ def _remat_note(module) -> tuple[str, ...]:
             f"the config would control it",)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AnalysisInputs:
+    """Everything `analyze` estimated from, kept with the report so that the same compiled
+    program can be re-timed later (another calibration, another system with the same
+    device count) without compiling again: `reanalyze`. JSON-ready but for the HLO text."""
+
+    hlo_text: str
+    mesh_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    device_ids: tuple[int, ...]
+    compiler: str
+    memory: Memory
+    compute_dtype: str | None = None
+    model_flops_per_step: float | None = None
+    tokens_per_step: float | None = None
+    sequences_per_step: float | None = None
+    warnings: tuple[str, ...] = ()
+    name: str = ""
+    host_transfer_bytes: float = 0.0
+    pipeline: dict | None = None
+    fit_advice: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name not in ("hlo_text", "memory")}
+        m = self.memory
+        d["memory"] = {"components": [list(c) for c in m.components], "source": m.source,
+                       "compiler_bytes": m.compiler_bytes, "compiler_source": m.compiler_source}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, hlo_text: str) -> AnalysisInputs:
+        m = d["memory"]
+        memory = Memory(components=tuple((w, b) for w, b in m["components"]),
+                        source=m["source"], compiler_bytes=m["compiler_bytes"],
+                        compiler_source=m["compiler_source"])
+        tuples = {"mesh_shape", "axis_names", "device_ids", "warnings", "fit_advice"}
+        return cls(hlo_text=hlo_text, memory=memory,
+                   **{k: tuple(v) if k in tuples else v for k, v in d.items()
+                      if k != "memory"})
+
+
+def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
+              calibration: Calibration | None = None, device_ids: Sequence[int] | None = None
+              ) -> Report:
+    """The report of a program compiled earlier, re-timed under the current model (or
+    `calibration`), on its own system's device placement or on `system` (the same device
+    count; its devices in mesh order unless `device_ids`). No compile."""
+    t0 = time.perf_counter()
+    module = parse_hlo(inputs.hlo_text)
+    parse_s = time.perf_counter() - t0
+    if system is None:
+        raise ValueError("reanalyze needs the system to time the program on")
+    system = get_system(system) if isinstance(system, str) else system
+    n = math.prod(inputs.mesh_shape)
+    if system.num_devices != n:
+        raise ValueError(f"{system.name} has {system.num_devices} devices; the stored program "
+                         f"runs on {n}: re-time it on a system of the same size")
+    ids = inputs.device_ids if device_ids is None else tuple(device_ids)
+    report = analyze_module(
+        module, system=system, mesh_shape=inputs.mesh_shape, axis_names=inputs.axis_names,
+        device_ids=ids, compiler=inputs.compiler, memory=inputs.memory,
+        compute_dtype=inputs.compute_dtype, model_flops_per_step=inputs.model_flops_per_step,
+        tokens_per_step=inputs.tokens_per_step, sequences_per_step=inputs.sequences_per_step,
+        timings={"parse_s": parse_s}, warnings=inputs.warnings, name=inputs.name,
+        calibration=calibration, host_transfer_bytes=inputs.host_transfer_bytes,
+        pipeline=inputs.pipeline)
+    return dataclasses.replace(report, fit_advice=inputs.fit_advice,
+                               inputs=dataclasses.replace(inputs, device_ids=ids))
+
+
 def analyze_module(
     module: HloModule,
     *,
@@ -268,7 +339,15 @@ def analyze(
         host_transfer_bytes=host_transfer_bytes,
         pipeline=pipeline,
     )
-    return dataclasses.replace(report, fit_advice=tuple(fit_advice)) if fit_advice else report
+    inputs = AnalysisInputs(
+        hlo_text=c.hlo_text, mesh_shape=tuple(mesh.devices.shape),
+        axis_names=tuple(mesh.axis_names), device_ids=tuple(device_ids), compiler=c.compiler,
+        memory=compiled, compute_dtype=compute_dtype,
+        model_flops_per_step=model_flops_per_step, tokens_per_step=tokens_per_step,
+        sequences_per_step=sequences_per_step, warnings=(*warnings, *c.warnings), name=name,
+        host_transfer_bytes=host_transfer_bytes, pipeline=pipeline,
+        fit_advice=tuple(fit_advice))
+    return dataclasses.replace(report, fit_advice=tuple(fit_advice), inputs=inputs)
 
 
 def analyze_hlo(

@@ -1,0 +1,168 @@
+"""The results store of `shardscope search`: SQLite (stdlib, WAL), one row per (config hash,
+tool version, backend), committed one result at a time.
+
+A row keeps the config that ran, its status (ok / refused / error) and one-line message, the
+headline figures (for ranking without reading the reports), the JSON report, the timings,
+and the compiled HLO (zlib) with what the estimate was made from, so that `--reestimate`
+re-times it without compiling. Several searches may write one store at once: SQLite's lock
+serialises the writes and the primary key keeps each result once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sqlite3
+import time
+import zlib
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    config_hash TEXT NOT NULL,
+    tool_version TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    search TEXT NOT NULL,
+    name TEXT NOT NULL,
+    config TEXT NOT NULL,
+    parallelism TEXT NOT NULL,
+    varied TEXT NOT NULL,
+    status TEXT NOT NULL,
+    message TEXT NOT NULL,
+    step_time_s REAL,
+    tokens_per_s_per_device REAL,
+    mfu REAL,
+    memory_per_device_bytes REAL,
+    fits INTEGER,
+    bottleneck TEXT,
+    report TEXT,
+    inputs TEXT,
+    hlo BLOB,
+    timings TEXT,
+    created REAL NOT NULL,
+    PRIMARY KEY (config_hash, tool_version, backend)
+)
+"""
+
+FIGURES = ("step_time_s", "tokens_per_s_per_device", "mfu", "memory_per_device_bytes", "fits",
+           "bottleneck")
+
+
+def config_hash(config: dict) -> str:
+    """A config's identity: its tables with every default filled in, the name left out
+    (the same sharding under another name is the same program)."""
+    body = {k: v for k, v in config.items() if k != "name"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Result:
+    """One searched config and how it went."""
+
+    config_hash: str
+    tool_version: str
+    backend: str
+    search: str
+    name: str
+    config: dict
+    parallelism: dict
+    varied: dict
+    status: str  # "ok" | "refused" | "error"
+    message: str = ""
+    step_time_s: float | None = None
+    tokens_per_s_per_device: float | None = None
+    mfu: float | None = None
+    memory_per_device_bytes: float | None = None
+    fits: bool | None = None
+    bottleneck: str = ""
+    report: dict | None = None
+    inputs: dict | None = None
+    hlo_text: str = ""
+    timings: dict = dataclasses.field(default_factory=dict)
+    created: float = 0.0
+
+    def summary(self) -> dict:
+        """The fields of `search --json`'s results."""
+        return {"name": self.name, "parallelism": self.parallelism, **self.varied,
+                "varied": self.varied, "status": self.status, "message": self.message,
+                **{k: getattr(self, k) for k in FIGURES}}
+
+
+class Store:
+    """A results store on disk; `with Store(path) as s: ...`."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.parent.exists():
+            raise ValueError(f"--store {str(path)!r}: folder {str(self.path.parent)!r} does not "
+                             f"exist; create it or store elsewhere")
+        self.db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute(SCHEMA)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def done(self, tool_version: str, backend: str) -> set[str]:
+        """The config hashes already stored for this tool version and backend."""
+        rows = self.db.execute("SELECT config_hash FROM results WHERE tool_version = ? AND "
+                               "backend = ?", (tool_version, backend))
+        return {r[0] for r in rows}
+
+    def add(self, r: Result) -> bool:
+        """Commit one result; False when the store already had it (another search)."""
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (r.config_hash, r.tool_version, r.backend, r.search, r.name,
+             json.dumps(r.config, default=str), json.dumps(r.parallelism),
+             json.dumps(r.varied), r.status, r.message, r.step_time_s,
+             r.tokens_per_s_per_device, r.mfu, r.memory_per_device_bytes,
+             None if r.fits is None else int(r.fits), r.bottleneck,
+             None if r.report is None else json.dumps(r.report, default=str),
+             None if r.inputs is None else json.dumps(r.inputs, default=str),
+             zlib.compress(r.hlo_text.encode()) if r.hlo_text else None,
+             json.dumps(r.timings), r.created or time.time()))
+        return cur.rowcount == 1
+
+    def update_estimate(self, r: Result) -> None:
+        """Replace a stored result's figures and report (a re-estimate; the HLO stays)."""
+        self.db.execute(
+            "UPDATE results SET step_time_s=?, tokens_per_s_per_device=?, mfu=?, "
+            "memory_per_device_bytes=?, fits=?, bottleneck=?, report=?, inputs=? "
+            "WHERE config_hash=? AND tool_version=? AND backend=?",
+            (r.step_time_s, r.tokens_per_s_per_device, r.mfu, r.memory_per_device_bytes,
+             None if r.fits is None else int(r.fits), r.bottleneck,
+             json.dumps(r.report, default=str), json.dumps(r.inputs, default=str),
+             r.config_hash, r.tool_version, r.backend))
+
+    def results(self, *, search: str | None = None, with_hlo: bool = False) -> list[Result]:
+        """Every stored result (of one search when given), oldest first."""
+        cols = ("config_hash, tool_version, backend, search, name, config, parallelism, "
+                "varied, status, message, step_time_s, tokens_per_s_per_device, mfu, "
+                "memory_per_device_bytes, fits, bottleneck, report, inputs, timings, created"
+                + (", hlo" if with_hlo else ""))
+        query = f"SELECT {cols} FROM results" + (" WHERE search = ?" if search else "") + \
+            " ORDER BY created"
+        out = []
+        for row in self.db.execute(query, (search,) if search else ()):
+            (h, version, backend, name_s, name, config, par, varied, status, message, step,
+             tps, mfu, mem, fits, bottleneck, report, inputs, timings, created) = row[:20]
+            out.append(Result(
+                config_hash=h, tool_version=version, backend=backend, search=name_s,
+                name=name, config=json.loads(config), parallelism=json.loads(par),
+                varied=json.loads(varied), status=status, message=message, step_time_s=step,
+                tokens_per_s_per_device=tps, mfu=mfu, memory_per_device_bytes=mem,
+                fits=None if fits is None else bool(fits), bottleneck=bottleneck or "",
+                report=json.loads(report) if report else None,
+                inputs=json.loads(inputs) if inputs else None,
+                hlo_text=zlib.decompress(row[20]).decode() if with_hlo and row[20] else "",
+                timings=json.loads(timings), created=created))
+        return out

@@ -1,0 +1,142 @@
+"""`shardscope search`: the enumeration, the worker pool, the store that loses nothing."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments import cli, search
+from experiments.config import load
+from experiments.store import Store
+from tests.conftest import REPO
+
+TINY = "tiny-h100-dp-tp"  # tiny model (4 heads, 4 KV heads, d_model 64), h100:8, batch 16
+
+
+def test_factorisations_of_eight_over_three_axes():
+    # 8 = 2^3: an ordered triple splits three 2s over three axes, C(5, 2) = 10 ways.
+    got = search.factorisations(8, 3)
+    assert len(got) == 10 and len(set(got)) == 10
+    assert all(a * b * c == 8 for a, b, c in got)
+
+
+def test_enumeration_is_every_sharding_minus_what_the_model_cannot_split():
+    exp = load(TINY)
+    raw = {**exp.to_dict(), "system": {"name": "h100:8"}}
+    cands = search.enumerate_candidates(raw, 8, ("data", "fsdp", "tensor"),
+                                        [("train.remat", ["full", "none"])])
+    # By hand: (data, fsdp, tensor) with product 8; tensor shards the 4 heads and 4 KV
+    # heads, so tensor = 8 cannot; fsdp shards d_model = 64 and the batch of 16 is split
+    # over data x fsdp <= 8 ways, both always divisible. Each twice (two remat policies).
+    expected = {(d, f, t) for d in (1, 2, 4, 8) for f in (1, 2, 4, 8) for t in (1, 2, 4, 8)
+                if d * f * t == 8 and 4 % t == 0}
+    valid = {(c.sizes["data"], c.sizes["fsdp"], c.sizes["tensor"]) for c in cands if c.exp}
+    assert valid == expected and len(expected) == 9
+    assert len(cands) == 20 and sum(c.exp is not None for c in cands) == 18
+    (bad, _) = [c for c in cands if c.exp is None]
+    assert bad.sizes == {"data": 1, "fsdp": 1, "tensor": 8}
+    assert "parallelism.tensor=8 does not divide model.n_heads=4" in bad.reason
+    assert len({c.key for c in cands}) == 20  # each config once
+    assert {c.varied["train.remat"] for c in cands} == {"full", "none"}
+
+
+def _search(tmp_path, store, *extra, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "search", TINY, "--store", str(store),
+         "--axes", "data,tensor", "--quiet", *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, **(env or {})})
+
+
+def _rows(store):
+    with Store(store) as s:
+        return {r.config_hash: (r.name, r.status, r.step_time_s) for r in s.results()}
+
+
+@pytest.mark.slow
+def test_a_killed_search_resumes_with_every_row_once(tmp_path):
+    whole = tmp_path / "whole.sqlite"
+    p = _search(tmp_path, whole, "--workers", "1")
+    assert p.returncode == 0, p.stderr
+    expected = _rows(whole)
+    assert len(expected) == 4  # data x tensor: 8x1, 4x2, 2x4; 1x8 refused
+
+    killed = tmp_path / "killed.sqlite"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.cli", "search", TINY, "--store", str(killed),
+         "--axes", "data,tensor", "--workers", "1", "--quiet"], cwd=REPO,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill it once it has committed some but not all
+        time.sleep(0.2)
+        if killed.exists():
+            try:
+                n = sqlite3.connect(killed).execute("SELECT COUNT(*) FROM results").fetchone()[0]
+            except sqlite3.OperationalError:
+                continue
+            if n >= 2:
+                break
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    partial = _rows(killed)
+    assert 2 <= len(partial) < 4
+    p = _search(tmp_path, killed, "--workers", "1")
+    assert p.returncode == 0, p.stderr
+    assert "already there" in p.stdout
+    resumed = _rows(killed)
+    assert resumed == expected  # none lost, none twice (the key is the primary key)
+    assert sqlite3.connect(killed).execute("SELECT COUNT(*) FROM results").fetchone()[0] == 4
+
+
+@pytest.mark.slow
+def test_a_compiler_abort_is_that_configs_error_and_the_search_goes_on(tmp_path):
+    store = tmp_path / "s.sqlite"
+    out = tmp_path / "s.json"
+    p = _search(tmp_path, store, "--workers", "1", "--json", str(out),
+                env={"SHARDSCOPE_FAULT": "abort:data4-tensor2"})
+    assert p.returncode == 0, p.stderr
+    d = json.loads(out.read_text())
+    by_name = {r["name"]: r for r in d["results"]}
+    crashed = by_name["tiny-h100-dp-tp-data4-tensor2"]
+    assert crashed["status"] == "error" and "SIGABRT" in crashed["message"]
+    assert by_name["tiny-h100-dp-tp-data8"]["status"] == "ok"
+    assert by_name["tiny-h100-dp-tp-data2-tensor4"]["status"] == "ok"
+    assert d["best"]["status"] == "ok" and d["best"]["step_time_s"] > 0
+
+
+@pytest.mark.slow
+def test_reestimate_on_another_system_matches_a_fresh_compile_without_compiling(
+        tmp_path, capsys, cpu_devices, monkeypatch):
+    store = tmp_path / "s.sqlite"
+    p = _search(tmp_path, store, "--workers", "2")
+    assert p.returncode == 0, p.stderr
+    import sharding.api
+
+    compiles = []
+    real = sharding.api.compile_to_hlo
+    monkeypatch.setattr(sharding.api, "compile_to_hlo",
+                        lambda *a, **k: compiles.append(1) or real(*a, **k))
+    out = tmp_path / "b200.json"
+    assert cli.main(["search", TINY, "--store", str(store), "--axes", "data,tensor",
+                     "--reestimate", "--system", "b200:8", "--json", str(out)]) == 0
+    assert compiles == []
+    got = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    # A fresh compile of one of them on the B200 node: the same estimate.
+    assert cli.main(["run", TINY, "--set", "system.name=b200:8", "--quiet", "--json",
+                     str(tmp_path / "fresh.json")]) == 0
+    assert compiles == [1]
+    fresh = json.loads((tmp_path / "fresh.json").read_text())
+    mine = got["tiny-h100-dp-tp-data2-tensor4"]
+    assert mine["step_time_s"] == pytest.approx(fresh["step_time_s"], rel=1e-9)
+    assert mine["mfu"] == pytest.approx(fresh["mfu"], rel=1e-9)
+    capsys.readouterr()
+
+
+def test_results_reads_a_store_and_refuses_a_missing_one(tmp_path, capsys):
+    code = cli.main(["results", str(tmp_path / "none.sqlite")])
+    assert code == 2 and "not found" in capsys.readouterr().err
