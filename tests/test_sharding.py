@@ -353,3 +353,24 @@ def test_sequence_parallel_splits_the_stage_transfers_over_tensor(cpu_devices):
     # the tensor-parallel regions start with an all-gather and end with a reduce-scatter
     kinds = {c.kind for c in rep.collectives if c.mesh_axes == ("tensor",)}
     assert {"all-gather", "reduce-scatter"} <= kinds
+
+
+def test_skipping_llvm_optimisation_leaves_the_report_unchanged(cpu_devices, monkeypatch):
+    # The CPU path never runs the code it compiles: CPU_ANALYSIS_OPTIONS skip LLVM's
+    # expensive passes. Every figure of the report, the compiler's memory included, is the
+    # same with and without them.
+    import json
+
+    import sharding.api
+    from experiments import config, runner
+
+    exp = config.load("tiny-h100-dp-tp")
+    real = sharding.api.compile_to_hlo
+    reports = []
+    for fast in (False, True):
+        monkeypatch.setattr(sharding.api, "compile_to_hlo",
+                            lambda *a, _f=fast, **k: real(*a, fast_cpu=_f, **k))
+        d = runner.run(exp, backend="cpu").to_dict()
+        d.pop("timings")
+        reports.append(json.dumps(d, sort_keys=True, default=str))
+    assert reports[0] == reports[1]
