@@ -13,7 +13,7 @@ GPU_STAMP := $(GPU_VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,tpu]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,tpu,ray]'
 	touch $(STAMP)
 
 run: $(STAMP)

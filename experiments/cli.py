@@ -228,7 +228,7 @@ def cmd_search(args) -> int:
                 search=exp.name, backend=args.backend, workers=args.workers,
                 keep_unfit=args.keep_unfit, budget=args.budget,
                 time_budget_s=args.time_budget, timeout_s=args.timeout,
-                calibration=args.calibration, on_result=sink)
+                calibration=args.calibration, on_result=sink, ray_address=args.ray)
             if outcome.interrupted:
                 print(f"stopped: {len(outcome.results)} results committed to {args.store}; "
                       f"the same command resumes", file=sys.stderr)
@@ -429,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--workers", type=int, default=None,
                     help="compiles at once (default: the core count)")
     se.add_argument("--backend", default="cpu", choices=("cpu", "tpu", "gpu", "auto"))
+    se.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                    help="run each compile as a Ray task: a local Ray instance, or the "
+                         "cluster at ADDRESS (e.g. ray://head:10001); the ray extra")
     se.add_argument("--keep-unfit", action="store_true",
                     help="compile configs the memory model says cannot fit")
     se.add_argument("--budget", type=int, default=None, help="compile at most N configs")

@@ -256,8 +256,10 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
                backend: str = "cpu", workers: int | None = None, keep_unfit: bool = False,
                budget: int | None = None, time_budget_s: float | None = None,
                timeout_s: float = 1800.0, calibration: str | None = None,
-               on_result: Callable[[Result, dict], None] | None = None) -> Outcome:
-    """Enumerate, order, compile what the store lacks on a worker pool, commit each result
+               on_result: Callable[[Result, dict], None] | None = None,
+               ray_address: str | None = None) -> Outcome:
+    """Enumerate, order, compile what the store lacks on a worker pool (or as Ray tasks:
+    `ray_address` "" for a local instance, else the cluster's address), commit each result
     as it arrives."""
     candidates = enumerate_candidates(exp_raw, num_devices, axes, vary)
     version = tool_version()
@@ -278,24 +280,27 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
                       key=lambda c: pre_estimate(c.exp))
     if budget is not None:
         runnable = runnable[:budget]
-    pool = Pool(workers or os.cpu_count() or 1)
     t0 = time.perf_counter()
     interrupted = False
-
-    def one(c: Candidate) -> tuple[Candidate, dict]:
-        if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
-            return c, {}
-        request = {"config": c.raw, "backend": backend, "keep_unfit": keep_unfit,
-                   "calibration": calibration}
-        return c, pool.ask(c.exp.system.num_devices, request, timeout_s)
-
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=pool.size)
     compiled = 0
+
+    def request(c: Candidate) -> dict:
+        return {"config": c.raw, "backend": backend, "keep_unfit": keep_unfit,
+                "calibration": calibration}
+
+    if ray_address is not None:
+        submit, shutdown = _ray_executor(ray_address, timeout_s)
+    else:
+        submit, shutdown = _pool_executor(workers or os.cpu_count() or 1, timeout_s, t0,
+                                          time_budget_s)
+    futures: dict = {}
     try:
-        futures = [executor.submit(one, c) for c in runnable]
-        progress["running"] = min(pool.size, len(futures))
+        for c in runnable:
+            futures[submit(c.exp.system.num_devices, request(c))] = c
+        progress["running"] = len(futures)
         for f in concurrent.futures.as_completed(futures):
-            c, answer = f.result()
+            c, answer = futures[f], f.result()
+            progress["running"] -= 1
             if not answer:  # past the time budget: left for a rerun
                 continue
             r = result_of(c, answer, search=search, backend=backend)
@@ -308,13 +313,67 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
                 on_result(r, progress)
     except KeyboardInterrupt:
         interrupted = True
-        for f in futures:
-            f.cancel()
-        pool.close(kill=True)
     finally:
+        shutdown(interrupted)
+    return Outcome(results, skipped, compiled, interrupted)
+
+
+def _pool_executor(size: int, timeout_s: float, t0: float, time_budget_s: float | None):
+    """(submit, shutdown) over local worker processes: submit(devices, request) -> a
+    future of the worker's answer ({} once past the time budget)."""
+    pool = Pool(size)
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=size)
+
+    def one(devices: int, req: dict) -> dict:
+        if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+            return {}
+        return pool.ask(devices, req, timeout_s)
+
+    def shutdown(interrupted: bool) -> None:
+        if interrupted:
+            pool.close(kill=True)
         executor.shutdown(wait=not interrupted, cancel_futures=True)
         pool.close(kill=interrupted)
-    return Outcome(results, skipped, compiled, interrupted)
+
+    return (lambda devices, req: executor.submit(one, devices, req)), shutdown
+
+
+def compile_in_worker(devices: int, req: dict, timeout_s: float) -> dict:
+    """One config in a fresh worker process (a Ray task: a crash stays in that process)."""
+    w = Worker(devices)
+    try:
+        return w.ask(req, timeout_s)
+    finally:
+        w.close()
+
+
+def _ray_executor(address: str, timeout_s: float):
+    """(submit, shutdown) over Ray: one task per config, its device count and backend in
+    the task's runtime environment; the driver gets each answer as a future."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--ray needs Ray: pip install 'shardscope[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    task = ray.remote(num_cpus=1, max_retries=0)(compile_in_worker)
+
+    def submit(devices: int, req: dict):
+        env = {"JAX_PLATFORMS": "cpu", "SHARDSCOPE_DEVICES": str(devices),
+               "SHARDSCOPE_BACKEND": req["backend"]}
+        fault = os.environ.get("SHARDSCOPE_FAULT")
+        if fault:
+            env["SHARDSCOPE_FAULT"] = fault
+        return task.options(runtime_env={"env_vars": env}).remote(devices, req,
+                                                                   timeout_s).future()
+
+    def shutdown(interrupted: bool) -> None:
+        if started:
+            ray.shutdown()
+
+    return submit, shutdown
 
 
 # --- reading a store --------------------------------------------------------------------

@@ -140,3 +140,14 @@ def test_reestimate_on_another_system_matches_a_fresh_compile_without_compiling(
 def test_results_reads_a_store_and_refuses_a_missing_one(tmp_path, capsys):
     code = cli.main(["results", str(tmp_path / "none.sqlite")])
     assert code == 2 and "not found" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_ray_path_gives_the_pools_results(tmp_path):
+    pytest.importorskip("ray")  # the ray extra, which `make test` installs
+    pool, on_ray = tmp_path / "pool.sqlite", tmp_path / "ray.sqlite"
+    p = _search(tmp_path, pool, "--workers", "2")
+    assert p.returncode == 0, p.stderr
+    p = _search(tmp_path, on_ray, "--ray", env={"RAY_ADDRESS": ""})  # a real local instance
+    assert p.returncode == 0, p.stderr
+    assert _rows(on_ray) == _rows(pool) and len(_rows(pool)) == 4
