@@ -237,11 +237,24 @@ def cmd_search(args) -> int:
             print(f"{exp.name} on {exp.system.label}: {len(results)} configs in "
                   f"{args.store} ({outcome.skipped} already there, {outcome.compiled} "
                   f"compiled now)\n")
+    _search_outputs(args, results, exp.name)
+    return 0
+
+
+def _search_outputs(args, results, title: str) -> None:
+    from experiments import search as search_mod
+
     print(search_mod.format_results(results, top=args.top))
     if args.json:
         _write_json(args.json, search_mod.to_json(results))
         print(f"\nwrote {args.json}")
-    return 0
+    if args.html:
+        out = Path(args.html)
+        if not out.parent.exists():
+            raise ConfigError(f"--html {args.html!r}: folder {str(out.parent)!r} does not "
+                              f"exist")
+        out.write_text(search_mod.render_html(results, title))
+        print(f"wrote {args.html}")
 
 
 def config_mod_load(path, overrides):
@@ -266,7 +279,6 @@ def _search_progress(args):
 
 
 def cmd_results(args) -> int:
-    from experiments import search as search_mod
     from experiments.store import Store
 
     if not Path(args.store).is_file():
@@ -274,10 +286,7 @@ def cmd_results(args) -> int:
                           f"{args.store}` makes one")
     with Store(args.store) as store:
         results = store.results(search=args.search)
-    print(search_mod.format_results(results, top=args.top))
-    if args.json:
-        _write_json(args.json, search_mod.to_json(results))
-        print(f"\nwrote {args.json}")
+    _search_outputs(args, results, args.search or Path(args.store).name)
     return 0
 
 
@@ -446,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--calibration", metavar="CAL.toml")
     se.add_argument("--top", type=int, default=10)
     se.add_argument("--json", metavar="OUT")
+    se.add_argument("--html", metavar="OUT", help="the Pareto scatter and the ranking")
     se.add_argument("--quiet", action="store_true")
     se.set_defaults(fn=cmd_search)
     rs = sub.add_parser("results", help="the ranking in a search's results store")
@@ -453,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--search", help="one search of the store (its config's name)")
     rs.add_argument("--top", type=int, default=10)
     rs.add_argument("--json", metavar="OUT")
+    rs.add_argument("--html", metavar="OUT", help="the Pareto scatter and the ranking")
     rs.set_defaults(fn=cmd_results)
     sub.add_parser("systems", help="the system catalog").set_defaults(fn=cmd_systems)
     sub.add_parser("models", help="the model presets").set_defaults(fn=cmd_models)

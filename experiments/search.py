@@ -424,9 +424,9 @@ def format_results(results: Sequence[Result], top: int = 10) -> str:
                  f"{counts['refused']} refused, {counts['error']} failed")
     front = pareto(results)
     if front:
-        lines.append("pareto front (step time against memory per device): " + "; ".join(
-            f"{r.name} {fmt_s(r.step_time_s)} {fmt_bytes(r.memory_per_device_bytes)}"
-            for r in front))
+        lines.append("pareto front (none is both faster and smaller):")
+        lines += [f"  {r.name:<44}{fmt_s(r.step_time_s):>11}"
+                  f"{fmt_bytes(r.memory_per_device_bytes):>12}" for r in front]
     if others:
         lines.append("why the others lost:")
         for r in others[:20]:
@@ -476,3 +476,75 @@ def reestimate(store: Store, *, system: str | None = None, calibration=None,
             store.update_estimate(new)
         out.append(new)
     return out
+
+
+def render_html(results: Sequence[Result], title: str = "search") -> str:
+    """One page: the Pareto scatter of step time against memory per device (every config
+    that ran; the front joined; those that do not fit hollow) and the ranking."""
+    import html as h
+
+    ok = [r for r in results if r.status == "ok" and r.step_time_s and
+          r.memory_per_device_bytes]
+    front = pareto(results)
+    ranked = ranking(results)
+    width, height, left, right, top, bottom = 760, 420, 80, 30, 30, 50
+    svg = [f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
+           f'font-family="sans-serif" font-size="11" class="pareto">',
+           f'<rect x="{left}" y="{top}" width="{width - left - right}" '
+           f'height="{height - top - bottom}" fill="none" stroke="#ccc"/>']
+    if ok:
+        xs = [r.memory_per_device_bytes for r in ok]
+        ys = [r.step_time_s for r in ok]
+        x_lo, x_hi = min(xs) / 1.2, max(xs) * 1.2
+        y_lo, y_hi = min(ys) / 1.2, max(ys) * 1.2
+
+        def px(x):
+            return left + (width - left - right) * math.log(x / x_lo) / math.log(x_hi / x_lo)
+
+        def py(y):
+            return height - bottom - (height - top - bottom) * math.log(y / y_lo) / \
+                math.log(y_hi / y_lo)
+
+        for frac in (0.0, 0.25, 0.5, 0.75, 1.0):  # ticks, log-spaced
+            xv = x_lo * (x_hi / x_lo) ** frac
+            yv = y_lo * (y_hi / y_lo) ** frac
+            svg.append(f'<text x="{px(xv):.1f}" y="{height - bottom + 16}" '
+                       f'text-anchor="middle" class="xtick">{fmt_bytes(xv)}</text>'
+                       f'<text x="{left - 6}" y="{py(yv) + 4:.1f}" text-anchor="end" '
+                       f'class="ytick">{fmt_s(yv)}</text>')
+        svg.append(f'<text x="{width / 2:.0f}" y="{height - 10}" text-anchor="middle">memory '
+                   f'per device (log)</text><text x="{left}" y="{top - 10}">step time (log); '
+                   f'the Pareto front joined</text>')
+        pts = " ".join(f"{px(r.memory_per_device_bytes):.1f},{py(r.step_time_s):.1f}"
+                       for r in sorted(front, key=lambda r: r.memory_per_device_bytes))
+        svg.append(f'<polyline class="front" fill="none" stroke="#e45756" '
+                   f'stroke-width="1.5" points="{pts}"/>')
+        for r in ok:
+            fill = "#4c78a8" if r.fits is not False else "none"
+            svg.append(f'<circle class="config{" on-front" if r in front else ""}" '
+                       f'cx="{px(r.memory_per_device_bytes):.1f}" cy="{py(r.step_time_s):.1f}" '
+                       f'r="5" fill="{fill}" stroke="#4c78a8"><title>{h.escape(r.name)}: '
+                       f'{fmt_s(r.step_time_s)}, {fmt_bytes(r.memory_per_device_bytes)}'
+                       f'{"" if r.fits is not False else " (does not fit)"}</title></circle>')
+    svg.append("</svg>")
+    rows = "".join(
+        f"<tr><td>{i}</td><td>{h.escape(r.name)}</td><td>{fmt_s(r.step_time_s)}</td>"
+        f"<td>{(r.tokens_per_s_per_device or 0):,.0f}</td><td>{(r.mfu or 0):.1%}</td>"
+        f"<td>{fmt_bytes(r.memory_per_device_bytes)}</td>"
+        f"<td>{h.escape(r.bottleneck)}</td></tr>" for i, r in enumerate(ranked, 1))
+    lost = "".join(f"<tr><td>{h.escape(r.name)}</td><td>{h.escape(why_not(r, ranked[0] if ranked else None))}</td></tr>"  # noqa: E501
+                   for r in results if r not in ranked)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>shardscope search: {h.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}</style></head><body>
+<h1>Search: {h.escape(title)}</h1>
+<p>{len(results)} configs; {len(ok)} estimated, {len(ranked)} fit. Hover a point for its
+config.</p>
+{''.join(svg)}
+<h2>Ranking (those that fit, fastest first)</h2>
+<table class="ranking"><tr><th>rank</th><th>config</th><th>step</th><th>tokens/s per device</th>
+<th>MFU</th><th>memory/device</th><th>bottleneck</th></tr>{rows}</table>
+<h2>The others</h2><table class="others"><tr><th>config</th><th>why</th></tr>{lost}</table>
+</body></html>
+"""

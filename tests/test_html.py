@@ -71,3 +71,57 @@ def test_html_report_in_a_headless_browser(tmp_path, capsys, cpu_devices):
     assert "roofs as the model times them" in g["roofLabel"] and "of the 989 peak" in \
         g["roofLabel"]
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def _result(name, step, mem, fits=True, status="ok"):
+    from experiments.store import Result
+
+    return Result(config_hash=name, tool_version="t", backend="cpu", search="s", name=name,
+                  config={}, parallelism={}, varied={}, status=status,
+                  message="" if status == "ok" else "refused: why",
+                  step_time_s=step if status == "ok" else None,
+                  tokens_per_s_per_device=1.0, mfu=0.4,
+                  memory_per_device_bytes=mem if status == "ok" else None, fits=fits,
+                  bottleneck="compute")
+
+
+def test_search_page_in_a_headless_browser(tmp_path):
+    # Five configs that ran: a (1 s, 40 GB), b (2 s, 20 GB), c (3 s, 10 GB) are the front;
+    # d (2.5 s, 30 GB) is beaten by b on both; e does not fit. One refused.
+    from experiments import search
+
+    results = [_result("a", 1.0, 40e9), _result("b", 2.0, 20e9), _result("c", 3.0, 10e9),
+               _result("d", 2.5, 30e9), _result("e", 0.5, 90e9, fits=False),
+               _result("f", 0, 0, status="refused")]
+    assert [r.name for r in search.pareto(results)] == ["e", "a", "b", "c"]
+    page_path = tmp_path / "search.html"
+    page_path.write_text(search.render_html(results, "t"))
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM,
+                                    args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(page_path.as_uri())
+        g = page.evaluate("""() => {
+          const svg = document.querySelector('svg.pareto');
+          const f = svg.querySelector('rect').getBBox();
+          return {
+            points: Array.from(svg.querySelectorAll('circle.config')).map(c => ({
+              x: c.cx.baseVal.value, y: c.cy.baseVal.value, front: c.classList.contains(
+                'on-front'), hollow: c.getAttribute('fill') === 'none'})),
+            front: svg.querySelector('polyline.front').points.length,
+            frame: [f.x, f.y, f.width, f.height],
+            ranking: Array.from(document.querySelectorAll('table.ranking tr')).length - 1,
+            others: document.querySelector('table.others').innerText};
+        }""")
+        browser.close()
+    assert len(g["points"]) == 5 and g["front"] == 4
+    assert sum(p["front"] for p in g["points"]) == 4
+    assert sum(p["hollow"] for p in g["points"]) == 1
+    x, y, w, h = g["frame"]
+    assert all(x <= p["x"] <= x + w and y <= p["y"] <= y + h for p in g["points"])
+    # Step time grows upwards, memory to the right: c (3 s, 10 GB) is above and left of
+    # a (1 s, 40 GB).
+    a, _, c = sorted((p for p in g["points"] if p["front"] and not p["hollow"]),
+                     key=lambda p: p["x"], reverse=True)
+    assert c["y"] < a["y"] and c["x"] < a["x"]
+    assert g["ranking"] == 4 and "refused: why" in g["others"] and "does not fit" in g["others"]
