@@ -222,13 +222,13 @@ def cmd_search(args) -> int:
             print(f"re-estimated {sum(r.status == 'ok' for r in results)} stored programs "
                   f"{how}, no compile\n")
         else:
-            sink = _search_progress(args)
-            outcome = search_mod.run_search(
-                raw, num_devices=exp.system.num_devices, axes=axes, vary=vary, store=store,
-                search=exp.name, backend=args.backend, workers=args.workers,
-                keep_unfit=args.keep_unfit, budget=args.budget,
-                time_budget_s=args.time_budget, timeout_s=args.timeout,
-                calibration=args.calibration, on_result=sink, ray_address=args.ray)
+            with _SearchProgress(args) as sink:
+                outcome = search_mod.run_search(
+                    raw, num_devices=exp.system.num_devices, axes=axes, vary=vary,
+                    store=store, search=exp.name, backend=args.backend,
+                    workers=args.workers, keep_unfit=args.keep_unfit, budget=args.budget,
+                    time_budget_s=args.time_budget, timeout_s=args.timeout,
+                    calibration=args.calibration, on_result=sink, ray_address=args.ray)
             if outcome.interrupted:
                 print(f"stopped: {len(outcome.results)} results committed to {args.store}; "
                       f"the same command resumes", file=sys.stderr)
@@ -263,19 +263,46 @@ def config_mod_load(path, overrides):
     return config_mod.load(path, overrides)
 
 
-def _search_progress(args):
-    """One line per finished config on stderr when it is a terminal."""
-    if args.quiet or not sys.stderr.isatty():
-        return None
-    t0 = time.perf_counter()
+class _SearchProgress:
+    """A progress bar on stderr when it is a terminal (rich): done of total, running,
+    failed, elapsed and ETA; nothing otherwise or with --quiet."""
 
-    def sink(r, p) -> None:
-        elapsed = time.perf_counter() - t0
-        eta = elapsed / p["done"] * (p["total"] - p["done"]) if p["done"] else 0
-        print(f"[{p['done']}/{p['total']} done, {p['failed']} failed, ETA {eta:.0f} s] "
-              f"{r.name}: {r.status}", file=sys.stderr)
+    def __init__(self, args):
+        self.bar = None
+        if args.quiet or not sys.stderr.isatty():
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-    return sink
+        self.bar = Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[state]}"), TimeElapsedColumn(),
+                            TextColumn("ETA"), TimeRemainingColumn(),
+                            console=Console(stderr=True), transient=True)
+        self.task = None
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+
+    def __call__(self, r, p) -> None:
+        if self.bar is None:
+            return
+        if self.task is None:
+            self.task = self.bar.add_task("search", total=p["total"], state="")
+        self.bar.update(self.task, completed=p["done"],
+                        state=f"{p['running']} running, {p['failed']} failed")
 
 
 def cmd_results(args) -> int:

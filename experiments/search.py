@@ -297,10 +297,13 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
     try:
         for c in runnable:
             futures[submit(c.exp.system.num_devices, request(c))] = c
-        progress["running"] = len(futures)
+        slots = workers or os.cpu_count() or 1
+        left = len(futures)
+        progress["running"] = min(slots, left)
         for f in concurrent.futures.as_completed(futures):
             c, answer = futures[f], f.result()
-            progress["running"] -= 1
+            left -= 1
+            progress["running"] = min(slots, left)
             if not answer:  # past the time budget: left for a rerun
                 continue
             r = result_of(c, answer, search=search, backend=backend)

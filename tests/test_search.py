@@ -151,3 +151,36 @@ def test_the_ray_path_gives_the_pools_results(tmp_path):
     p = _search(tmp_path, on_ray, "--ray", env={"RAY_ADDRESS": ""})  # a real local instance
     assert p.returncode == 0, p.stderr
     assert _rows(on_ray) == _rows(pool) and len(_rows(pool)) == 4
+
+
+@pytest.mark.slow
+def test_a_terminal_gets_a_progress_bar_and_a_pipe_does_not(tmp_path):
+    import pty
+
+    def run(tty: bool) -> tuple[int, str]:
+        store = tmp_path / f"{tty}.sqlite"
+        argv = [sys.executable, "-m", "experiments.cli", "search", TINY, "--store",
+                str(store), "--axes", "data,tensor", "--workers", "2"]
+        if not tty:
+            p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+            return p.returncode, p.stderr
+        leader, follower = pty.openpty()
+        p = subprocess.Popen(argv, cwd=REPO, stdin=follower, stdout=subprocess.DEVNULL,
+                             stderr=follower, env={**os.environ, "COLUMNS": "160"})
+        os.close(follower)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        return p.wait(), seen.decode(errors="replace")
+
+    code, err = run(True)
+    assert code == 0
+    assert "search" in err and "running, 0 failed" in err and "ETA" in err and "4/4" in err
+    code, err = run(False)
+    assert code == 0 and err == ""
