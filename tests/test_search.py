@@ -184,3 +184,48 @@ def test_a_terminal_gets_a_progress_bar_and_a_pipe_does_not(tmp_path):
     assert "search" in err and "running, 0 failed" in err and "ETA" in err and "4/4" in err
     code, err = run(False)
     assert code == 0 and err == ""
+
+
+def _wait_rows(store, n, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        time.sleep(0.2)
+        if store.exists():
+            try:
+                if sqlite3.connect(store).execute(
+                        "SELECT COUNT(*) FROM results").fetchone()[0] >= n:
+                    return True
+            except sqlite3.OperationalError:
+                pass
+    return False
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_and_the_rerun_completes(tmp_path):
+    store = tmp_path / "s.sqlite"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.cli", "search", TINY, "--store", str(store),
+         "--axes", "data,tensor", "--workers", "1", "--quiet"], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert _wait_rows(store, 2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "the same command resumes" in err and "Traceback" not in err
+    p = _search(tmp_path, store, "--workers", "1")
+    assert p.returncode == 0 and len(_rows(store)) == 4
+
+
+@pytest.mark.slow
+def test_two_searches_on_one_store_keep_each_row_once(tmp_path):
+    store = tmp_path / "s.sqlite"
+    argv = [sys.executable, "-m", "experiments.cli", "search", TINY, "--store", str(store),
+            "--axes", "data,tensor", "--workers", "1", "--quiet"]
+    a = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    b = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    errs = [a.communicate(timeout=600)[1], b.communicate(timeout=600)[1]]
+    assert a.returncode == 0 and b.returncode == 0, errs
+    rows = sqlite3.connect(store).execute(
+        "SELECT config_hash, COUNT(*) FROM results GROUP BY config_hash").fetchall()
+    assert len(rows) == 4 and all(n == 1 for _, n in rows)
+    assert sqlite3.connect(store).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
