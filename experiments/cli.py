@@ -317,6 +317,30 @@ def cmd_results(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from experiments import compare as compare_mod
+    from experiments.config import apply_override, read_toml, resolve
+
+    path = resolve(args.config)
+    config_mod_load(path, args.set or [])  # the config itself is valid
+    raw = read_toml(path, what="config file", example="")
+    for item in args.set or []:
+        apply_override(raw, item)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.price_per_device_hour is not None and args.price_per_device_hour <= 0:
+        raise ConfigError(f"--price-per-device-hour {args.price_per_device_hour}: give the "
+                          f"price you pay per device and hour, above 0")
+    with progress.reporting(_progress_sink(args)):
+        entries = compare_mod.compare(raw, systems, calibration=_calibration(args),
+                                      price_per_device_hour=args.price_per_device_hour)
+    print(f"{raw['name']}: the same model and workload on {len(systems)} systems\n")
+    print(compare_mod.format_compare(entries))
+    if args.json:
+        _write_json(args.json, {"systems": [e.to_dict() for e in entries]})
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 def cmd_systems(args) -> int:
     from meshes import get_system, system_names
 
@@ -492,6 +516,17 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--json", metavar="OUT")
     rs.add_argument("--html", metavar="OUT", help="the Pareto scatter and the ranking")
     rs.set_defaults(fn=cmd_results)
+    cp = sub.add_parser("compare", help="one config on several systems, side by side")
+    cp.add_argument("config")
+    cp.add_argument("--systems", required=True, metavar="A,B,C",
+                    help="systems to compare, e.g. h100:64,b200:64,gb200-nvl72:64")
+    cp.add_argument("--set", action="append", metavar="KEY=VALUE")
+    cp.add_argument("--price-per-device-hour", type=float, default=None, metavar="USD",
+                    help="what a device-hour costs you, for $ per million tokens")
+    cp.add_argument("--calibration", metavar="CAL.toml")
+    cp.add_argument("--json", metavar="OUT")
+    cp.add_argument("--quiet", action="store_true")
+    cp.set_defaults(fn=cmd_compare)
     sub.add_parser("systems", help="the system catalog").set_defaults(fn=cmd_systems)
     sub.add_parser("models", help="the model presets").set_defaults(fn=cmd_models)
     sub.add_parser("configs", help="the bundled experiment configs (run them by name)"

@@ -1,0 +1,169 @@
+"""`shardscope compare CONFIG --systems A,B,C`: one model and workload on several systems,
+side by side.
+
+Each system gets the config's sharding where it is valid there (the validator's reason
+otherwise). On the CPU path the compiled program depends only on the mesh, not on the
+machine, so it is compiled once per device count and re-timed on every system of that size
+(`sharding.reanalyze`: each system's chips and links, no recompile); a test checks this
+equals compiling for each.
+
+Power is the chips' spec TDP times the device count (an upper bound: a step does not hold
+every chip at TDP; hosts, NICs and switches are not counted), from the catalog's sourced
+figures; None where no public figure exists (TPUs). Cost needs a price per device-hour,
+which the user gives (prices move monthly; none is assumed).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+
+from experiments import config as config_mod
+from experiments import runner
+from experiments.config import ConfigError
+from sharding.report import Report, fmt_bytes, fmt_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One system's column."""
+
+    system: str
+    status: str  # "ok" | "refused"
+    message: str = ""
+    report: Report | None = None
+    parallelism: dict = dataclasses.field(default_factory=dict)
+    retimed_from: str = ""  # the system whose compile was re-timed ("" when compiled)
+    price_per_device_hour: float | None = None
+
+    @property
+    def power_w(self) -> float | None:
+        r = self.report
+        if r is None:
+            return None
+        from meshes import get_system
+
+        chip = get_system(self.system).chip
+        if chip.tdp_w is None:
+            return None
+        return chip.tdp_w * r.num_devices / chip.devices_per_chip
+
+    @property
+    def joules_per_token(self) -> float | None:
+        r, p = self.report, self.power_w
+        if r is None or p is None or not r.tokens_per_s:
+            return None
+        return p / r.tokens_per_s
+
+    @property
+    def usd_per_million_tokens(self) -> float | None:
+        r = self.report
+        if r is None or self.price_per_device_hour is None or not r.tokens_per_s:
+            return None
+        per_s = self.price_per_device_hour * r.num_devices / 3600
+        return per_s / r.tokens_per_s * 1e6
+
+    def to_dict(self) -> dict:
+        r = self.report
+        return {
+            "system": self.system, "status": self.status, "message": self.message,
+            "parallelism": self.parallelism, "retimed_from": self.retimed_from or None,
+            "step_time_s": r.step_time_s if r else None,
+            "tokens_per_s": r.tokens_per_s if r else None,
+            "tokens_per_s_per_device": r.tokens_per_s_per_device if r else None,
+            "mfu": r.mfu if r else None, "bottleneck": r.bottleneck() if r else None,
+            "fits": r.fits if r else None,
+            "memory_per_device_bytes": r.memory_per_device_bytes if r else None,
+            "power_w": self.power_w, "joules_per_token": self.joules_per_token,
+            "usd_per_million_tokens": self.usd_per_million_tokens,
+        }
+
+
+def compare(raw: dict, systems: Sequence[str], *, calibration=None,
+            price_per_device_hour: float | None = None) -> list[Entry]:
+    """Each system's estimate of the config's step (XLA:CPU; one compile per device
+    count)."""
+    import sharding
+
+    if not systems:
+        raise ConfigError("--systems: give at least one system, e.g. --systems "
+                          "h100:64,b200:64,gb200-nvl72:64")
+    compiled: dict[int, tuple[str, Report]] = {}
+    out = []
+    for name in systems:
+        r = copy.deepcopy(raw)
+        r["system"] = {"name": name}
+        try:
+            exp = config_mod.from_dict(r)
+        except ConfigError as e:
+            out.append(Entry(name, "refused", str(e).splitlines()[0],
+                             price_per_device_hour=price_per_device_hour))
+            continue
+        sizes = {a: s for a, s in exp.parallelism.sizes().items() if s > 1}
+        n = exp.system.num_devices
+        if n in compiled:
+            first, rep = compiled[n]
+            again = sharding.reanalyze(rep.inputs, system=exp.system, calibration=calibration,
+                                       device_ids=range(n))
+            report = dataclasses.replace(again, name=exp.name, fit_advice=())
+            out.append(Entry(name, "ok", report=report, parallelism=sizes, retimed_from=first,
+                             price_per_device_hour=price_per_device_hour))
+            continue
+        report = runner.run(exp, backend="cpu", calibration=calibration)
+        compiled[n] = (name, report)
+        out.append(Entry(name, "ok", report=report, parallelism=sizes,
+                         price_per_device_hour=price_per_device_hour))
+    return out
+
+
+def format_compare(entries: Sequence[Entry]) -> str:
+    from meshes import get_system
+
+    def cell(e: Entry, fn) -> str:
+        if e.report is None:
+            return "refused"
+        try:
+            v = fn(e)
+        except (TypeError, ZeroDivisionError):
+            return "-"
+        return "-" if v is None else v
+
+    def per_device_links(e: Entry) -> str:
+        s = get_system(e.system)
+        return ", ".join(f"{link.name} {link.bytes_per_s / 1e9:.0f}"
+                         for link in s.links.values())
+
+    rows = [
+        ("step time", lambda e: fmt_s(e.report.step_time_s)),
+        ("tokens/s", lambda e: f"{e.report.tokens_per_s:,.0f}"),
+        ("tokens/s per device", lambda e: f"{e.report.tokens_per_s_per_device:,.0f}"),
+        ("MFU", lambda e: f"{e.report.mfu:.1%}"),
+        ("memory/device", lambda e: fmt_bytes(e.report.memory_per_device_bytes)
+         + ("" if e.report.fits else " (no fit)")),
+        ("HBM TB/s per device",
+         lambda e: f"{get_system(e.system).chip.hbm_bytes_per_s / 1e12:.2f}"),
+        ("links GB/s per device", per_device_links),
+        ("power at TDP", lambda e: None if e.power_w is None else f"{e.power_w / 1e3:,.1f} kW"),
+        ("energy per token", lambda e: None if e.joules_per_token is None
+         else f"{e.joules_per_token:.4g} J"),
+        ("tokens/s per MW", lambda e: None if e.power_w is None
+         else f"{e.report.tokens_per_s / (e.power_w / 1e6):,.0f}"),
+        ("$ per M tokens", lambda e: None if e.usd_per_million_tokens is None
+         else f"{e.usd_per_million_tokens:.4g}"),
+        ("compiled", lambda e: f"re-timed from {e.retimed_from}" if e.retimed_from
+         else "yes"),
+    ]
+    table = [(what, [cell(e, fn) for e in entries]) for what, fn in rows]
+    w0 = max(len(w) for w, _ in table) + 2
+    widths = [max(len(e.system), *(len(v[i]) for _, v in table)) + 2
+              for i, e in enumerate(entries)]
+    lines = [" " * w0 + "".join(f"{e.system:>{w}}" for e, w in zip(entries, widths,
+                                                                      strict=True))]
+    lines += [f"{what:<{w0}}" + "".join(f"{v:>{w}}" for v, w in zip(vals, widths, strict=True))
+              for what, vals in table]
+    for e in entries:
+        lines.append(f"{e.system}: " + (e.report.bottleneck() if e.report else e.message))
+    lines.append("power: the chips' spec TDP x devices (an upper bound; hosts, NICs and "
+                 "switches not counted; '-' where no public figure exists)")
+    return "\n".join(lines)
