@@ -59,6 +59,7 @@ validate: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_stages.py $(DEFAULT_EXPERIMENT)
 	$(PY) benchmarks/bench_parse.py
+	$(PY) benchmarks/bench_search.py
 	@echo "validate (experiments/validation):"
 	@$(VENV)/bin/shardscope validate | tail -n 1
 

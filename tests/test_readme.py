@@ -53,7 +53,8 @@ def steps() -> list[tuple[str, str, list[str]]]:
 
 def test_the_readme_shows_commands_of_every_kind():
     shown = " ".join(text for kind, text, _ in steps() if kind == "sh")
-    for sub in ("run", "configs", "systems", "models", "inspect", "validate", "calibrate"):
+    for sub in ("run", "configs", "systems", "models", "inspect", "validate", "calibrate",
+                "search", "results", "compare"):
         assert f"shardscope {sub}" in shown, sub
     assert any(kind == "python" for kind, _, _ in steps())
     assert "../shared" not in (REPO / "README.md").read_text()

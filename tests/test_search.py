@@ -53,16 +53,23 @@ def _search(tmp_path, store, *extra, env=None):
         env={**os.environ, **(env or {})})
 
 
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """One uninterrupted search of the four data x tensor configs, shared by the tests that
+    compare against it (each copies the file when it writes)."""
+    store = tmp_path_factory.mktemp("whole") / "whole.sqlite"
+    p = _search(store.parent, store, "--workers", "2")
+    assert p.returncode == 0, p.stderr
+    return store
+
+
 def _rows(store):
     with Store(store) as s:
         return {r.config_hash: (r.name, r.status, r.step_time_s) for r in s.results()}
 
 
 @pytest.mark.slow
-def test_a_killed_search_resumes_with_every_row_once(tmp_path):
-    whole = tmp_path / "whole.sqlite"
-    p = _search(tmp_path, whole, "--workers", "1")
-    assert p.returncode == 0, p.stderr
+def test_a_killed_search_resumes_with_every_row_once(tmp_path, whole):
     expected = _rows(whole)
     assert len(expected) == 4  # data x tensor: 8x1, 4x2, 2x4; 1x8 refused
 
@@ -111,10 +118,11 @@ def test_a_compiler_abort_is_that_configs_error_and_the_search_goes_on(tmp_path)
 
 @pytest.mark.slow
 def test_reestimate_on_another_system_matches_a_fresh_compile_without_compiling(
-        tmp_path, capsys, cpu_devices, monkeypatch):
+        tmp_path, capsys, cpu_devices, monkeypatch, whole):
+    import shutil
+
     store = tmp_path / "s.sqlite"
-    p = _search(tmp_path, store, "--workers", "2")
-    assert p.returncode == 0, p.stderr
+    shutil.copy(whole, store)
     import sharding.api
 
     compiles = []
@@ -143,11 +151,9 @@ def test_results_reads_a_store_and_refuses_a_missing_one(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_ray_path_gives_the_pools_results(tmp_path):
+def test_the_ray_path_gives_the_pools_results(tmp_path, whole):
     pytest.importorskip("ray")  # the ray extra, which `make test` installs
-    pool, on_ray = tmp_path / "pool.sqlite", tmp_path / "ray.sqlite"
-    p = _search(tmp_path, pool, "--workers", "2")
-    assert p.returncode == 0, p.stderr
+    pool, on_ray = whole, tmp_path / "ray.sqlite"
     p = _search(tmp_path, on_ray, "--ray", env={"RAY_ADDRESS": ""})  # a real local instance
     assert p.returncode == 0, p.stderr
     assert _rows(on_ray) == _rows(pool) and len(_rows(pool)) == 4
