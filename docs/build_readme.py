@@ -85,7 +85,11 @@ def build(template: str, cwd: Path) -> str:
                 if line.startswith("$ "):
                     nxt = lines[j + 1] if j + 1 < len(lines) else "<<none>>"
                     out.append(line)
-                    out += select(run("sh", line[2:], cwd, i), nxt)
+                    shown = select(run("sh", line[2:], cwd, i), nxt)
+                    if any(s.startswith("$ ") for s in shown):
+                        raise SystemExit(f"{line}: an output line starts with '$ ' and would "
+                                         f"read as a command; change the output's wording")
+                    out += shown
             body = "\n".join(out) + "\n"
         pieces.append(f"```{lang}\n{body}```")
         pos = m.end()

@@ -149,7 +149,7 @@ def format_compare(entries: Sequence[Entry]) -> str:
          else f"{e.joules_per_token:.4g} J"),
         ("tokens/s per MW", lambda e: None if e.power_w is None
          else f"{e.report.tokens_per_s / (e.power_w / 1e6):,.0f}"),
-        ("$ per M tokens", lambda e: None if e.usd_per_million_tokens is None
+        ("USD per M tokens", lambda e: None if e.usd_per_million_tokens is None
          else f"{e.usd_per_million_tokens:.4g}"),
         ("compiled", lambda e: f"re-timed from {e.retimed_from}" if e.retimed_from
          else "yes"),
