@@ -410,11 +410,12 @@ def why_not(r: Result, best: Result | None) -> str:
 def format_results(results: Sequence[Result], top: int = 10) -> str:
     ranked = ranking(results)
     best = ranked[0] if ranked else None
-    head = (f"{'rank':>4}  {'config':<44}{'step':>11}{'tok/s/dev':>11}{'MFU':>7}"
+    w = max([len("config"), *(len(r.name) for r in ranked[:top])]) + 2
+    head = (f"{'rank':>4}  {'config':<{w}}{'step':>11}{'tok/s/dev':>11}{'MFU':>7}"
             f"{'memory/dev':>12}  bottleneck")
     lines = [head, "-" * len(head)]
     for i, r in enumerate(ranked[:top], 1):
-        lines.append(f"{i:>4}  {r.name[:43]:<44}{fmt_s(r.step_time_s):>11}"
+        lines.append(f"{i:>4}  {r.name:<{w}}{fmt_s(r.step_time_s):>11}"
                      f"{r.tokens_per_s_per_device or 0:>11,.0f}{(r.mfu or 0):>7.1%}"
                      f"{fmt_bytes(r.memory_per_device_bytes):>12}  "
                      f"{r.bottleneck.split(';')[0]}")
@@ -428,7 +429,8 @@ def format_results(results: Sequence[Result], top: int = 10) -> str:
     front = pareto(results)
     if front:
         lines.append("pareto front (none is both faster and smaller):")
-        lines += [f"  {r.name:<44}{fmt_s(r.step_time_s):>11}"
+        fw = max(len(r.name) for r in front) + 2
+        lines += [f"  {r.name:<{fw}}{fmt_s(r.step_time_s):>11}"
                   f"{fmt_bytes(r.memory_per_device_bytes):>12}" for r in front]
     if others:
         lines.append("why the others lost:")
@@ -529,6 +531,11 @@ def render_html(results: Sequence[Result], title: str = "search") -> str:
                        f'r="5" fill="{fill}" stroke="#4c78a8"><title>{h.escape(r.name)}: '
                        f'{fmt_s(r.step_time_s)}, {fmt_bytes(r.memory_per_device_bytes)}'
                        f'{"" if r.fits is not False else " (does not fit)"}</title></circle>')
+            if r in front:  # the front's configs by their sharding
+                short = r.name.removeprefix(f"{title}-")
+                svg.append(f'<text x="{px(r.memory_per_device_bytes) + 7:.1f}" '
+                           f'y="{py(r.step_time_s) - 7:.1f}" class="label">'
+                           f'{h.escape(short)}</text>')
     svg.append("</svg>")
     rows = "".join(
         f"<tr><td>{i}</td><td>{h.escape(r.name)}</td><td>{fmt_s(r.step_time_s)}</td>"
