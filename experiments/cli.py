@@ -32,15 +32,6 @@ def _write_json(path: str, data: dict) -> None:
     out.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
 
 
-def tool_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("shardscope")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def _jsonable(o):
     if isinstance(o, set | frozenset | tuple):
         return list(o)
@@ -52,6 +43,8 @@ def cmd_run(args) -> int:
     from experiments import runner
 
     exp = config_mod.load(args.config, args.set or [])
+    from experiments.store import tool_version
+
     config = {**exp.to_dict(), "backend": args.backend, "tool_version": tool_version()}
     if args.backend == "all":
         return _run_all_backends(args, exp, config)
@@ -199,17 +192,12 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_search(args) -> int:
+    from experiments import config as config_mod
     from experiments import search as search_mod
-    from experiments.config import read_toml, resolve
     from experiments.store import Store
 
-    path = resolve(args.config)
-    exp = config_mod_load(path, args.set or [])
-    raw = read_toml(path, what="config file", example="")
-    from experiments.config import apply_override
-
-    for item in args.set or []:
-        apply_override(raw, item)
+    raw = config_mod.load_raw(args.config, args.set or [])
+    exp = config_mod.from_dict(raw)
     axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())
     vary = search_mod.parse_vary(args.vary or [])
     _calibration(args)
@@ -255,12 +243,6 @@ def _search_outputs(args, results, title: str) -> None:
                               f"exist")
         out.write_text(search_mod.render_html(results, title))
         print(f"wrote {args.html}")
-
-
-def config_mod_load(path, overrides):
-    from experiments import config as config_mod
-
-    return config_mod.load(path, overrides)
 
 
 class _SearchProgress:
@@ -319,13 +301,9 @@ def cmd_results(args) -> int:
 
 def cmd_compare(args) -> int:
     from experiments import compare as compare_mod
-    from experiments.config import apply_override, read_toml, resolve
-
-    path = resolve(args.config)
-    config_mod_load(path, args.set or [])  # the config itself is valid
-    raw = read_toml(path, what="config file", example="")
-    for item in args.set or []:
-        apply_override(raw, item)
+    from experiments import config as config_mod
+    raw = config_mod.load_raw(args.config, args.set or [])
+    config_mod.from_dict(raw)  # the config itself is valid
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if args.price_per_device_hour is not None and args.price_per_device_hour <= 0:
         raise ConfigError(f"--price-per-device-hour {args.price_per_device_hour}: give the "

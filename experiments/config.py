@@ -161,11 +161,17 @@ def resolve(path: str | Path) -> Path:
 def load(path: str | Path, overrides: list[str] = ()) -> Experiment:
     """Read a TOML experiment (a path or a bundled config's name), apply `key=value`
     overrides, validate."""
+    return from_dict(load_raw(path, overrides))
+
+
+def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
+    """A config's tables as written (a path or a bundled name), with `key=value`
+    overrides applied, not yet validated (a search varies them)."""
     raw = read_toml(resolve(path), what="config file", example="give the path of a .toml "
                     "experiment, e.g. experiments/configs/llama3-8b-nvl72.toml")
     for item in overrides:
         apply_override(raw, item)
-    return from_dict(raw)
+    return raw
 
 
 def apply_override(raw: dict, item: str) -> None:

@@ -31,20 +31,11 @@ from collections.abc import Callable, Sequence
 
 from experiments import config as config_mod
 from experiments.config import ConfigError, Experiment, apply_override
-from experiments.store import Result, Store, config_hash
+from experiments.store import Result, Store, config_hash, tool_version
 from sharding.report import fmt_bytes, fmt_s
 from sharding.rules import MESH_AXES
 
 DEFAULT_AXES = ("data", "fsdp", "tensor")
-
-
-def tool_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("shardscope")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 # --- enumeration ------------------------------------------------------------------------

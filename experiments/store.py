@@ -49,6 +49,16 @@ FIGURES = ("step_time_s", "tokens_per_s_per_device", "mfu", "memory_per_device_b
            "bottleneck")
 
 
+def tool_version() -> str:
+    """The installed shardscope's version (a store keeps results per version)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shardscope")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def config_hash(config: dict) -> str:
     """A config's identity: its tables with every default filled in, the name left out
     (the same sharding under another name is the same program)."""
