@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from experiments import config as config_mod
 from experiments import runner
 from experiments.config import ConfigError
-from sharding.report import Report, fmt_bytes, fmt_s
+from sharding.report import Report, column_table, fmt_bytes, fmt_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,13 +155,7 @@ def format_compare(entries: Sequence[Entry]) -> str:
          else "yes"),
     ]
     table = [(what, [cell(e, fn) for e in entries]) for what, fn in rows]
-    w0 = max(len(w) for w, _ in table) + 2
-    widths = [max(len(e.system), *(len(v[i]) for _, v in table)) + 2
-              for i, e in enumerate(entries)]
-    lines = [" " * w0 + "".join(f"{e.system:>{w}}" for e, w in zip(entries, widths,
-                                                                      strict=True))]
-    lines += [f"{what:<{w0}}" + "".join(f"{v:>{w}}" for v, w in zip(vals, widths, strict=True))
-              for what, vals in table]
+    lines = column_table([e.system for e in entries], table)
     for e in entries:
         lines.append(f"{e.system}: " + (e.report.bottleneck() if e.report else e.message))
     lines.append("power: the chips' spec TDP x devices (an upper bound; hosts, NICs and "

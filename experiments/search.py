@@ -324,10 +324,11 @@ def _pool_executor(size: int, timeout_s: float, t0: float, time_budget_s: float 
         return pool.ask(devices, req, timeout_s)
 
     def shutdown(interrupted: bool) -> None:
-        if interrupted:
+        if interrupted:  # kill first: the threads waiting on their workers then return
             pool.close(kill=True)
         executor.shutdown(wait=not interrupted, cancel_futures=True)
-        pool.close(kill=interrupted)
+        if not interrupted:
+            pool.close()
 
     return (lambda devices, req: executor.submit(one, devices, req)), shutdown
 
@@ -445,6 +446,7 @@ def reestimate(store: Store, *, system: str | None = None, calibration=None,
     on its own system or on `system` (same device count), without compiling; the store's
     rows are updated when no other system is asked for."""
     import sharding
+    from meshes import get_system
     from sharding.api import AnalysisInputs
 
     out = []
@@ -455,8 +457,6 @@ def reestimate(store: Store, *, system: str | None = None, calibration=None,
         inputs = AnalysisInputs.from_dict(r.inputs, r.hlo_text)
         target = system or r.config["system"]["name"]
         overrides = {k: v for k, v in r.config["system"].items() if k != "name"}
-        from meshes import get_system
-
         sys_obj = get_system(target, **({} if system else overrides))
         ids = None if system else inputs.device_ids
         rep = sharding.reanalyze(inputs, system=sys_obj, calibration=calibration,

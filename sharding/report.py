@@ -385,6 +385,18 @@ def fmt_s(t: float) -> str:
     return f"{t * 1e6:.1f} us"
 
 
+def column_table(labels: list[str], rows: list[tuple[str, list[str]]]) -> list[str]:
+    """Lines of a table with one right-aligned column per label and a row per figure."""
+    w0 = max(len(what) for what, _ in rows) + 2
+    widths = [max(len(label), *(len(vals[i]) for _, vals in rows)) + 2
+              for i, label in enumerate(labels)]
+    lines = [" " * w0 + "".join(f"{label:>{w}}" for label, w in
+                                zip(labels, widths, strict=True))]
+    lines += [f"{what:<{w0}}" + "".join(f"{v:>{w}}" for v, w in zip(vals, widths, strict=True))
+              for what, vals in rows]
+    return lines
+
+
 def format_side_by_side(reports: list[tuple[str, Report]]) -> str:
     """The same step under several labels (backends, systems): one column each, a row per
     figure, then where the largest difference comes from."""
@@ -406,13 +418,7 @@ def format_side_by_side(reports: list[tuple[str, Report]]) -> str:
         row("memory/device", lambda r: fmt_bytes(r.memory_per_device_bytes)
             + ("" if r.fits else " (no fit)")),
     ]
-    w0 = max(len(w) for w, _ in rows) + 2
-    widths = [max(len(label), *(len(v[i]) for _, v in rows)) + 2
-              for i, (label, _) in enumerate(reports)]
-    lines = [f"{'':<{w0}}" + "".join(f"{label:>{w}}" for (label, _), w in
-                                     zip(reports, widths, strict=True))]
-    lines += [f"{what:<{w0}}" + "".join(f"{v:>{w}}" for v, w in zip(vals, widths, strict=True))
-              for what, vals in rows]
+    lines = column_table([label for label, _ in reports], rows)
     for label, r in reports:
         lines.append(f"bottleneck ({label}): {r.bottleneck()}")
     if len(reports) > 1:
