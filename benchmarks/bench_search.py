@@ -52,7 +52,7 @@ def main() -> int:
         again = search.reestimate(store, search=raw["name"])
         per = (time.perf_counter() - t1) / max(sum(r.status == "ok" for r in again), 1)
         print(f"re-estimate without compiling: {1e3 * per:.0f} ms per stored config "
-              f"(parse + estimate of its HLO; goal 10 ms)")
+              f"(time its stored plan, write the new figures; goal 10 ms)")
         best = search.ranking(results)
         if best:
             print(f"best: {best[0].name} {best[0].step_time_s:.3f} s, MFU {best[0].mfu:.1%}")

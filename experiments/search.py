@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import copy
 import dataclasses
@@ -239,6 +240,7 @@ def result_of(c: Candidate, answer: dict, *, search: str, backend: str) -> Resul
         memory_per_device_bytes=rep.get("memory_per_device_bytes"), fits=rep.get("fits"),
         bottleneck=rep.get("bottleneck", ""), report=rep or None,
         inputs=answer.get("inputs"), hlo_text=answer.get("hlo", ""),
+        plan=base64.b64decode(answer.get("plan", "")),
         timings={**rep.get("timings", {}), "wall_s": answer.get("wall_s", 0.0)})
 
 
@@ -443,23 +445,34 @@ def to_json(results: Sequence[Result]) -> dict:
 def reestimate(store: Store, *, system: str | None = None, calibration=None,
                search: str | None = None) -> list[Result]:
     """Re-time every stored compiled program under the current model (or `calibration`),
-    on its own system or on `system` (same device count), without compiling; the store's
-    rows are updated when no other system is asked for."""
+    on its own system or on `system` (same device count), without compiling: from the
+    program as read when it was compiled (sharding/plan.py), or from its HLO when the
+    store's plan is of an older format. The store's rows are updated when no other system
+    is asked for."""
     import sharding
     from meshes import get_system
     from sharding.api import AnalysisInputs
+    from sharding.plan import Plan
 
     out = []
-    for r in store.results(search=search, with_hlo=True):
-        if r.status != "ok" or not r.hlo_text or r.inputs is None:
+    systems: dict[tuple, object] = {}
+    for r in store.results(search=search, with_plan=True):
+        if r.status != "ok" or r.inputs is None:
             out.append(r)
             continue
-        inputs = AnalysisInputs.from_dict(r.inputs, r.hlo_text)
+        plan = Plan.from_bytes(r.plan)
+        hlo = "" if plan is not None else store.hlo(r)
+        if plan is None and not hlo:
+            out.append(r)
+            continue
+        inputs = AnalysisInputs.from_dict(r.inputs, hlo, plan)
         target = system or r.config["system"]["name"]
         overrides = {k: v for k, v in r.config["system"].items() if k != "name"}
-        sys_obj = get_system(target, **({} if system else overrides))
+        key = (target, json.dumps({} if system else overrides, sort_keys=True))
+        if key not in systems:
+            systems[key] = get_system(target, **({} if system else overrides))
         ids = None if system else inputs.device_ids
-        rep = sharding.reanalyze(inputs, system=sys_obj, calibration=calibration,
+        rep = sharding.reanalyze(inputs, system=systems[key], calibration=calibration,
                                  device_ids=ids if ids is not None else range(
                                      math.prod(inputs.mesh_shape)))
         d = rep.to_dict(groups=False)
@@ -467,7 +480,8 @@ def reestimate(store: Store, *, system: str | None = None, calibration=None,
             r, step_time_s=d["step_time_s"], tokens_per_s_per_device=d[
                 "tokens_per_s_per_device"], mfu=d["mfu"],
             memory_per_device_bytes=d["memory_per_device_bytes"], fits=d["fits"],
-            bottleneck=d["bottleneck"], report=d, inputs=rep.inputs.to_dict(), hlo_text="")
+            bottleneck=d["bottleneck"], report=d, inputs=rep.inputs.to_dict(), hlo_text="",
+            plan=r.plan if plan is not None else rep.inputs.plan.to_bytes())
         if system is None:
             store.update_estimate(new)
         out.append(new)

@@ -3,9 +3,11 @@ tool version, backend), committed one result at a time.
 
 A row keeps the config that ran, its status (ok / refused / error) and one-line message, the
 headline figures (for ranking without reading the reports), the JSON report, the timings,
-and the compiled HLO (zlib) with what the estimate was made from, so that `--reestimate`
-re-times it without compiling. Several searches may write one store at once: SQLite's lock
-serialises the writes and the primary key keeps each result once.
+and the compiled HLO (zlib) with what the estimate was made from and the program as read
+(sharding/plan.py), so that `--reestimate` re-times it without compiling or reading the HLO
+again (a store written before plans were kept gains the column when opened). Several
+searches may write one store at once: SQLite's lock serialises the writes and the primary
+key keeps each result once.
 """
 
 from __future__ import annotations
@@ -41,9 +43,15 @@ CREATE TABLE IF NOT EXISTS results (
     hlo BLOB,
     timings TEXT,
     created REAL NOT NULL,
+    plan BLOB,
     PRIMARY KEY (config_hash, tool_version, backend)
 )
 """
+
+COLUMNS = ("config_hash", "tool_version", "backend", "search", "name", "config", "parallelism",
+           "varied", "status", "message", "step_time_s", "tokens_per_s_per_device", "mfu",
+           "memory_per_device_bytes", "fits", "bottleneck", "report", "inputs", "hlo", "timings",
+           "created", "plan")
 
 FIGURES = ("step_time_s", "tokens_per_s_per_device", "mfu", "memory_per_device_bytes", "fits",
            "bottleneck")
@@ -89,6 +97,7 @@ class Result:
     report: dict | None = None
     inputs: dict | None = None
     hlo_text: str = ""
+    plan: bytes = b""  # sharding.plan.Plan.to_bytes()
     timings: dict = dataclasses.field(default_factory=dict)
     created: float = 0.0
 
@@ -111,6 +120,12 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute(SCHEMA)
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(results)")}
+        if "plan" not in columns:  # a store from before plans were kept
+            try:
+                self.db.execute("ALTER TABLE results ADD COLUMN plan BLOB")
+            except sqlite3.OperationalError:  # another search added it first
+                pass
 
     def __enter__(self) -> Store:
         return self
@@ -130,7 +145,8 @@ class Store:
     def add(self, r: Result) -> bool:
         """Commit one result; False when the store already had it (another search)."""
         cur = self.db.execute(
-            "INSERT OR IGNORE INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT OR IGNORE INTO results ({', '.join(COLUMNS)}) VALUES "
+            f"({', '.join('?' * len(COLUMNS))})",
             (r.config_hash, r.tool_version, r.backend, r.search, r.name,
              json.dumps(r.config, default=str), json.dumps(r.parallelism),
              json.dumps(r.varied), r.status, r.message, r.step_time_s,
@@ -139,26 +155,35 @@ class Store:
              None if r.report is None else json.dumps(r.report, default=str),
              None if r.inputs is None else json.dumps(r.inputs, default=str),
              zlib.compress(r.hlo_text.encode()) if r.hlo_text else None,
-             json.dumps(r.timings), r.created or time.time()))
+             json.dumps(r.timings), r.created or time.time(), r.plan or None))
         return cur.rowcount == 1
 
     def update_estimate(self, r: Result) -> None:
         """Replace a stored result's figures and report (a re-estimate; the HLO stays)."""
         self.db.execute(
             "UPDATE results SET step_time_s=?, tokens_per_s_per_device=?, mfu=?, "
-            "memory_per_device_bytes=?, fits=?, bottleneck=?, report=?, inputs=? "
-            "WHERE config_hash=? AND tool_version=? AND backend=?",
+            "memory_per_device_bytes=?, fits=?, bottleneck=?, report=?, inputs=?, "
+            "plan=COALESCE(?, plan) WHERE config_hash=? AND tool_version=? AND backend=?",
             (r.step_time_s, r.tokens_per_s_per_device, r.mfu, r.memory_per_device_bytes,
              None if r.fits is None else int(r.fits), r.bottleneck,
              json.dumps(r.report, default=str), json.dumps(r.inputs, default=str),
-             r.config_hash, r.tool_version, r.backend))
+             r.plan or None, r.config_hash, r.tool_version, r.backend))
 
-    def results(self, *, search: str | None = None, with_hlo: bool = False) -> list[Result]:
-        """Every stored result (of one search when given), oldest first."""
+    def hlo(self, r: Result) -> str:
+        """A stored result's compiled HLO ("" when none was kept)."""
+        row = self.db.execute("SELECT hlo FROM results WHERE config_hash=? AND "
+                              "tool_version=? AND backend=?",
+                              (r.config_hash, r.tool_version, r.backend)).fetchone()
+        return zlib.decompress(row[0]).decode() if row and row[0] else ""
+
+    def results(self, *, search: str | None = None, with_hlo: bool = False,
+                with_plan: bool = False) -> list[Result]:
+        """Every stored result (of one search when given), oldest first; the compiled HLO
+        and the program as read only when asked for."""
         cols = ("config_hash, tool_version, backend, search, name, config, parallelism, "
                 "varied, status, message, step_time_s, tokens_per_s_per_device, mfu, "
-                "memory_per_device_bytes, fits, bottleneck, report, inputs, timings, created"
-                + (", hlo" if with_hlo else ""))
+                "memory_per_device_bytes, fits, bottleneck, report, inputs, timings, created, "
+                + ("hlo" if with_hlo else "NULL") + ", " + ("plan" if with_plan else "NULL"))
         query = f"SELECT {cols} FROM results" + (" WHERE search = ?" if search else "") + \
             " ORDER BY created"
         out = []
@@ -174,5 +199,6 @@ class Store:
                 report=json.loads(report) if report else None,
                 inputs=json.loads(inputs) if inputs else None,
                 hlo_text=zlib.decompress(row[20]).decode() if with_hlo and row[20] else "",
+                plan=row[21] or b"",
                 timings=json.loads(timings), created=created))
         return out

@@ -262,7 +262,8 @@ def format_table(rows: list[Row], stats: dict) -> str:
 def timing_lines(rows: list[Row], wall_s: float) -> list[str]:
     """How long validation took: the wall time, and per case the work after compiling."""
     ran = [r for r in rows if r.status == "ok"]
-    after = [r.timings.get("parse_s", 0) + r.timings.get("estimate_s", 0) for r in ran]
+    after = [sum(r.timings.get(k, 0) for k in ("parse_s", "read_s", "estimate_s"))
+             for r in ran]
     compile_s = [r.timings.get("compile_s", 0) for r in ran]
     if not ran:
         return [f"wall {wall_s:.1f} s"]

@@ -6,7 +6,8 @@ It starts JAX once with DEVICES fake CPU devices (set before JAX starts, as a wo
 other size could not), then reads one JSON request per line on stdin -- `{"config": the
 config's tables, "backend": ..., "keep_unfit": bool, "calibration": path or null}` -- and
 answers each with one JSON line on stdout: the status (ok / refused / error), the message,
-the report, what the estimate was made from and the HLO. A compiler that aborts or
+the report, what the estimate was made from, the HLO and the program as read
+(sharding/plan.py, base64). A compiler that aborts or
 crashes takes the process with it: the parent (experiments/search.py) records that config's
 error from the exit signal and starts a new worker. End of input ends the worker.
 
@@ -16,6 +17,7 @@ For testing the parent's recovery, SHARDSCOPE_FAULT=abort:TEXT makes the worker 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -48,8 +50,10 @@ def _serve(devices: int) -> None:
             cal = load_calibration(req["calibration"]) if req.get("calibration") else None
             report = runner.run(exp, backend=req.get("backend", "cpu"), calibration=cal,
                                 compile_unfit=req.get("keep_unfit", False))
+            plan = report.inputs.plan.to_bytes() if report.inputs.plan else b""
             answer.update(status="ok", message="", report=report.to_dict(groups=False),
-                          inputs=report.inputs.to_dict(), hlo=report.inputs.hlo_text)
+                          inputs=report.inputs.to_dict(), hlo=report.inputs.hlo_text,
+                          plan=base64.b64encode(plan).decode())
         except ConfigError as e:
             answer.update(status="refused", message=str(e).splitlines()[0])
         except Exception as e:  # noqa: BLE001 -- a compiler error is this config's result

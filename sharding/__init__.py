@@ -19,9 +19,12 @@ Rooms, in the order data flows through them:
   dequantisation, shared dataflow questions, HBM traffic of memory-bound kernels;
   `compute.py` turns them into per-instruction times and step totals.
 - `schedule.py`: the list-scheduling simulation of compute and link streams.
+- `plan.py`: a module read once into what the timing needs (work, counts, collectives,
+  schedule graph), whatever the system: re-timing a stored program starts from it.
 - `report.py`: the Report (time, throughput, MFU, memory, bottleneck, tables, JSON);
   `html.py`: the HTML report.
-- `api.py`: `analyze`, `analyze_hlo`, `analyze_module`: orchestration of the above.
+- `api.py`: `analyze`, `analyze_hlo`, `analyze_module`, `analyze_plan`, `reanalyze`:
+  orchestration of the above.
 
 May import `meshes`; knows nothing of models or configs.
 
@@ -55,11 +58,19 @@ _skip_absent_tpu_runtime()
 
 # ruff: noqa: E402
 
-from sharding.api import AnalysisInputs, analyze, analyze_hlo, analyze_module, reanalyze
+from sharding.api import (
+    AnalysisInputs,
+    analyze,
+    analyze_hlo,
+    analyze_module,
+    analyze_plan,
+    reanalyze,
+)
 from sharding.collectives import Collective, extract_collectives
 from sharding.compiler import Compiled, compile_to_hlo
 from sharding.hlo import HloParseError, parse_hlo
 from sharding.mesh import ensure_cpu_devices, make_mesh
+from sharding.plan import Plan, build_plan
 from sharding.report import Memory, Report
 from sharding.rules import (
     LOGICAL_AXES,
@@ -83,10 +94,13 @@ __all__ = [
     "Compiled",
     "HloParseError",
     "Memory",
+    "Plan",
     "Report",
     "analyze",
     "analyze_hlo",
     "analyze_module",
+    "analyze_plan",
+    "build_plan",
     "compile_to_hlo",
     "constrain",
     "default_rules",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -19,11 +18,11 @@ from jax.sharding import Mesh
 
 from meshes import System, get_system
 from meshes.calibration import Calibration, catalog_calibration
-from sharding import loops
-from sharding.collectives import Collective, extract_collectives
+from sharding.collectives import Collective
 from sharding.compiler import compile_to_hlo, compiled_memory, system_device_id
-from sharding.compute import computation_costs, compute_cost
+from sharding.compute import compute_cost, time_work
 from sharding.hlo import HloModule, parse_hlo
+from sharding.plan import Plan, build_plan
 from sharding.progress import stage
 from sharding.report import Memory, Report, fmt_bytes, fmt_s
 from sharding.schedule import Scheduler
@@ -71,13 +70,12 @@ def _promotion_note(collectives: list[Collective]) -> tuple[str, ...]:
             f"types (XLA_FLAGS=--xla_dump_hlo_pass_re=spmd-partitioning)",)
 
 
-def _windowed_einsum_note(module, per_comp) -> tuple[str, ...]:
+def _windowed_einsum_note(counts: dict[str, int], per_comp) -> tuple[str, ...]:
     """The TPU (and GPU) SPMD partitioner can turn a matmul with a sharded operand into a
     windowed-einsum loop (a collective matmul: each step multiplies the chunk at hand while
     the next arrives). Over a sharded contracting dimension each step adds a full-size
     partial product into an accumulator in HBM: traffic XLA:CPU's program, which gathers
     the operand once, does not have. Said, with its size, where it happens."""
-    counts = loops.execution_counts(module)
     bodies = [name for name in per_comp if "windowed_dot_general_body" in name]
     if not bodies:
         return ()
@@ -87,22 +85,6 @@ def _windowed_einsum_note(module, per_comp) -> tuple[str, ...]:
             f"{fmt_bytes(nbytes)} of HBM traffic and {fmt_s(mem_s)} of memory-bound "
             f"kernels per step, mostly partial products accumulated in HBM; XLA:CPU gathers "
             f"the operand instead, so --backend cpu does not see this cost",)
-
-
-_COMPILER_REMAT = re.compile(r"\.remat\d*$")
-
-
-def _remat_note(module) -> tuple[str, ...]:
-    """The target compiler's own rematerialisation (XLA:GPU's HLO rematerialisation pass
-    names its copies `*.remat`, `*.remat2`, ...): it recomputes when the program would not
-    fit in HBM otherwise, and the extra work is in the estimate."""
-    names = [i for comp in module.computations.values() for i in comp.instructions
-             if i.opcode in ("fusion", "dot", "custom-call") and _COMPILER_REMAT.search(i.name)]
-    if not names:
-        return ()
-    return (f"the compiler rematerialised {len(names)} kernels (recomputed to fit in HBM; "
-            f"e.g. {names[0].name}): their work is in the estimate; more remat or sharding in "
-            f"the config would control it",)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -126,23 +108,25 @@ class AnalysisInputs:
     host_transfer_bytes: float = 0.0
     pipeline: dict | None = None
     fit_advice: tuple[str, ...] = ()
+    # the program read (sharding/plan.py): re-timing from it skips reading the HLO
+    plan: Plan | None = None
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-             if f.name not in ("hlo_text", "memory")}
+             if f.name not in ("hlo_text", "memory", "plan")}
         m = self.memory
         d["memory"] = {"components": [list(c) for c in m.components], "source": m.source,
                        "compiler_bytes": m.compiler_bytes, "compiler_source": m.compiler_source}
         return d
 
     @classmethod
-    def from_dict(cls, d: dict, hlo_text: str) -> AnalysisInputs:
+    def from_dict(cls, d: dict, hlo_text: str, plan: Plan | None = None) -> AnalysisInputs:
         m = d["memory"]
         memory = Memory(components=tuple((w, b) for w, b in m["components"]),
                         source=m["source"], compiler_bytes=m["compiler_bytes"],
                         compiler_source=m["compiler_source"])
         tuples = {"mesh_shape", "axis_names", "device_ids", "warnings", "fit_advice"}
-        return cls(hlo_text=hlo_text, memory=memory,
+        return cls(hlo_text=hlo_text, memory=memory, plan=plan,
                    **{k: tuple(v) if k in tuples else v for k, v in d.items()
                       if k != "memory"})
 
@@ -153,19 +137,22 @@ def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
     """The report of a program compiled earlier, re-timed under the current model (or
     `calibration`), on its own system's device placement or on `system` (the same device
     count; its devices in mesh order unless `device_ids`). No compile."""
-    t0 = time.perf_counter()
-    module = parse_hlo(inputs.hlo_text)
-    parse_s = time.perf_counter() - t0
     if system is None:
         raise ValueError("reanalyze needs the system to time the program on")
+    t0 = time.perf_counter()
+    plan = inputs.plan
+    if plan is None:
+        plan = build_plan(parse_hlo(inputs.hlo_text), mesh_shape=inputs.mesh_shape,
+                          axis_names=inputs.axis_names)
+    parse_s = time.perf_counter() - t0
     system = get_system(system) if isinstance(system, str) else system
     n = math.prod(inputs.mesh_shape)
     if system.num_devices != n:
         raise ValueError(f"{system.name} has {system.num_devices} devices; the stored program "
                          f"runs on {n}: re-time it on a system of the same size")
     ids = inputs.device_ids if device_ids is None else tuple(device_ids)
-    report = analyze_module(
-        module, system=system, mesh_shape=inputs.mesh_shape, axis_names=inputs.axis_names,
+    report = analyze_plan(
+        plan, system=system, mesh_shape=inputs.mesh_shape, axis_names=inputs.axis_names,
         device_ids=ids, compiler=inputs.compiler, memory=inputs.memory,
         compute_dtype=inputs.compute_dtype, model_flops_per_step=inputs.model_flops_per_step,
         tokens_per_step=inputs.tokens_per_step, sequences_per_step=inputs.sequences_per_step,
@@ -173,11 +160,22 @@ def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
         calibration=calibration, host_transfer_bytes=inputs.host_transfer_bytes,
         pipeline=inputs.pipeline)
     return dataclasses.replace(report, fit_advice=inputs.fit_advice,
-                               inputs=dataclasses.replace(inputs, device_ids=ids))
+                               inputs=dataclasses.replace(inputs, device_ids=ids, plan=plan))
 
 
-def analyze_module(
-    module: HloModule,
+def analyze_module(module: HloModule, *, system: System, mesh_shape: Sequence[int] = (),
+                   axis_names: Sequence[str] = (), **kwargs) -> Report:
+    """Report for a parsed per-device module on `system`: `analyze_plan` of its plan."""
+    t0 = time.perf_counter()
+    plan = build_plan(module, mesh_shape=mesh_shape, axis_names=axis_names)
+    timings = dict(kwargs.pop("timings", None) or {})
+    timings["read_s"] = time.perf_counter() - t0
+    return analyze_plan(plan, system=system, mesh_shape=mesh_shape, axis_names=axis_names,
+                        timings=timings, **kwargs)
+
+
+def analyze_plan(
+    plan: Plan,
     *,
     system: System,
     mesh_shape: Sequence[int] = (),
@@ -196,16 +194,15 @@ def analyze_module(
     host_transfer_bytes: float = 0.0,
     pipeline: dict | None = None,
 ) -> Report:
-    """Report for a parsed per-device module on `system` (`calibration`: the fitted
-    efficiencies; the catalog's by default; `host_transfer_bytes`: activations offloaded
-    to host memory and back per device and step, timed on the chip's host link;
-    `pipeline`: the pipeline schedule the program runs, models.Pipeline.summary())."""
+    """Report for a read per-device program (sharding/plan.py) on `system`
+    (`calibration`: the fitted efficiencies; the catalog's by default;
+    `host_transfer_bytes`: activations offloaded to host memory and back per device and
+    step, timed on the chip's host link; `pipeline`: the pipeline schedule the program
+    runs, models.Pipeline.summary())."""
     calibration = catalog_calibration() if calibration is None else calibration
     timings = dict(timings or {})
     t0 = time.perf_counter()
-    collectives, unknown = extract_collectives(module, mesh_shape=mesh_shape,
-                                               axis_names=axis_names)
-    n = module.num_partitions
+    n = plan.num_partitions
     if n > system.num_devices:
         raise ValueError(f"the program runs on {n} devices but {system.name} has "
                          f"{system.num_devices}; pick a system with at least {n} devices")
@@ -214,15 +211,16 @@ def analyze_module(
         raise ValueError(f"--mesh {shape} has {math.prod(mesh_shape)} devices but the program "
                          f"runs on {n} (num_partitions); give sizes whose product is {n}")
     ids = list(device_ids) if device_ids is not None else list(range(n))
+    collectives = list(plan.collectives)
     _check_group_ids(collectives, len(ids))
     collectives = _time_collectives(collectives, system, ids)
     warnings = (*warnings, *_promotion_note(collectives))
-    per_comp = computation_costs(module, system.chip, compute_dtype=compute_dtype,
-                                 calibration=calibration)
-    cost = compute_cost(module, system.chip, costs=per_comp)
-    warnings = (*warnings, *_windowed_einsum_note(module, per_comp))
+    per_comp = time_work(plan.work, system.chip, compute_dtype=compute_dtype,
+                         calibration=calibration)
+    cost = compute_cost(None, system.chip, costs=per_comp, counts=plan.counts)
+    warnings = (*warnings, *_windowed_einsum_note(plan.counts, per_comp))
     schedule = Scheduler(
-        module,
+        plan.graph,
         {name: c.times for name, c in per_comp.items()},
         {(c.computation, c.name): (c.time_s, c.link) for c in collectives},
     ).run()
@@ -242,8 +240,8 @@ def analyze_module(
         tokens_per_step=tokens_per_step,
         sequences_per_step=sequences_per_step,
         timings=timings,
-        warnings=tuple(warnings) + tuple(loops.notes(module)) + _remat_note(module),
-        unknown_ops=tuple(unknown),
+        warnings=tuple(warnings) + plan.notes,
+        unknown_ops=plan.unknown_ops,
         scheduled_step_s=schedule.step_s,
         calibration=calibration,
         system_family=getattr(system.family, "name", ""),
@@ -320,8 +318,11 @@ def analyze(
     if memory is not None:
         compiled = dataclasses.replace(memory, compiler_bytes=compiled.total_bytes or None,
                                        compiler_source=compiled.source)
-    report = analyze_module(
-        module,
+    t0 = time.perf_counter()
+    plan = build_plan(module, mesh_shape=mesh.devices.shape, axis_names=mesh.axis_names)
+    c.timings["read_s"] = time.perf_counter() - t0
+    report = analyze_plan(
+        plan,
         system=system,
         mesh_shape=mesh.devices.shape,
         axis_names=mesh.axis_names,
@@ -346,7 +347,7 @@ def analyze(
         model_flops_per_step=model_flops_per_step, tokens_per_step=tokens_per_step,
         sequences_per_step=sequences_per_step, warnings=(*warnings, *c.warnings), name=name,
         host_transfer_bytes=host_transfer_bytes, pipeline=pipeline,
-        fit_advice=tuple(fit_advice))
+        fit_advice=tuple(fit_advice), plan=plan)
     return dataclasses.replace(report, fit_advice=tuple(fit_advice), inputs=inputs)
 
 

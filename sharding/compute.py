@@ -82,54 +82,132 @@ class ExecutionCost:
         d["time_s"] += t
 
 
+@dataclasses.dataclass(frozen=True)
+class MatmulWork:
+    """A dot or convolution, as the program has it: its FLOPs, its operands' HLO dtype,
+    the HBM bytes it moves when it is a kernel of its own (0 when its operands stream
+    through on-chip memory), whether it runs inside the fused attention kernel, and
+    whether it pays a kernel's fixed overhead (not inside a fusion, whose kernel pays)."""
+
+    name: str
+    flops: float
+    dtype: str
+    io: float
+    attention: bool
+    own_kernel: bool
+    op: str
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelWork:
+    """A memory-bound kernel: its HBM bytes and elements written, timed at its last
+    member instruction."""
+
+    nbytes: float
+    elems: float
+    last: str
+    op: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionWork:
+    """A fusion instruction whose fused computations hold matmuls (its kernel overlaps
+    their math with its traffic)."""
+
+    name: str
+    callees: tuple[str, ...]
+    op: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What one execution of a computation does, before any chip is chosen."""
+
+    matmuls: tuple[MatmulWork, ...] = ()
+    kernels: tuple[KernelWork, ...] = ()
+    fusions: tuple[FusionWork, ...] = ()
+
+    def timed_names(self) -> set[str]:
+        """The instructions that may occupy the compute stream."""
+        return ({m.name for m in self.matmuls} | {k.last for k in self.kernels}
+                | {f.name for f in self.fusions})
+
+
+def work(module: HloModule) -> dict[str, Work]:
+    """The matmuls, memory-bound kernels and matmul-holding fusions of every computation
+    that runs, in module order: everything `time_work` needs, independent of the chip."""
+    fused = {callee for callee, sites in module.call_sites.items()
+             if any(inst.opcode == "fusion" for _, inst, _ in sites)}
+    counts = execution_counts(module)
+    out: dict[str, Work] = {}
+    for comp in module.computations.values():
+        if counts.get(comp.name, 0) == 0:
+            continue
+        inside_fusion = comp.name in fused
+        matmuls = []
+        for inst in comp.instructions:
+            if inst.opcode in MATMUL_OPS:
+                f, dt, own_io = dot_flops(inst, comp)
+                on_chip = inside_fusion or FUSED_KERNEL_SCOPE in inst.op_name
+                scoped = (not module.is_scheduled and not inside_fusion
+                          and DECODE_ATTENTION_SCOPE in inst.op_name)
+                io = 0.0 if on_chip else (_scope_io(inst, comp, DECODE_ATTENTION_SCOPE)
+                                          if scoped else own_io)
+                matmuls.append(MatmulWork(inst.name, f, dt, io,
+                                          FUSED_KERNEL_SCOPE in inst.op_name,
+                                          not inside_fusion, operation_of(inst.op_name)))
+        kerns = () if inside_fusion else tuple(
+            KernelWork(nbytes, elems, members[-1].name, operation_of(members[-1].op_name))
+            for nbytes, elems, members in kernels(comp, module, final=module.is_scheduled))
+        out[comp.name] = Work(tuple(matmuls), kerns)
+    for name, w in out.items():
+        comp = module.computations[name]
+        fusions = tuple(
+            FusionWork(inst.name, callees, operation_of(inst.op_name))
+            for inst in comp.instructions if inst.opcode == "fusion"
+            for callees in [tuple(c for _, c in inst.called_computations() if c in out)]
+            if any(out[c].matmuls for c in callees))
+        out[name] = dataclasses.replace(w, fusions=fusions)
+    return out
+
+
 def computation_costs(
     module: HloModule, chip: Chip, *, compute_dtype: str | None = None,
     calibration: Calibration = IDENTITY,
 ) -> dict[str, ExecutionCost]:
     """Cost of one execution of each computation that runs (`calibration`: the fitted
     efficiencies of meshes/calibration.py; none by default)."""
+    return time_work(work(module), chip, compute_dtype=compute_dtype, calibration=calibration)
+
+
+def time_work(
+    works: dict[str, Work], chip: Chip, *, compute_dtype: str | None = None,
+    calibration: Calibration = IDENTITY,
+) -> dict[str, ExecutionCost]:
+    """Cost of one execution of each computation on `chip` from its `work(module)`."""
     hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
-    fused = {callee for callee, sites in module.call_sites.items()
-             if any(inst.opcode == "fusion" for _, inst, _ in sites)}
-    counts = execution_counts(module)
     out: dict[str, ExecutionCost] = {}
-    for comp in module.computations.values():
-        if counts.get(comp.name, 0) == 0:
-            continue
+    for name, w in works.items():
         c = ExecutionCost()
-        inside_fusion = comp.name in fused
-        for inst in comp.instructions:
-            if inst.opcode in MATMUL_OPS:
-                scoped = (not module.is_scheduled and not inside_fusion
-                          and DECODE_ATTENTION_SCOPE in inst.op_name)
-                _add_matmul(c, inst, comp, chip, hbm_bw, compute_dtype, calibration,
-                            on_chip=inside_fusion or FUSED_KERNEL_SCOPE in inst.op_name,
-                            attention=FUSED_KERNEL_SCOPE in inst.op_name,
-                            own_kernel=not inside_fusion,
-                            io=_scope_io(inst, comp, DECODE_ATTENTION_SCOPE) if scoped else None)
-        if not inside_fusion:
-            for kernel_bytes, kernel_elems, members in kernels(comp, module,
-                                                                final=module.is_scheduled):
-                _add_kernel(c, kernel_bytes, kernel_elems, members[-1], hbm_bw,
-                            calibration.kernel_overhead_s)
-        out[comp.name] = c
-    _overlap_fused_matmuls(module, out)
+        for m in w.matmuls:
+            _add_matmul(c, m, chip, hbm_bw, compute_dtype, calibration)
+        for k in w.kernels:
+            _add_kernel(c, k, hbm_bw, calibration.kernel_overhead_s)
+        out[name] = c
+    _overlap_fused_matmuls(works, out)
     return out
 
 
-def _add_matmul(c: ExecutionCost, inst, comp, chip: Chip, hbm_bw: float,
-                compute_dtype: str | None, calibration: Calibration, *, on_chip: bool,
-                attention: bool, own_kernel: bool, io: float | None = None) -> None:
+def _add_matmul(c: ExecutionCost, m: MatmulWork, chip: Chip, hbm_bw: float,
+                compute_dtype: str | None, calibration: Calibration) -> None:
     """A dot or convolution: the larger of its math at the measured rate for its size and
-    its operand traffic (none when its operands stream through on-chip memory; `io` when
-    the caller knows it), plus the fixed per-kernel overhead when it is a kernel of its own
+    its operand traffic, plus the fixed per-kernel overhead when it is a kernel of its own
     (not inside a fusion, whose kernel pays it)."""
-    f, dt, own_io = dot_flops(inst, comp)
-    io = 0 if on_chip else own_io if io is None else io
-    dt = compute_dtype or dt
+    f, io = m.flops, m.io
+    dt = compute_dtype or m.dtype
     size = (f / 2) ** (1 / 3) if f > 0 else None  # cube-equivalent M = N = K
     rate_class = Calibration.rate_class(chip, dt)
-    if attention:
+    if m.attention:
         # A fused flash-attention kernel is not a GEMM of its tiles' size: it runs at its
         # own fraction of the large-GEMM rate (the calibration's), not down the size curve.
         rate = chip.peak_for(dt) * chip.efficiency_for(dt) * calibration.rate_factor(
@@ -139,9 +217,9 @@ def _add_matmul(c: ExecutionCost, inst, comp, chip: Chip, hbm_bw: float,
         rate = chip.peak_for(dt) * chip.efficiency_for(dt, size) * calibration.rate_factor(
             rate_class)
     t_math = f / rate if f > 0 else 0.0
-    overhead = calibration.kernel_overhead_s if own_kernel else 0.0
+    overhead = calibration.kernel_overhead_s if m.own_kernel else 0.0
     t = max(t_math, io / hbm_bw) + overhead
-    c.kernels += own_kernel
+    c.kernels += m.own_kernel
     c.overhead_s += overhead
     if io / hbm_bw > t_math:
         c.hbm_bound_matmul_s += t
@@ -152,23 +230,22 @@ def _add_matmul(c: ExecutionCost, inst, comp, chip: Chip, hbm_bw: float,
     c.flops_by_dtype[dt] = c.flops_by_dtype.get(dt, 0.0) + f
     c.hbm_bytes += io
     c.matmul_s += t
-    c.times[inst.name] = t
-    c.add_op((operation_of(inst.op_name), "matmul"), f, io, t)
+    c.times[m.name] = t
+    c.add_op((m.op, "matmul"), f, io, t)
 
 
-def _add_kernel(c: ExecutionCost, nbytes: float, elems: float, last, hbm_bw: float,
-                overhead_s: float) -> None:
+def _add_kernel(c: ExecutionCost, k: KernelWork, hbm_bw: float, overhead_s: float) -> None:
     """A memory-bound kernel: its traffic at the measured HBM bandwidth plus the fixed
     per-kernel overhead, timed at its last member (it can start only when all of its
     inputs exist)."""
-    t = nbytes / hbm_bw + overhead_s
+    t = k.nbytes / hbm_bw + overhead_s
     c.kernels += 1
     c.overhead_s += overhead_s
-    c.hbm_bytes += nbytes
+    c.hbm_bytes += k.nbytes
     c.memory_bound_s += t
-    c.flops += elems  # ~1 FLOP per element written
-    c.times[last.name] = c.times.get(last.name, 0.0) + t
-    c.add_op((operation_of(last.op_name), "memory"), elems, nbytes, t)
+    c.flops += k.elems  # ~1 FLOP per element written
+    c.times[k.last] = c.times.get(k.last, 0.0) + t
+    c.add_op((k.op, "memory"), k.elems, k.nbytes, t)
 
 
 def _scope_io(inst, comp, scope: str) -> float:
@@ -191,33 +268,29 @@ def _scope_io(inst, comp, scope: str) -> float:
     return io
 
 
-def _overlap_fused_matmuls(module: HloModule, out: dict[str, ExecutionCost]) -> None:
+def _overlap_fused_matmuls(works: dict[str, Work], out: dict[str, ExecutionCost]) -> None:
     """A fusion instruction runs its fused matmuls and its traffic as one kernel: the
     matmul streams its operands, so the kernel takes the larger of its matmul time (counted
     in the fused computation) and its traffic, not the sum."""
-    for comp in module.computations.values():
-        c = out.get(comp.name)
-        if c is None:
-            continue
-        for inst in comp.instructions:
-            if inst.opcode != "fusion":
-                continue
-            inner = sum(out[callee].matmul_s for _, callee in inst.called_computations()
-                        if callee in out)
+    for name, w in works.items():
+        c = out[name]
+        for fu in w.fusions:
+            inner = sum(out[callee].matmul_s for callee in fu.callees)
             if inner <= 0:
                 continue
-            traffic = c.times.get(inst.name, 0.0)
+            traffic = c.times.get(fu.name, 0.0)
             overlap = min(traffic, inner)
             c.memory_bound_s -= overlap
-            key = (operation_of(inst.op_name), "memory")
+            key = (fu.op, "memory")
             if key in c.ops:
                 c.ops[key]["time_s"] -= overlap
-            c.times[inst.name] = max(traffic, inner)
+            c.times[fu.name] = max(traffic, inner)
 
 
 def compute_cost(
     module: HloModule, chip: Chip, *, compute_dtype: str | None = None,
     calibration: Calibration = IDENTITY, costs: dict[str, ExecutionCost] | None = None,
+    counts: dict[str, int] | None = None,
 ) -> ComputeCost:
     """FLOPs, HBM bytes and time of every computation, weighted by execution count.
 
@@ -229,11 +302,12 @@ def compute_cost(
             but the run uses low-precision matmul kernels).
         calibration: the fitted efficiencies (meshes/calibration.py); none by default.
         costs: `computation_costs(...)` when already computed.
+        counts: `execution_counts(module)` when already known (`module` may then be None).
     """
     if costs is None:
         costs = computation_costs(module, chip, compute_dtype=compute_dtype,
                                   calibration=calibration)
-    counts = execution_counts(module)
+    counts = execution_counts(module) if counts is None else counts
     total = ExecutionCost()
     for name, c in costs.items():
         n = counts[name]

@@ -8,7 +8,7 @@ What the hardware overlaps, and how XLA's latency-hiding scheduler arranges it:
   inputs exist, the first in program order (list scheduling). An op that needs a
   collective's result waits for it: that wait is exposed communication.
 - Collectives on different link classes (NVLink and InfiniBand, ICI and DCN) run at the
-  same time; two on the same class queue.
+  same time; two on the same class queue, in program order when they are ready together.
 - A while loop runs its body `trip count` times. In steady state XLA pipelines a loop's
   trailing collectives (a layer's gradient reduce-scatter) into the next iteration, so one
   iteration costs max(critical path to its last compute op, compute busy time, each link's
@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import heapq
 
-from sharding.hlo import Computation, HloModule
+from sharding.collectives import is_collective
+from sharding.hlo import HloModule
 from sharding.loops import trip_counts
 
 COMPUTE = "compute"
@@ -47,16 +48,88 @@ class ScheduleResult:
     comm_busy_s: dict[str, float]
 
 
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """An instruction that may take time: a collective, a control-flow instruction, a
+    fusion or a timed op. `preds` index the computation's nodes it waits for (through any
+    number of instructions that take no time, which the graph leaves out)."""
+
+    name: str
+    opcode: str
+    callees: tuple[str, ...] = ()  # computations it runs (control flow) or fuses
+    trip: int = 1  # a while loop's trip count
+    preds: tuple[int, ...] = ()
+
+
+CONTROL = ("call", "conditional", "async-start")
+_CALLEE_ROLES = ("calls", "to_apply", "branch", "true_computation", "false_computation")
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph:
+    """What the schedule needs of a module, independent of the system: for the entry and
+    every computation control flow runs, its nodes in program order."""
+
+    entry: str
+    computations: dict[str, tuple[Node, ...]]
+
+
+def schedule_graph(module: HloModule, keep: dict[str, set[str]]) -> Graph:
+    """The module's schedule graph; `keep[computation]`: the instructions that may take
+    time there (matmuls, kernels' last members, collectives), besides fusions, control
+    flow and collective opcodes, which are always kept."""
+    trips = trip_counts(module)
+    comps: dict[str, tuple[Node, ...]] = {}
+    todo = [module.entry]
+    while todo:
+        name = todo.pop()
+        if name in comps:
+            continue
+        comp = module.computations[name]
+        timed = keep.get(name, set())
+        nodes, index, reach = [], {}, {}  # reach: left-out name -> the nodes it waits for
+        for inst in comp.instructions:
+            preds: set[int] = set()
+            for o in inst.operands:
+                if o in index:
+                    preds.add(index[o])
+                elif o in reach:
+                    preds |= reach[o]
+            op = inst.opcode
+            if op == "while":
+                body = (inst.attr("body") or "").lstrip("%")
+                trip, _ = trips.get(f"{name}/{inst.name}", (1, ""))
+                callees, kept = (body,) if body in module.computations else (), True
+            else:
+                callees = tuple(c for role, c in inst.called_computations()
+                                if (role in _CALLEE_ROLES or op == "fusion")
+                                and c in module.computations)
+                trip = 1
+                kept = (op == "fusion" or is_collective(op) or inst.name in timed
+                        or (callees and (op in CONTROL or op.endswith("-start"))))
+            if not kept:
+                reach[inst.name] = frozenset(preds)
+                continue
+            index[inst.name] = len(nodes)
+            nodes.append(Node(inst.name, op, callees, trip, tuple(sorted(preds))))
+            if op == "while" or (op != "fusion" and callees
+                                 and (op in CONTROL or op.endswith("-start"))):
+                todo.extend(callees)
+        comps[name] = tuple(nodes)
+    return Graph(module.entry, comps)
+
+
 class Scheduler:
-    """Simulates a module given per-instruction compute times and collective times."""
+    """Simulates a module's schedule graph given per-instruction compute times and
+    collective times."""
 
     def __init__(
         self,
-        module: HloModule,
+        graph: Graph,
         compute_times: dict[str, dict[str, float]],
         comm: dict[tuple[str, str], tuple[float, str]],
     ):
-        self.module = module
+        self.graph = graph
         self.compute_times = compute_times
         self.comm = comm  # (computation, instruction) -> (seconds, link)
         self._memo: dict[str, tuple[Timeline, float]] = {}
@@ -68,66 +141,62 @@ class Scheduler:
             self._fused_comm[comp_name] = (prev[0] + t, link)
 
     def run(self) -> ScheduleResult:
-        timeline, _ = self._simulate(self.module.entry)
+        timeline, _ = self._simulate(self.graph.entry)
         return ScheduleResult(timeline.makespan_s, timeline.compute_busy_s,
                               dict(timeline.stream_busy_s))
 
-    def _callee_time(self, comp: Computation, inst) -> tuple[float, dict[str, float], float]:
+    def _callee_time(self, node: Node) -> tuple[float, dict[str, float], float]:
         """(duration, comm busy by stream, compute busy) of a control-flow instruction."""
-        op = inst.opcode
+        op = node.opcode
         if op == "while":
-            body = (inst.attr("body") or "").lstrip("%")
-            trip, _ = trip_counts(self.module).get(f"{comp.name}/{inst.name}", (1, ""))
-            tl, core = self._simulate(body)
+            if not node.callees:
+                return 0.0, {}, 0.0
+            tl, core = self._simulate(node.callees[0])
             per_iter = tl.iteration_s(core)
+            trip = node.trip
             return (trip * per_iter, {k: trip * v for k, v in tl.stream_busy_s.items()},
                     trip * tl.compute_busy_s)
-        callees = [c for role, c in inst.called_computations()
-                   if role in ("calls", "to_apply", "branch", "true_computation",
-                               "false_computation") and c in self.module.computations]
-        if op in ("call", "conditional", "async-start") or (op.endswith("-start") and callees):
-            best = (0.0, {}, 0.0)
-            for c in callees:
-                tl, _ = self._simulate(c)
-                if tl.makespan_s >= best[0]:
-                    best = (tl.makespan_s, dict(tl.stream_busy_s), tl.compute_busy_s)
-            return best
-        return 0.0, {}, 0.0
+        if op == "fusion" or not node.callees or not (op in CONTROL or op.endswith("-start")):
+            return 0.0, {}, 0.0
+        best = (0.0, {}, 0.0)
+        for c in node.callees:
+            tl, _ = self._simulate(c)
+            if tl.makespan_s >= best[0]:
+                best = (tl.makespan_s, dict(tl.stream_busy_s), tl.compute_busy_s)
+        return best
 
     def _simulate(self, name: str) -> tuple[Timeline, float]:
         """(timeline, core makespan without trailing collectives) of one execution."""
         if name in self._memo:
             return self._memo[name]
-        comp = self.module.computations[name]
-        kind, dur, stream_busy, compute_busy = self._streams(comp)
-        index = {inst.name: i for i, inst in enumerate(comp.instructions)}
-        preds = [[index[o] for o in inst.operands if o in index] for inst in comp.instructions]
-        finish, succs = _list_schedule(kind, dur, preds)
+        nodes = self.graph.computations[name]
+        kind, dur, stream_busy, compute_busy = self._streams(name, nodes)
+        finish, succs = _list_schedule(kind, dur, [n.preds for n in nodes])
         core = _core_makespan(kind, finish, succs)
         result = (Timeline(max(finish, default=0.0), compute_busy, stream_busy), core)
         self._memo[name] = result
         return result
 
-    def _streams(self, comp: Computation):
-        """Each instruction's stream (COMPUTE, a link class, or "free") and duration, with
-        the busy time of every stream. Control flow occupies the compute stream for its
+    def _streams(self, name: str, nodes: tuple[Node, ...]):
+        """Each node's stream (COMPUTE, a link class, or "free") and duration, with the
+        busy time of every stream. Control flow occupies the compute stream for its
         callee's duration and adds the callee's link busy time."""
-        times = self.compute_times.get(comp.name, {})
+        times = self.compute_times.get(name, {})
         kind: list[str] = []
-        dur = [0.0] * len(comp.instructions)
+        dur = [0.0] * len(nodes)
         stream_busy: dict[str, float] = {}
         compute_busy = 0.0
-        for i, inst in enumerate(comp.instructions):
-            c = self.comm.get((comp.name, inst.name))
-            if c is None and inst.opcode == "fusion":
-                for _, callee in inst.called_computations():
+        for i, node in enumerate(nodes):
+            c = self.comm.get((name, node.name))
+            if c is None and node.opcode == "fusion":
+                for callee in node.callees:
                     c = self._fused_comm.get(callee, c)
             if c is not None:
                 kind.append(c[1])
                 dur[i] = c[0]
                 stream_busy[c[1]] = stream_busy.get(c[1], 0.0) + c[0]
                 continue
-            d, busy, cbusy = self._callee_time(comp, inst)
+            d, busy, cbusy = self._callee_time(node)
             if d > 0:
                 kind.append(COMPUTE)
                 dur[i] = d
@@ -135,7 +204,7 @@ class Scheduler:
                 for k, v in busy.items():
                     stream_busy[k] = stream_busy.get(k, 0.0) + v
                 continue
-            t = times.get(inst.name, 0.0)
+            t = times.get(node.name, 0.0)
             kind.append(COMPUTE if t > 0 else "free")
             dur[i] = t
             compute_busy += t
@@ -170,6 +239,7 @@ def _list_schedule(kind: list[str], dur: list[float],
     def release(i: int, t: float) -> None:
         nonlocal done
         stack = [(i, t)]
+        now_ready = []
         while stack:
             j, tj = stack.pop()
             finish[j] = tj
@@ -181,7 +251,9 @@ def _list_schedule(kind: list[str], dur: list[float],
                     if kind[s] == "free":
                         stack.append((s, ready_at[s]))
                     else:
-                        start(s, ready_at[s])
+                        now_ready.append(s)
+        for s in sorted(now_ready):  # collectives ready together queue in program order
+            start(s, ready_at[s])
 
     for i in [i for i in range(n) if missing[i] == 0]:  # before any release changes it
         start(i, 0.0)

@@ -51,3 +51,37 @@ def test_report_says_how_time_was_found(cpu_devices):
     assert "simulated overlap" in rep.format_table()
     lo, hi = rep.step_time_bounds_s
     assert lo <= rep.step_time_s <= hi
+
+
+def test_collectives_ready_together_queue_in_program_order():
+    from sharding.schedule import COMPUTE, _list_schedule
+
+    # 0: a parameter; 1: a view of it; 2: all-gather A of the view; 3: all-gather B of the
+    # parameter (both on ICI, ready at 0); 4, 5: matmuls needing A and B.
+    kind = ["free", "free", "ici", "ici", COMPUTE, COMPUTE]
+    dur = [0.0, 0.0, 1.0, 1.0, 5.0, 5.0]
+    preds = [[], [0], [1], [0], [2], [3]]
+    finish, _ = _list_schedule(kind, dur, preds)
+    assert finish[2] == 1.0 and finish[3] == 2.0  # A first: it comes first in the program
+    assert finish[4] == 6.0 and finish[5] == 11.0
+
+
+def test_a_plan_keeps_only_what_takes_time_and_retimes_to_the_same_report(cpu_devices):
+    import dataclasses
+
+    from sharding.plan import Plan
+
+    rep = program(False)
+    plan = rep.inputs.plan
+    module = sharding.parse_hlo(rep.inputs.hlo_text)
+    instructions = sum(len(c.instructions) for c in module.computations.values())
+    nodes = sum(len(n) for n in plan.graph.computations.values())
+    assert 0 < nodes < instructions
+    stored = Plan.from_bytes(plan.to_bytes())
+    again = sharding.reanalyze(dataclasses.replace(rep.inputs, plan=stored, hlo_text=""),
+                               system=H100, calibration=IDENTITY)
+    assert again.step_time_s == rep.step_time_s
+    assert again.compute.hbm_bytes == rep.compute.hbm_bytes
+    # Another format (an older shardscope) or damage: no plan, read the HLO again.
+    assert Plan.from_bytes(dataclasses.replace(plan, format=0).to_bytes()) is None
+    assert Plan.from_bytes(b"not a plan") is None

@@ -125,15 +125,29 @@ def test_reestimate_on_another_system_matches_a_fresh_compile_without_compiling(
     shutil.copy(whole, store)
     import sharding.api
 
-    compiles = []
-    real = sharding.api.compile_to_hlo
+    compiles, parses = [], []
+    real, real_parse = sharding.api.compile_to_hlo, sharding.api.parse_hlo
     monkeypatch.setattr(sharding.api, "compile_to_hlo",
                         lambda *a, **k: compiles.append(1) or real(*a, **k))
+    monkeypatch.setattr(sharding.api, "parse_hlo",
+                        lambda *a, **k: parses.append(1) or real_parse(*a, **k))
     out = tmp_path / "b200.json"
     assert cli.main(["search", TINY, "--store", str(store), "--axes", "data,tensor",
                      "--reestimate", "--system", "b200:8", "--json", str(out)]) == 0
-    assert compiles == []
+    assert compiles == [] and parses == []  # timed from the stored plans, HLO not read
     got = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    # A store written before plans were kept: the plan column is added on opening and the
+    # programs are read from their HLO instead, to the same estimates.
+    old = tmp_path / "old.sqlite"
+    shutil.copy(whole, old)
+    with sqlite3.connect(old) as db:
+        db.execute("ALTER TABLE results DROP COLUMN plan")
+    out_old = tmp_path / "b200-old.json"
+    assert cli.main(["search", TINY, "--store", str(old), "--axes", "data,tensor",
+                     "--reestimate", "--system", "b200:8", "--json", str(out_old)]) == 0
+    assert compiles == [] and parses
+    again = {r["name"]: r["step_time_s"] for r in json.loads(out_old.read_text())["results"]}
+    assert again == {name: r["step_time_s"] for name, r in got.items()}
     # A fresh compile of one of them on the B200 node: the same estimate.
     assert cli.main(["run", TINY, "--set", "system.name=b200:8", "--quiet", "--json",
                      str(tmp_path / "fresh.json")]) == 0
