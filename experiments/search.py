@@ -183,15 +183,26 @@ class Worker:
             except ProcessLookupError:
                 pass
         self.proc.wait()
+        self._close_pipes()
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            self.proc.stdin.close()
+            try:
+                self.proc.stdin.close()  # end of input ends the worker
+            except BrokenPipeError:
+                pass
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
-        self.stderr.close()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout, self.stderr):
+            try:
+                f.close()
+            except (BrokenPipeError, OSError):
+                pass
 
 
 class Pool:

@@ -209,3 +209,24 @@ def test_the_cpu_path_for_a_tpu_system_says_it_is_not_the_tpu_compiler(tmp_path,
     assert second.startswith("HLO compiler: not the TPU compiler: XLA:CPU's partitioning is "
                              "the same, but its fusions")
     assert second.endswith("(--backend all compares them)")
+
+
+@pytest.mark.slow
+def test_a_search_on_the_tpu_compiler_runs_its_workers_side_by_side(tmp_path, capsys):
+    # Two worker processes, each loading libtpu for its deviceless compiles at the same
+    # time (the lockfile crash, if they collided); every config that splits is compiled by
+    # the TPU compiler, and stored under that backend.
+    from experiments.store import Store
+
+    store = tmp_path / "s.sqlite"
+    code, out, err = run_cli(["search", write(tmp_path, TPU_TINY), "--backend", "tpu",
+                              "--axes", "data,tensor", "--workers", "2", "--store",
+                              str(store), "--quiet"], capsys)
+    assert code == 0, err
+    with Store(store) as s:
+        rows = s.results()
+    ok = [r for r in rows if r.status == "ok"]
+    assert len(ok) >= 2 and {r.status for r in rows} == {"ok", "refused"}, \
+        [(r.name, r.status, r.message) for r in rows]
+    assert {r.backend for r in rows} == {"tpu"}
+    assert all("TPU compiler" in r.report["compiler"] for r in ok)
