@@ -21,6 +21,7 @@ from meshes.links import (
     NCCL_BASE_LATENCY_US,
     NCCL_HW_LATENCY_US,
     NCCL_LL_MULTINODE_INTRA_LATENCY_FACTOR,
+    NCCL_NVLS_TREE_LATENCY_US,
     NCCL_PROTOCOL_BANDWIDTH_SHARE,
     NCCL_PROTOCOLS,
     NCCL_TREE_BANDWIDTH_SHARE,
@@ -261,6 +262,17 @@ class GpuSystem(System):
                 t = t_bw / share + _nccl_latency_s(kind, algo, proto, n, d, m)
                 if best is None or t < best[0]:
                     best = (t, algo, proto)
+        if kind == "all-reduce" and self.family.has_nvls and d > 2 and m_most > 1:
+            # NVLSTree: NVLink SHARP reduces inside each domain, then every GPU runs a
+            # double binary tree over its rail across domains. A tree rank sends and
+            # receives 2 x its share per direction, what a ring moves, so it runs at the
+            # tree's share of the ring's bandwidth; its latency grows with the tree's
+            # depth, log2(domains), not with the ring's 2(n - 1) steps: what a flat ring
+            # of thousands of GPUs cannot pipeline away (248 x 8 H200: ~350 GB/s measured
+            # at 512 MiB, nccl-tests #283).
+            t = t_ring / NCCL_TREE_BANDWIDTH_SHARE + _nvls_tree_latency_s(d)
+            if t < best[0]:
+                best = (t, "nvls-tree", "Simple")
         if kind == "all-reduce" and self.sharp:
             # In-network reduction: each GPU's 1/m share goes up once and comes back
             # reduced once (full duplex), pipelined with the NVLink stage: bus factor 1
@@ -286,6 +298,13 @@ def _nccl_latency_s(kind: str, algo: str, proto: str, n: int, nodes: int, ppn: i
     steps = 2 * (n - 1) if kind == "all-reduce" else n - 1
     inter_steps = 2 * (nodes - 1) if kind == "all-reduce" else nodes - 1
     return 1e-6 * (base + (steps - inter_steps) * intra + inter_steps * inter)
+
+
+def _nvls_tree_latency_s(nodes: int) -> float:
+    """NCCL's NVLSTree latency (tuning.cc): one NVLS step plus the tree's depth across
+    `nodes` domains, up and down."""
+    lat = NCCL_NVLS_TREE_LATENCY_US
+    return 1e-6 * (lat["nvlink"] + 2 * math.floor(math.log2(nodes)) * lat["net"])
 
 
 def _collnet_latency_s(ppn: int) -> float:

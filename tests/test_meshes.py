@@ -338,11 +338,7 @@ def test_nic_efficiency_is_the_median_of_the_measured_ring_points():
 @pytest.mark.parametrize("system, overrides, nodes, nbytes, measured, what", [
     ("h100:32", {}, 4, 1e9, 365.84e9, "4 x 8, one NIC per GPU: ring (nccl-tests #309)"),
     ("h100:16", {}, 2, 8e9, 470e9, "2 x 8: tree/NVLSTree past the NICs (nccl-tests #309)"),
-    pytest.param("h200:1984", {}, 248, 512 * 2**20, 350e9, "248 x 8 H200 (nccl-tests #283)",
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "known gap: NCCL's per-step latency model, paid serially over 3966 ring "
-                     "steps, makes the model pick a tree at 289 GB/s; the pipelined ring at "
-                     "scale is not modelled yet"))),
+    ("h200:1984", {}, 248, 512 * 2**20, 350e9, "248 x 8 H200, NVLSTree (nccl-tests #283)"),
     ("h100:40", {"nic_gbps": 200}, 5, 1e9, 190e9, "5 x 8, 4 x 400G RoCE per node (nccl #1368)"),
     ("a100:32", {}, 4, 1e9, 192e9, "DGX-A100, 8 x 200G IB (nccl #812)"),
     ("h100:32", {}, 4, 1e9, 320e9, "8 x 400G RoCE, more than 2 nodes (nccl #1221)"),
@@ -367,6 +363,27 @@ def test_large_rings_use_rings_and_two_nodes_use_trees():
     # (~190): the ring is chosen.
     s = get_system("h100:40", nic_gbps=200)
     assert s.collective_timing("all-reduce", 1e9, [list(range(40))]).algorithm.startswith("ring")
+
+
+def test_thousands_of_gpus_reduce_over_nvls_trees_not_rings():
+    # 248 nodes x 8 H200, 512 MiB: a flat ring pays 2(n-1) = 3966 dependent steps of NCCL's
+    # per-step latency (> 10 ms); NVLSTree runs the ring's bytes through each NIC at the
+    # tree's 0.9 share, plus one NVLS step (23 us) and 2 x floor(log2 248) = 14 tree levels
+    # of 14 us each.
+    from meshes.gpu import NIC_EFFICIENCY
+
+    S, n = 512 * 2**20, 1984
+    s = get_system(f"h200:{n}")
+    t = s.collective_timing("all-reduce", S, [list(range(n))])
+    ring_s = S * 2 * (n - 1) / n / (8 * 50e9 * NIC_EFFICIENCY)
+    assert t.algorithm == "nvls-tree (Simple)"
+    assert t.time_s == pytest.approx(ring_s / 0.9 + 1e-6 * (23 + 14 * 14), rel=1e-9)
+    # A100s have no NVLink SHARP: no NVLSTree, whatever the size.
+    a100 = get_system("a100:1984").collective_timing("all-reduce", S, [list(range(n))])
+    assert not a100.algorithm.startswith("nvls")
+    # 4 nodes at 4 GB: the ring's latency is small beside its bytes, and the ring wins.
+    assert get_system("h100:32").collective_timing("all-reduce", 4e9, [list(range(32))]
+                                                   ).algorithm.startswith("ring")
 
 
 def test_multi_node_all_to_all_runs_at_one_nic_per_gpu():
