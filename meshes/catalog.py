@@ -30,13 +30,16 @@ OVERRIDES = {
     "nic_gbps": ("gpu", float, "scale-out bandwidth per GPU, Gb/s"),
     "sharp": ("gpu", bool, "in-network reduction on the scale-out fabric (IB SHARP)"),
     "gpus_per_domain": ("gpu", int, "GPUs of each NVLink domain the job uses"),
+    "allreduce_alpha_us": ("gpu", float, "the cluster's smallest all-reduce across 2 nodes "
+                                          "(nccl-tests, 8 B), us"),
     "dcn_gbps": ("tpu", float, "DCN bandwidth per chip between slices, Gb/s"),
 }
 
 
 def get_system(name: str, **overrides) -> System:
     """Parse `<family>:<size>` into a System, with the real network's `overrides` of the
-    catalog (OVERRIDES: nic_gbps, sharp, gpus_per_domain for GPUs; dcn_gbps for TPUs).
+    catalog (OVERRIDES: nic_gbps, sharp, gpus_per_domain, allreduce_alpha_us for GPUs;
+    dcn_gbps for TPUs).
 
     Raises:
         ValueError: unknown family, a size the family cannot have, or a bad override.
@@ -82,10 +85,16 @@ def _gpu_system(f: GpuFamily, name: str, size: str, overrides: dict) -> GpuSyste
         raise ValueError(f"system override gpus_per_domain={domain} exceeds the {f.domain_size} "
                          f"GPUs of a {f.name} NVLink domain; use at most {f.domain_size}")
     nic = overrides.get("nic_gbps")
-    return GpuSystem(f, n, nic_bytes_per_s=nic * 1e9 / 8 if nic else None,
-                     sharp=bool(overrides.get("sharp", False)),
-                     gpus_per_domain=domain if "gpus_per_domain" in overrides else None,
-                     overrides=overrides)
+    kw = dict(nic_bytes_per_s=nic * 1e9 / 8 if nic else None,
+              sharp=bool(overrides.get("sharp", False)),
+              gpus_per_domain=domain if "gpus_per_domain" in overrides else None)
+    fixed = None
+    if "allreduce_alpha_us" in overrides:
+        # The fixed cost is what the measured 2-node time leaves over NCCL's constants.
+        two = GpuSystem(f, 2 * domain, **kw, net_fixed_latency_s=0.0)
+        model = two.collective_time_s("all-reduce", 8, [list(range(2 * domain))])
+        fixed = max(0.0, overrides["allreduce_alpha_us"] * 1e-6 - model)
+    return GpuSystem(f, n, **kw, overrides=overrides, net_fixed_latency_s=fixed)
 
 
 def _tpu_system(f: TpuFamily, name: str, size: str, overrides: dict) -> TpuSystem:

@@ -9,6 +9,7 @@ across domains hierarchically, as NCCL does, with NCCL's own latency model (tuni
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -25,9 +26,11 @@ from meshes.links import (
     NCCL_PROTOCOL_BANDWIDTH_SHARE,
     NCCL_PROTOCOLS,
     NCCL_TREE_BANDWIDTH_SHARE,
+    SCALE_OUT_ALPHA_POINTS,
     SCALE_OUT_RING_POINTS,
     BusBandwidthCurve,
     Link,
+    fixed_latency_from,
     nic_efficiency_from,
 )
 from meshes.system import CollectiveTiming, System, bus_factor
@@ -114,6 +117,18 @@ GPU_FAMILIES: dict[str, GpuFamily] = {
 NIC_EFFICIENCY = nic_efficiency_from(SCALE_OUT_RING_POINTS)
 
 
+@functools.cache
+def net_fixed_latency_s_default() -> float:
+    """The fixed cost of a collective across the scale-out network, beyond NCCL's per-step
+    constants: fitted so that the tiniest all-reduce on H100-class nodes matches the
+    measured ones (links.SCALE_OUT_ALPHA_POINTS; 13 us, within 14% of both)."""
+    def model_s(nodes: int, per_node: int) -> float:
+        s = GpuSystem(GPU_FAMILIES["h100"], nodes * per_node, net_fixed_latency_s=0.0)
+        return s.collective_time_s("all-reduce", 8, [list(range(nodes * per_node))])
+
+    return fixed_latency_from(model_s, SCALE_OUT_ALPHA_POINTS)
+
+
 class GpuSystem(System):
     """GPUs in NVLink domains, domains joined by one NIC per GPU.
 
@@ -128,17 +143,24 @@ class GpuSystem(System):
             receives the result once.
         gpus_per_domain: GPUs of each NVLink domain the job uses (MLPerf GB200 runs use 64
             of each NVL72 rack); the family's domain size by default.
+        net_fixed_latency_s: the fixed cost of every collective across domains (NCCL's
+            proxy, NIC doorbells, completion); fitted on measured InfiniBand clusters by
+            default (`net_fixed_latency_s()`); a cluster's own from its smallest 2-node
+            all-reduce (`allreduce_alpha_us`).
     """
 
     def __init__(self, family: GpuFamily, num_devices: int, *,
                  nic_bytes_per_s: float | None = None, sharp: bool = False,
-                 gpus_per_domain: int | None = None, overrides: dict | None = None):
+                 gpus_per_domain: int | None = None, overrides: dict | None = None,
+                 net_fixed_latency_s: float | None = None):
         self.family = family
         self.name = f"{family.name}:{num_devices}"
         self.chip = CHIPS[family.chip]
         self.num_devices = num_devices
         self.domain_size = gpus_per_domain or family.domain_size
         self.sharp = sharp
+        self.net_fixed_s = (net_fixed_latency_s_default() if net_fixed_latency_s is None
+                            else net_fixed_latency_s)
         self.overrides = dict(overrides or {})
         domain = "rack" if family.domain_size > 8 else "node"
         self.coord_names = (domain, "tray", "gpu") if family.tray_size < self.domain_size else (
@@ -233,12 +255,13 @@ class GpuSystem(System):
         nic = self.links["infiniband"]
         nic_bw = nic.bytes_per_s * nic.efficiency
         if kind in ("collective-permute", "collective-broadcast"):
-            return CollectiveTiming(nbytes / nic_bw, "infiniband", "p2p")
+            return CollectiveTiming(nbytes / nic_bw + self.net_fixed_s, "infiniband", "p2p")
         if kind == "all-to-all":
             # Each GPU sends (n - m)/n of its buffer to other domains through its own NIC.
             t_out = nbytes * (n - m) / n / nic_bw
             t_in, _ = self._in_domain_time(kind, nbytes * m_most / n, m_most)
-            return CollectiveTiming(t_out + t_in, "infiniband", "hierarchical all-to-all")
+            return CollectiveTiming(t_out + t_in + self.net_fixed_s, "infiniband",
+                                    "hierarchical all-to-all")
         # Across domains NCCL runs flat rings, one channel per NIC: every rank moves
         # S x bus factor, at the slower of the NVLink ring inside a domain and the domain's
         # NICs (m per domain used by the group): busbw = m x NIC (collectives.md: 4 nodes x 8
@@ -283,7 +306,7 @@ class GpuSystem(System):
                 best = (t, "sharp", "Simple")
         t, algo, proto = best
         name = f"{algo} ({proto})"
-        return CollectiveTiming(t, "infiniband", name)
+        return CollectiveTiming(t + self.net_fixed_s, "infiniband", name)
 
 
 def _nccl_latency_s(kind: str, algo: str, proto: str, n: int, nodes: int, ppn: int) -> float:

@@ -94,6 +94,32 @@ SCALE_OUT_RING_POINTS = (
 )
 
 
+# The smallest all-reduce across nodes, measured (collectives.md, "alpha across nodes"): what
+# NCCL's per-step constants leave out is a fixed cost per collective across the network
+# (proxy thread, NIC doorbells, completion), fitted on these (meshes/gpu.py).
+# (nodes, GPUs per node, measured seconds, source.)
+SCALE_OUT_ALPHA_POINTS = (
+    (2, 8, 47e-6, "NVIDIA/nccl #1244: 2 nodes x 8 H20, 16 CX-7 NDR IB, 46-48 us"),
+    (16, 8, 62e-6, "NVIDIA/nccl #1469: 16 nodes x 8 H100, in-place, 62 us"),
+)
+
+
+def fixed_latency_from(model_s, points=SCALE_OUT_ALPHA_POINTS) -> float:
+    """The fixed cost b >= 0 that makes `model_s(nodes, per_node) + b` closest to the
+    measured points, in the worst relative error (a convex function of b: ternary search)."""
+    def worst(b: float) -> float:
+        return max(abs((model_s(n, ppn) + b) / y - 1) for n, ppn, y, _ in points)
+
+    lo, hi = 0.0, max(y for _, _, y, _ in points)
+    for _ in range(100):
+        a, c = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if worst(a) <= worst(c):
+            hi = c
+        else:
+            lo = a
+    return (lo + hi) / 2
+
+
 def nic_efficiency_from(points=SCALE_OUT_RING_POINTS) -> float:
     """Achieved / line rate per NIC: the median over the measured ring points."""
     ratios = sorted(busbw / (nics * rate) for _, nics, rate, busbw, _ in points)
