@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_stages.py $(DEFAULT_EXPERIMENT)
 	$(PY) benchmarks/bench_parse.py
 	$(PY) benchmarks/bench_search.py
+	$(PY) benchmarks/bench_scale.py
 	@echo "validate (experiments/validation):"
 	@$(VENV)/bin/shardscope validate | tail -n 1
 

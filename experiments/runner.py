@@ -8,6 +8,7 @@ import time
 import sharding
 from experiments.config import ConfigError, Experiment
 from meshes.calibration import Calibration
+from meshes.tpu import TpuSystem
 from models.inference import build_serve_program
 from models.memory import offload_bytes_per_step, serving_memory, training_memory
 from models.train import build_train_program
@@ -16,13 +17,17 @@ from sharding.progress import stage
 from sharding.report import Report, fmt_bytes
 from sharding.rules import mesh_shape_of
 
+# What XLA:CPU compiles in one process (4096 fake devices failed; sharding.mesh).
+CPU_MAX_DEVICES = 2048
+
 
 class Unfit(ConfigError):
     """The memory model says the step cannot fit in HBM; it was not compiled."""
 
 
 def run(exp: Experiment, *, backend: str = "auto",
-        calibration: Calibration | None = None, compile_unfit: bool = True) -> Report:
+        calibration: Calibration | None = None, compile_unfit: bool = True,
+        max_compile_devices: int = CPU_MAX_DEVICES) -> Report:
     """Compile the experiment's step (fake CPU devices or a deviceless real compiler) and
     estimate it on its system.
 
@@ -30,8 +35,17 @@ def run(exp: Experiment, *, backend: str = "auto",
     path instead, and the report carries the TPU compiler's verdict. `calibration`: the
     step-time model's fitted efficiencies (meshes/calibration.py); the catalog's by default.
     `compile_unfit=False`: a step the memory model says cannot fit raises `Unfit` before
-    compiling (a search prunes with it).
+    compiling (a search prunes with it). On the CPU path a run on more than
+    `max_compile_devices` devices is compiled with fewer data-parallel replicas and read as
+    the full run (`_extrapolated`).
     """
+    try:
+        resolved = compiler.resolve_backend(backend, exp.system)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if resolved == "cpu" and exp.system.num_devices > max_compile_devices:
+        return _extrapolated(exp, max_compile_devices, calibration=calibration,
+                             compile_unfit=compile_unfit)
     try:
         return _run(exp, backend=backend, calibration=calibration,
                     compile_unfit=compile_unfit)
@@ -43,7 +57,8 @@ def run(exp: Experiment, *, backend: str = "auto",
 
 
 def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
-         warnings: tuple[str, ...] = (), compile_unfit: bool = True) -> Report:
+         warnings: tuple[str, ...] = (), compile_unfit: bool = True,
+         advice_parallelism=None) -> Report:
     system = exp.system
     try:
         backend = compiler.resolve_backend(backend, system)
@@ -86,7 +101,8 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
                                                 mesh_shape=mesh_shape, rules=rules)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    advice = () if serving else _fit_advice(exp, program, memory, mesh_shape, rules)
+    advice = () if serving else _fit_advice(exp, program, memory, mesh_shape, rules,
+                                            par=advice_parallelism)
     if not compile_unfit and memory.total_bytes > system.chip.hbm_bytes:
         raise Unfit(f"does not fit: needs {fmt_bytes(memory.total_bytes)} of HBM per device, "
                     f"has {fmt_bytes(system.chip.hbm_bytes)}" + (f"; {advice[0]}" if advice
@@ -104,7 +120,8 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
                                compiler_note=compiler.target_compiler_note(backend, system))
 
 
-def _fit_advice(exp: Experiment, program, memory, mesh_shape, rules) -> tuple[str, ...]:
+def _fit_advice(exp: Experiment, program, memory, mesh_shape, rules,
+                par=None) -> tuple[str, ...]:
     """What would make a training step that does not fit in HBM fit, from the memory model:
     full remat (only each layer's input kept), the data-parallel ways moved to FSDP (the
     parameters, gradients and optimizer state sharded k more ways; the batch per device
@@ -123,7 +140,7 @@ def _fit_advice(exp: Experiment, program, memory, mesh_shape, rules) -> tuple[st
                                train=dataclasses.replace(exp.train, remat="full", save=(),
                                                          offload=()),
                                mesh_shape=mesh_shape, rules=rules).total_bytes
-    par = exp.parallelism
+    par = par or exp.parallelism
     ways = [k for k in range(2, par.data + 1)
             if par.data % k == 0 and exp.model.d_model % (par.fsdp * k) == 0]
     def fsdp_fix(other: float, also: str = "") -> str | None:
@@ -145,6 +162,67 @@ def _fit_advice(exp: Experiment, program, memory, mesh_shape, rules) -> tuple[st
                    f"{fmt_bytes(state)} of it parameters, gradients and optimizer state): "
                    f"shard over more devices (fsdp, tensor, pipeline) or offload")
     return tuple(out)
+
+
+def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | None,
+                  compile_unfit: bool) -> Report:
+    """A run past what XLA:CPU compiles: the same run on fewer data-parallel replicas (each
+    device's program is then the same: its batch, its shards, every buffer), compiled, and
+    read as the full run -- the replica groups rebuilt on the full mesh
+    (sharding/extrapolate.py) and timed on the full system's links; FLOPs and tokens per
+    step scaled by the replicas left out."""
+    from experiments import config as config_mod
+    from sharding.extrapolate import NotExpandable, expand_plan
+
+    system, par = exp.system, exp.parallelism
+    n, data = system.num_devices, par.data
+    per_replica = n // data
+    gb = exp.workload.global_batch
+    fit = [d for d in range(min(2, data), data)
+           if data % d == 0 and per_replica * d <= limit and (gb * d) % data == 0]
+    if isinstance(system, TpuSystem) or not fit:
+        why = ("TPU pods past it compile with --backend tpu" if isinstance(system, TpuSystem)
+               else f"parallelism.data = {data} leaves {per_replica} devices per "
+                    f"data-parallel replica; put more of the devices on data (at most "
+                    f"{limit} devices per compiled slice, the batch divisible)")
+        raise ConfigError(f"system.name={system.name!r}: {n} devices is past the {limit} "
+                          f"XLA:CPU compiles in one process, and extrapolating from fewer "
+                          f"replicas needs them: {why}")
+    replicas = fit[0]
+    raw = exp.to_dict()
+    raw["system"]["name"] = f"{system.family.name}:{per_replica * replicas}"
+    raw["parallelism"]["data"] = replicas
+    raw["workload"]["global_batch"] = gb * replicas // data
+    small_exp = config_mod.from_dict(raw)
+    small = _run(small_exp, backend="cpu", calibration=calibration,
+                 compile_unfit=compile_unfit, advice_parallelism=par)
+    inputs = small.inputs
+    full_shape = tuple(par.sizes()[a] for a in inputs.axis_names)
+    try:
+        plan = expand_plan(inputs.plan, small_shape=inputs.mesh_shape, full_shape=full_shape,
+                           axis_names=inputs.axis_names)
+    except NotExpandable as e:
+        raise ConfigError(f"system.name={system.name!r}: {n} devices is past the {limit} "
+                          f"XLA:CPU compiles, and the run compiled on {small_exp.system.name} "
+                          f"cannot be read as it exactly: {e}") from None
+    scale = data // replicas
+    full = dataclasses.replace(
+        inputs, plan=plan, mesh_shape=full_shape, device_ids=tuple(range(n)), name=exp.name,
+        model_flops_per_step=_scaled(inputs.model_flops_per_step, scale),
+        tokens_per_step=_scaled(inputs.tokens_per_step, scale),
+        sequences_per_step=_scaled(inputs.sequences_per_step, scale))
+    report = sharding.reanalyze(full, system=system, calibration=calibration)
+    return dataclasses.replace(
+        report, timings={**small.timings, **report.timings},
+        compiler_note=small.compiler_note,
+        extrapolated_from=(f"compiled on {per_replica * replicas} devices ({replicas} of the "
+                           f"{data} data-parallel replicas; each device's program is the "
+                           f"same), the replica groups rebuilt for {n} and timed on "
+                           f"{system.label}"))
+
+
+def _scaled(x: float | None, k: int) -> float | None:
+    return None if x is None else x * k
 
 
 def _devices(system, backend: str):

@@ -87,6 +87,9 @@ class Report:
     pipeline: dict | None = None
     # Why the HLO's compiler may not be the target's (sharding.compiler.target_compiler_note).
     compiler_note: str = ""
+    # How the program was compiled on fewer devices than it runs on and read as the full
+    # run's (sharding/extrapolate.py); "" when compiled at full size.
+    extrapolated_from: str = ""
     # What the estimate was made from (sharding.api.AnalysisInputs), for re-timing it
     # without compiling; not part of the report's JSON.
     inputs: object = dataclasses.field(default=None, compare=False, repr=False)
@@ -315,6 +318,7 @@ class Report:
             "num_devices": self.num_devices,
             "compiler": self.compiler,
             "compiler_note": self.compiler_note,
+            "extrapolated_from": self.extrapolated_from or None,
             "step_time_s": self.step_time_s,
             "step_time_bounds_s": [lo, hi],
             "tokens_per_s": self.tokens_per_s,
@@ -452,6 +456,8 @@ def _collective_lines(r: Report) -> list[str]:
                      f"as if it fit")
     if r.compiler_note:
         lines.append(f"HLO compiler: {r.compiler_note}")
+    if r.extrapolated_from:
+        lines.append(f"extrapolated: {r.extrapolated_from}")
     lines.append("")
     rows = r.rows()
     algo_w = max([len("algorithm"), *(len(g["algorithm"]) for g in rows)]) + 2

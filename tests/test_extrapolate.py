@@ -1,0 +1,128 @@
+"""Runs past one compile: compiled with fewer data-parallel replicas, read as the full run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sharding.collectives import Collective, wire_bytes
+from sharding.extrapolate import NotExpandable, expand_plan
+from sharding.plan import Plan
+from sharding.schedule import Graph
+from tests.conftest import REPO
+
+AXES = ("data", "tensor")
+
+
+def plan_with(*collectives):
+    return Plan(num_partitions=4, counts={}, work={}, graph=Graph("main", {}),
+                collectives=tuple(collectives), unknown_ops=(), notes=())
+
+
+def coll(kind, groups, nbytes=1024):
+    n = 2 if kind == "collective-permute" else len(groups[0])
+    return Collective(kind=kind, name=f"{kind}.1", dtype="bfloat16", shape=(512,),
+                      bytes=nbytes, wire_bytes=wire_bytes(kind, nbytes, n), count=3,
+                      group_size=n, groups=tuple(map(tuple, groups)), mesh_axes=())
+
+
+def test_groups_across_the_data_axis_span_every_replica_and_the_others_repeat():
+    # data 2 x tensor 2 compiled, data 4 x tensor 2 run (partition = 2 x data + tensor).
+    small = plan_with(
+        coll("all-reduce", [[0, 2], [1, 3]]),                    # over data: gradients
+        coll("all-gather", [[0, 1], [2, 3]]),                    # over tensor
+        coll("collective-permute", [[0, 1], [1, 0], [2, 3], [3, 2]]),  # along tensor
+    )
+    full = expand_plan(small, small_shape=(2, 2), full_shape=(4, 2), axis_names=AXES)
+    ar, ag, cp = full.collectives
+    assert full.num_partitions == 8
+    assert sorted(ar.groups) == [(0, 2, 4, 6), (1, 3, 5, 7)]
+    assert ar.group_size == 4 and ar.bytes == 1024
+    assert ar.wire_bytes == pytest.approx(1024 * 2 * 3 / 4)  # the ring of 4, not of 2
+    assert sorted(ag.groups) == [(0, 1), (2, 3), (4, 5), (6, 7)] and ag.group_size == 2
+    assert sorted(cp.groups) == [(0, 1), (1, 0), (2, 3), (3, 2), (4, 5), (5, 4), (6, 7),
+                                 (7, 6)]
+    assert (ar.count, ag.count, cp.count) == (3, 3, 3)
+
+
+@pytest.mark.parametrize("collective, why", [
+    (coll("collective-permute", [[0, 2], [2, 0], [1, 3], [3, 1]]), "moves data along data"),
+    (coll("all-gather", [[0, 2], [1, 3]]), "depends on the group size"),
+    (coll("all-reduce", [[0, 1, 2], [3]]), "not a whole block"),
+])
+def test_what_cannot_be_rebuilt_exactly_is_refused_with_the_reason(collective, why):
+    with pytest.raises(NotExpandable, match=why):
+        expand_plan(plan_with(collective), small_shape=(2, 2), full_shape=(4, 2),
+                    axis_names=AXES)
+
+
+_COMPARE = """
+import json, sys
+from experiments import config, runner
+from experiments.config import ConfigError
+import sharding
+sharding.ensure_cpu_devices(2048)
+
+def key(r):
+    return sorted((c.kind, c.mesh_axes, c.bytes, c.count, c.group_size,
+                   sorted(map(sorted, c.groups))) for c in r.collectives)
+
+out = {}
+for n in (256, 512, 1024, 2048):
+    exp = config.load("tiny-h100-dp-tp", [f"system.name=h100:{n}",
+        f"parallelism.data={n // 8}", "parallelism.tensor=4", "parallelism.pipeline=2",
+        f"workload.global_batch={2 * n // 8}", "workload.microbatches=2"])
+    small = runner.run(exp, max_compile_devices=16)
+    direct = runner.run(exp)
+    out[n] = {"same": key(small) == key(direct), "from": small.extrapolated_from,
+              "direct_from": direct.extrapolated_from,
+              "step": [small.step_time_s, direct.step_time_s],
+              "mfu": [small.mfu, direct.mfu],
+              "memory": [small.memory_per_device_bytes, direct.memory_per_device_bytes],
+              "tokens": [small.tokens_per_s, direct.tokens_per_s]}
+# FSDP with data: the embedding lookup's resharding depends on the replica count.
+exp = config.load("tiny-h100-dp-tp", ["system.name=h100:64", "parallelism.data=4",
+    "parallelism.fsdp=4", "parallelism.tensor=4", "workload.global_batch=16"])
+try:
+    runner.run(exp, max_compile_devices=32)
+    out["fsdp"] = ""
+except ConfigError as e:
+    out["fsdp"] = str(e)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_extrapolated_runs_equal_direct_compiles_up_to_2048_devices():
+    # Data x tensor x pipeline on 256..2048 H100s: compiled with 2 replicas (16 devices)
+    # and read as the full run, against the full run compiled directly: the same
+    # collectives (kind, mesh axes, bytes, count, every replica group) and the same step.
+    p = subprocess.run([sys.executable, "-c", _COMPARE], cwd=REPO, capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    for n in ("256", "512", "1024", "2048"):
+        r = out[n]
+        assert r["same"], n
+        assert r["from"].startswith(f"compiled on 16 devices (2 of the {int(n) // 8} ")
+        assert r["direct_from"] == ""
+        for k in ("step", "mfu", "memory", "tokens"):
+            assert r[k][0] == pytest.approx(r[k][1], rel=0.01), (n, k)
+    assert "cannot be read as it exactly" in out["fsdp"] and "\n" not in out["fsdp"]
+
+
+@pytest.mark.slow
+def test_the_llama3_paper_layout_on_16384_h100s_runs_and_says_how(tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "experiments.cli", "run",
+                        "llama3-405b-h100-16384-tp8-pp16-dp128", "--quiet", "--json", str(out)],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "extrapolated: compiled on 256 devices (2 of the 128 data-parallel" in p.stdout
+    d = json.loads(out.read_text())
+    assert d["num_devices"] == 16384 and d["extrapolated_from"]
+    # The gradient all-reduce spans all 128 replicas: one GPU of each, across 128 nodes.
+    grads = [c for c in d["collectives"] if c["mesh_axes"] == ["data"]]
+    assert grads and all(c["group_size"] == 128 and c["group_count"] == 128 for c in grads)
+    assert all(c["link"] == "infiniband" for c in grads)
