@@ -19,12 +19,13 @@ import dataclasses
 
 from meshes import Chip
 from meshes.calibration import IDENTITY, Calibration
+from meshes.chips import GPU_TARGETS
 from sharding.dataflow import MATMUL_OPS, through_views, users_through_views
 from sharding.dequant import dequant_read_bytes
 from sharding.flops import dot_flops
 from sharding.hlo import HloModule, operation_of
 from sharding.loops import execution_counts
-from sharding.traffic import DECODE_ATTENTION_SCOPE, FUSED_KERNEL_SCOPE, kernels
+from sharding.traffic import DECODE_ATTENTION_SCOPE, FUSED_KERNEL_SCOPE, kernels, l2_reuse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,12 +102,14 @@ class MatmulWork:
 @dataclasses.dataclass(frozen=True)
 class KernelWork:
     """A memory-bound kernel: its HBM bytes and elements written, timed at its last
-    member instruction."""
+    member instruction; `l2`: (working set, bytes) of its traffic that a GPU's L2 cache
+    keeps when the working set fits (sharding/traffic.py, l2_reuse)."""
 
     nbytes: float
     elems: float
     last: str
     op: str
+    l2: tuple[tuple[float, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,9 +159,11 @@ def work(module: HloModule) -> dict[str, Work]:
                 matmuls.append(MatmulWork(inst.name, f, dt, io,
                                           FUSED_KERNEL_SCOPE in inst.op_name,
                                           not inside_fusion, operation_of(inst.op_name)))
-        kerns = () if inside_fusion else tuple(
-            KernelWork(nbytes, elems, members[-1].name, operation_of(members[-1].op_name))
-            for nbytes, elems, members in kernels(comp, module, final=module.is_scheduled))
+        found = [] if inside_fusion else kernels(comp, module, final=module.is_scheduled)
+        reuse = l2_reuse(comp, found) if module.is_scheduled else [()] * len(found)
+        kerns = tuple(
+            KernelWork(nbytes, elems, members[-1].name, operation_of(members[-1].op_name), l2)
+            for (nbytes, elems, members), l2 in zip(found, reuse, strict=True))
         out[comp.name] = Work(tuple(matmuls), kerns)
     for name, w in out.items():
         comp = module.computations[name]
@@ -186,13 +191,15 @@ def time_work(
 ) -> dict[str, ExecutionCost]:
     """Cost of one execution of each computation on `chip` from its `work(module)`."""
     hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
+    target = GPU_TARGETS.get(chip.name)
+    l2_bytes = target.l2_bytes if target is not None else 0
     out: dict[str, ExecutionCost] = {}
     for name, w in works.items():
         c = ExecutionCost()
         for m in w.matmuls:
             _add_matmul(c, m, chip, hbm_bw, compute_dtype, calibration)
         for k in w.kernels:
-            _add_kernel(c, k, hbm_bw, calibration.kernel_overhead_s)
+            _add_kernel(c, k, hbm_bw, calibration.kernel_overhead_s, l2_bytes)
         out[name] = c
     _overlap_fused_matmuls(works, out)
     return out
@@ -234,18 +241,22 @@ def _add_matmul(c: ExecutionCost, m: MatmulWork, chip: Chip, hbm_bw: float,
     c.add_op((m.op, "matmul"), f, io, t)
 
 
-def _add_kernel(c: ExecutionCost, k: KernelWork, hbm_bw: float, overhead_s: float) -> None:
+def _add_kernel(c: ExecutionCost, k: KernelWork, hbm_bw: float, overhead_s: float,
+                l2_bytes: float = 0) -> None:
     """A memory-bound kernel: its traffic at the measured HBM bandwidth plus the fixed
     per-kernel overhead, timed at its last member (it can start only when all of its
-    inputs exist)."""
-    t = k.nbytes / hbm_bw + overhead_s
+    inputs exist). What the chip's L2 cache keeps (half of it, the rest holding what else
+    runs) is not HBM traffic."""
+    kept = sum(b for ws, b in k.l2 if ws <= l2_bytes / 2)
+    nbytes = max(0.0, k.nbytes - kept)
+    t = nbytes / hbm_bw + overhead_s
     c.kernels += 1
     c.overhead_s += overhead_s
-    c.hbm_bytes += k.nbytes
+    c.hbm_bytes += nbytes
     c.memory_bound_s += t
     c.flops += k.elems  # ~1 FLOP per element written
     c.times[k.last] = c.times.get(k.last, 0.0) + t
-    c.add_op((k.op, "memory"), k.elems, k.nbytes, t)
+    c.add_op((k.op, "memory"), k.elems, nbytes, t)
 
 
 def _scope_io(inst, comp, scope: str) -> float:

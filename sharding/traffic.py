@@ -256,6 +256,13 @@ def _sliced_read(module: HloModule, comp: Computation, name: str, depth: int = 0
             ratio = sum(a.nbytes for a in source.shapes) / max(1, sum(a.nbytes
                                                                      for a in u.shapes))
             total += after * ratio if in_hbm else 0.0
+        elif (u.opcode == "reduce" and len(u.shapes) == 1 and u.operands
+              and through_views(comp, u.operands[0]) == name and source is not None
+              and (after := _sliced_read(module, comp, u.name, depth + 1)) is not None):
+            # a reduction (a split-K GEMM's partial sums added up) whose result is only
+            # sliced: the kernel reduces only the elements it keeps
+            ratio = sum(a.nbytes for a in source.shapes) / max(1, u.shapes[0].nbytes)
+            total += after * ratio if in_hbm else 0.0
         elif u.opcode == "fusion":
             inner = _fused(module, u)
             positions = [k for k, o in enumerate(u.operands) if through_views(comp, o) == name]
@@ -281,3 +288,53 @@ def _leaves_region(comp: Computation, user: Instruction, inside: set[str]) -> bo
         return user.is_root or any(_leaves_region(comp, u, inside)
                                    for u in comp.users.get(user.name, []))
     return True
+
+
+def l2_reuse(comp: Computation, kernel_list) -> list[tuple[tuple[float, float], ...]]:
+    """For a compiler-fused module (each `fusion` a kernel, in schedule order): per kernel,
+    the HBM traffic that stays in a GPU's L2 cache when the cache is large enough, as
+    (working set, bytes saved) pairs. A kernel's output that only kernels after it read
+    (a split-K GEMM's f32 partial sums and their reduction, a softmax's scores) is still
+    in L2 when they run, if it and the traffic of the kernels in between fit: its write
+    and their reads of it never reach HBM. Outputs something else reads (a collective, a
+    loop's carry, the result) go to HBM."""
+    index = {inst.name: i for i, inst in enumerate(comp.instructions)}
+    owner: dict[str, int] = {}
+    for k, (_, _, members) in enumerate(kernel_list):
+        for m in members:
+            owner[m.name] = k
+    pos = [index[members[-1].name] for _, _, members in kernel_list]
+    out: list[list[tuple[float, float]]] = [[] for _ in kernel_list]
+    for k, (nbytes, _, members) in enumerate(kernel_list):
+        if len(members) != 1 or members[0].opcode != "fusion" or members[0].is_root:
+            continue
+        f = members[0]
+        size = float(sum(a.hbm_bytes for a in f.shapes))
+        users = _users_through_tuples(comp, f.name)
+        readers = {owner.get(u.name) for u in users}
+        if not users or None in readers or k in readers:
+            continue
+        def working_set(until: int) -> float:
+            """The output and the traffic of the other kernels run before `until`."""
+            return size + sum(kernel_list[j][0] for j in range(len(kernel_list))
+                              if pos[k] < pos[j] < until and j not in readers)
+
+        # The write is saved only if the output is still in L2 for its last reader; each
+        # read, if it is still there for that reader.
+        out[k].append((working_set(max(pos[r] for r in readers)), min(size, nbytes)))
+        for r in readers:
+            r_out = float(sum(a.hbm_bytes for m in kernel_list[r][2] for a in m.shapes))
+            read = max(0.0, kernel_list[r][0] - r_out)
+            out[r].append((working_set(pos[r]), min(size, read)))
+    return [tuple(x) for x in out]
+
+
+def _users_through_tuples(comp: Computation, name: str) -> list[Instruction]:
+    """The users of `name`, through views and the elements of a tuple it makes."""
+    users = []
+    for u in users_through_views(comp, name):
+        if u.opcode == "get-tuple-element":
+            users.extend(_users_through_tuples(comp, u.name))
+        else:
+            users.append(u)
+    return users

@@ -78,15 +78,19 @@ def test_run_on_xla_gpu_says_so_agrees_with_cpu_and_keeps_noise_away(tmp_path, c
 
 @pytest.mark.gpu
 @needs_plugin
-def test_gpu_decode_reads_each_layers_weights_once(tmp_path, cpu_devices):
+def test_gpu_decode_reads_each_weight_and_cache_byte_once(tmp_path, cpu_devices):
     # XLA:GPU copies each layer's weights out of the stacked arrays before its GEMMs (a
     # dynamic-slice fusion); a serving engine's GEMMs read them where they lie, so the
     # copies are not traffic. Before, the 4-layer TP-8 decode below counted 3.07x the bytes
     # it must read (weights but the embedding table, KV cache), then 1.44x while the cache
-    # was (N, B, S, K, E) and XLA:GPU transposed the whole K cache for QK^T each step; with
-    # the cache as (N, B, K, S, E) 1.25x: what is left is XLA:GPU's split-K partial sums in
-    # f32 (written, then reduced) and its small unfused kernels.
+    # was (N, B, S, K, E) and XLA:GPU transposed the whole K cache for QK^T each step, then
+    # 1.25x: XLA:GPU's split-K GEMMs write f32 partial sums that the next kernel adds up,
+    # and the attention's scores pass from kernel to kernel. Those stay in the H100's L2
+    # when they and what runs in between fit in half of it, and a reduction whose result
+    # is only sliced reads only what it keeps: the decode now moves what it must, as on
+    # the TPU compiler and XLA:CPU (test_tpu.py).
     from experiments import config, runner
+    from models.memory import serving_activation_bytes
     from tests.test_tpu import DECODE_70B
 
     exp = config.load(write(tmp_path, DECODE_70B.replace("tpu-v6e:2x4", "h100:8")))
@@ -94,5 +98,8 @@ def test_gpu_decode_reads_each_layers_weights_once(tmp_path, cpu_devices):
     m = exp.model
     params = dict(rep.memory.components)["parameters"]
     cache = dict(rep.memory.components)["KV cache"]
-    floor = params - m.padded_vocab * m.d_model * 2 / 8 + cache
-    assert floor < rep.compute.hbm_bytes < 1.3 * floor
+    activations = m.n_layers * serving_activation_bytes(
+        m, workload=exp.workload, precision=exp.precision,
+        mesh_shape=exp.parallelism.sizes(), rules=exp.parallelism.axis_rules())
+    floor = params - m.padded_vocab * m.d_model * 2 / 8 + cache + activations
+    assert rep.compute.hbm_bytes == pytest.approx(floor, rel=0.05)
