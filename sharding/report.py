@@ -364,7 +364,9 @@ class Report:
 
 
 def _collective_dict(c: Collective, groups: bool = True) -> dict:
-    d = dataclasses.asdict(c)
+    # Its fields are plain values but for the tuples below (asdict would deep-copy every
+    # replica group first: most of the time of a report with thousands of devices).
+    d = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
     d["shape"] = list(c.shape)
     d["mesh_axes"] = list(c.mesh_axes)
     # Groups can be thousands of ids: all of them for tools that map placement, or the
