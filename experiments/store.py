@@ -117,15 +117,28 @@ class Store:
             raise ValueError(f"--store {str(path)!r}: folder {str(self.path.parent)!r} does not "
                              f"exist; create it or store elsewhere")
         self.db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
+        self._setup("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute(SCHEMA)
+        self._setup(SCHEMA)
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(results)")}
         if "plan" not in columns:  # a store from before plans were kept
             try:
                 self.db.execute("ALTER TABLE results ADD COLUMN plan BLOB")
             except sqlite3.OperationalError:  # another search added it first
                 pass
+
+    def _setup(self, statement: str, tries: int = 200) -> None:
+        """A statement that sets the store up: switching a new file to WAL needs it to
+        itself for a moment and SQLite may answer 'locked' at once rather than wait, when
+        another search is opening the same new store; wait a little and try again."""
+        for k in range(tries):
+            try:
+                self.db.execute(statement)
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or k == tries - 1:
+                    raise
+                time.sleep(0.05)
 
     def __enter__(self) -> Store:
         return self

@@ -48,10 +48,10 @@ def test_validate_runs_each_case_in_its_own_process(tmp_path, capsys, cpu_device
     cases = tmp_path / "cases"
     cases.mkdir()
     write(cases, TINY + MEASURED, "tiny.toml")
-    # A case the runner refuses (more fake CPU devices than XLA:CPU takes) is a row; the run
-    # goes on.
+    # A case the runner refuses (more fake CPU devices than XLA:CPU takes, on a TPU pod,
+    # which is not extrapolated from fewer replicas) is a row; the run goes on.
     refused = TINY.replace("data = 2\nfsdp = 4", "data = 4096").replace(
-        "h100:8", "h100:4096").replace("global_batch = 16", "global_batch = 4096")
+        "h100:8", "tpu-v5e:16x16*16").replace("global_batch = 16", "global_batch = 4096")
     write(cases, refused + MEASURED, "refused.toml")
     out_json = tmp_path / "v.json"
     code, out, _ = run_cli(["validate", str(cases), "--workers", "2", "--json", str(out_json)],
@@ -62,7 +62,7 @@ def test_validate_runs_each_case_in_its_own_process(tmp_path, capsys, cpu_device
     ok = by_name["t"] if "t" in by_name else next(c for c in d["cases"] if c["status"] == "ok")
     assert ok["status"] == "ok" and ok["error"] == pytest.approx((ok["estimate_s"] - 0.5) / 0.5)
     bad = next(c for c in d["cases"] if c["status"] != "ok")
-    assert bad["status"] == "refused" and "h100:4096" in bad["message"]
+    assert bad["status"] == "refused" and "tpu-v5e:16x16*16" in bad["message"]
     assert d["summary"]["overall"] == {**d["summary"]["overall"], "cases": 2, "ran": 1}
     assert "median |error|" in out and "after compile" in out
     # The same config through `shardscope run`: the same estimate.
