@@ -32,7 +32,20 @@ OVERRIDES = {
     "gpus_per_domain": ("gpu", int, "GPUs of each NVLink domain the job uses"),
     "allreduce_alpha_us": ("gpu", float, "the cluster's smallest all-reduce across 2 nodes "
                                           "(nccl-tests, 8 B), us"),
+    "pod_gpus": ("gpu", int, "GPUs per pod, the non-blocking fabric under the spine"),
+    "pod_oversubscription": ("gpu", float, "the spine's taper above a pod (7 for 7:1)"),
+    "fabric": ("gpu", str, "a published cluster's fabric from meshes.catalog.FABRICS"),
     "dcn_gbps": ("tpu", float, "DCN bandwidth per chip between slices, Gb/s"),
+}
+
+# Published clusters' scale-out fabrics: what `[system] fabric = NAME` sets, with sources.
+FABRICS = {
+    "meta-24k": {
+        "pod_gpus": 3072, "pod_oversubscription": 7.0,
+        "source": "Meta's two 24,576-H100 clusters (RoCE and InfiniBand): 8 pods of 3,072 "
+                  "GPUs, non-blocking inside a pod, 7:1 oversubscribed between pods (the "
+                  "Llama 3 paper, section 3.3.1; glennklockwood.com, Meta's H100 clusters)",
+    },
 }
 
 
@@ -67,6 +80,12 @@ def _check_overrides(name: str, kind: str, overrides: dict) -> None:
         if applies != kind:
             raise ValueError(f"system override {key!r} ({meaning}) applies to {applies.upper()} "
                              f"systems, not {name!r}; for it use {', '.join(mine)}")
+        if want is str:
+            if value not in FABRICS:
+                raise ValueError(f"system override {key}={value!r} is not a known fabric; "
+                                 f"valid: {', '.join(FABRICS)} (or set pod_gpus and "
+                                 f"pod_oversubscription)")
+            continue
         ok = isinstance(value, bool) if want is bool else (
             isinstance(value, int | float) and not isinstance(value, bool) and value > 0
             and (want is not int or float(value).is_integer()))
@@ -94,7 +113,12 @@ def _gpu_system(f: GpuFamily, name: str, size: str, overrides: dict) -> GpuSyste
         two = GpuSystem(f, 2 * domain, **kw, net_fixed_latency_s=0.0)
         model = two.collective_time_s("all-reduce", 8, [list(range(2 * domain))])
         fixed = max(0.0, overrides["allreduce_alpha_us"] * 1e-6 - model)
-    return GpuSystem(f, n, **kw, overrides=overrides, net_fixed_latency_s=fixed)
+    tiers = dict(FABRICS[overrides["fabric"]]) if "fabric" in overrides else {}
+    tiers.update({k: overrides[k] for k in ("pod_gpus", "pod_oversubscription")
+                  if k in overrides})
+    return GpuSystem(f, n, **kw, overrides=overrides, net_fixed_latency_s=fixed,
+                     pod_gpus=int(tiers["pod_gpus"]) if "pod_gpus" in tiers else None,
+                     pod_oversubscription=float(tiers.get("pod_oversubscription", 1.0)))
 
 
 def _tpu_system(f: TpuFamily, name: str, size: str, overrides: dict) -> TpuSystem:

@@ -147,12 +147,17 @@ class GpuSystem(System):
             proxy, NIC doorbells, completion); fitted on measured InfiniBand clusters by
             default (`net_fixed_latency_s()`); a cluster's own from its smallest 2-node
             all-reduce (`allreduce_alpha_us`).
+        pod_gpus, pod_oversubscription: the scale-out fabric as pods of `pod_gpus` GPUs
+            under one non-blocking tier, joined by a spine whose uplinks carry
+            1/oversubscription of the pod's NIC bandwidth (Meta's 24K H100 clusters: pods
+            of 3,072, 7:1); one non-blocking fabric by default.
     """
 
     def __init__(self, family: GpuFamily, num_devices: int, *,
                  nic_bytes_per_s: float | None = None, sharp: bool = False,
                  gpus_per_domain: int | None = None, overrides: dict | None = None,
-                 net_fixed_latency_s: float | None = None):
+                 net_fixed_latency_s: float | None = None, pod_gpus: int | None = None,
+                 pod_oversubscription: float = 1.0):
         self.family = family
         self.name = f"{family.name}:{num_devices}"
         self.chip = CHIPS[family.chip]
@@ -161,6 +166,8 @@ class GpuSystem(System):
         self.sharp = sharp
         self.net_fixed_s = (net_fixed_latency_s_default() if net_fixed_latency_s is None
                             else net_fixed_latency_s)
+        self.pod_gpus = pod_gpus
+        self.pod_oversubscription = pod_oversubscription
         self.overrides = dict(overrides or {})
         domain = "rack" if family.domain_size > 8 else "node"
         self.coord_names = (domain, "tray", "gpu") if family.tray_size < self.domain_size else (
@@ -232,14 +239,53 @@ class GpuSystem(System):
         self._check_ids(flat)
         # Every group runs at once; with one NIC and one NVLink port per GPU, groups of the
         # same shape do not share links, so the slowest group sets the time.
+        share = self._spine_share(kind, groups)
         worst = CollectiveTiming(0.0, "nvlink", "none")
         for g in _distinct_shapes(groups, self.domain_of):
-            t = self._group_timing(kind, nbytes, g)
+            t = self._group_timing(kind, nbytes, g, nic_share=share)
             if t.time_s > worst.time_s:
                 worst = t
+        if share < 1 and worst.link == "infiniband":
+            worst = dataclasses.replace(
+                worst, algorithm=f"{worst.algorithm} across pods, {1 / share:.2f}x slower on "
+                                 f"the {self.pod_oversubscription:g}:1 spine")
         return worst
 
-    def _group_timing(self, kind: str, nbytes: float, group: Sequence[int]) -> CollectiveTiming:
+    def _spine_share(self, kind: str, groups) -> float:
+        """The share of its NIC rate a GPU gets when the collective's groups cross pods
+        (the non-blocking fabric under one spine tier) whose uplinks are oversubscribed:
+        every pod sends what its members' groups need outside it at once, through
+        `pod_gpus / oversubscription` NICs' worth of uplink. A ring or tree leaves a pod
+        once per channel (one per NIC of each of its nodes the group uses); an all-to-all
+        sends each member's (n - k)/n across, k of its group in the pod. 1 when nothing is
+        oversubscribed or nothing crosses."""
+        if not self.pod_gpus or self.pod_oversubscription <= 1:
+            return 1.0
+        pod = self.pod_gpus
+        load: dict[int, float] = {}  # pod -> uplink demand, in NICs at full rate
+        for g in groups:
+            in_pod: dict[int, int] = {}
+            for i in g:
+                in_pod[i // pod] = in_pod.get(i // pod, 0) + 1
+            if len(in_pod) < 2:
+                continue
+            if kind == "all-to-all":
+                for p, k in in_pod.items():
+                    load[p] = load.get(p, 0.0) + k * (len(g) - k) / len(g)
+            elif kind not in ("collective-permute", "collective-broadcast"):
+                per_domain: dict[int, int] = {}
+                for i in g:
+                    per_domain[self.domain_of(i)] = per_domain.get(self.domain_of(i), 0) + 1
+                channels = min(per_domain.values())
+                for p in in_pod:
+                    load[p] = load.get(p, 0.0) + channels
+        if not load:
+            return 1.0
+        uplink = pod / self.pod_oversubscription
+        return min(1.0, uplink / max(load.values()))
+
+    def _group_timing(self, kind: str, nbytes: float, group: Sequence[int], *,
+                      nic_share: float = 1.0) -> CollectiveTiming:
         n = len(group)
         per_domain: dict[int, int] = {}
         for i in group:
@@ -253,7 +299,7 @@ class GpuSystem(System):
             t, algo = self._in_domain_time(kind, nbytes, n)
             return CollectiveTiming(t, "nvlink", algo)
         nic = self.links["infiniband"]
-        nic_bw = nic.bytes_per_s * nic.efficiency
+        nic_bw = nic.bytes_per_s * nic.efficiency * nic_share
         if kind in ("collective-permute", "collective-broadcast"):
             return CollectiveTiming(nbytes / nic_bw + self.net_fixed_s, "infiniband", "p2p")
         if kind == "all-to-all":

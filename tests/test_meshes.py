@@ -438,3 +438,48 @@ def test_a_clusters_own_alpha_sets_its_fixed_cost():
         ib.collective_time_s("all-reduce", big, group), rel=0.01)
     with pytest.raises(ValueError, match="applies to GPU systems"):
         get_system("tpu-v5e:4x4", allreduce_alpha_us=50)
+
+
+def test_a_collective_crossing_the_spine_pays_its_oversubscription():
+    # 4 pods of 64 H100s (8 nodes each), 4:1 above the pods. An all-to-all over all 256
+    # GPUs: each GPU sends 3/4 of its buffer to other pods, the pod's 64 GPUs at once
+    # through 64/4 = 16 NICs' worth of uplink: each gets 16 / (64 x 3/4) = 1/3 of its NIC.
+    from meshes.gpu import NIC_EFFICIENCY
+
+    S, n = 1e9, 256
+    flat = get_system(f"h100:{n}")
+    tiered = get_system(f"h100:{n}", pod_gpus=64, pod_oversubscription=4)
+    everyone = [list(range(n))]
+    nic = 50e9 * NIC_EFFICIENCY
+    t = tiered.collective_timing("all-to-all", S, everyone)
+    # What leaves the node (248/256 of the buffer) goes through the NIC; the rest stays
+    # on NVLink, unchanged by the spine.
+    out_flat = S * 248 / 256 / nic
+    nvlink = flat.collective_time_s("all-to-all", S, everyone) - out_flat - NET_FIXED
+    assert 0 < nvlink < out_flat / 10
+    assert t.time_s == pytest.approx(3 * out_flat + nvlink + NET_FIXED, rel=1e-9)
+    assert "3.00x slower on the 4:1 spine" in t.algorithm
+    # Data-parallel rings with one GPU per node (8 groups of 32, one per position in a
+    # node): each ring leaves each pod once per channel, 8 rings per pod on 16 NICs of
+    # uplink: the spine is not the bottleneck, the rings run at full rate.
+    rings = [list(range(k, n, 8)) for k in range(8)]
+    assert tiered.collective_time_s("all-reduce", S, rings) == pytest.approx(
+        flat.collective_time_s("all-reduce", S, rings), rel=1e-12)
+    # Pods of 2 nodes (16 GPUs) under a 4:1 spine: the same 8 rings leave each pod 8
+    # times, on 4 NICs' worth of uplink: half the NIC rate, twice the ring's bytes time.
+    small = get_system(f"h100:{n}", pod_gpus=16, pod_oversubscription=4)
+    slow = small.collective_timing("all-reduce", S, rings)
+    assert "2.00x slower on the 4:1 spine" in slow.algorithm
+    base = flat.collective_time_s("all-reduce", S, rings)
+    assert 1.8 * base < slow.time_s < 2 * base
+    # Inside one pod nothing changes.
+    pod = [list(range(64))]
+    assert tiered.collective_time_s("all-to-all", S, pod) == flat.collective_time_s(
+        "all-to-all", S, pod)
+
+
+def test_a_published_fabric_sets_its_pods():
+    s = get_system("h100:24576", fabric="meta-24k")
+    assert (s.pod_gpus, s.pod_oversubscription) == (3072, 7.0)
+    with pytest.raises(ValueError, match="valid: meta-24k"):
+        get_system("h100:64", fabric="meta")
