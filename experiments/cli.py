@@ -32,6 +32,14 @@ def _write_json(path: str, data: dict) -> None:
     out.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
 
 
+def _write_text(path: str, text: str, flag: str = "--html") -> None:
+    out = Path(path)
+    if out.parent and not out.parent.exists():
+        raise ConfigError(f"{flag} {path!r}: folder {str(out.parent)!r} does not exist; create "
+                          f"it or write elsewhere")
+    out.write_text(text)
+
+
 def _jsonable(o):
     if isinstance(o, set | frozenset | tuple):
         return list(o)
@@ -237,11 +245,7 @@ def _search_outputs(args, results, title: str) -> None:
         _write_json(args.json, search_mod.to_json(results))
         print(f"\nwrote {args.json}")
     if args.html:
-        out = Path(args.html)
-        if not out.parent.exists():
-            raise ConfigError(f"--html {args.html!r}: folder {str(out.parent)!r} does not "
-                              f"exist")
-        out.write_text(search_mod.render_html(results, title))
+        _write_text(args.html, search_mod.render_html(results, title))
         print(f"wrote {args.html}")
 
 
@@ -316,6 +320,9 @@ def cmd_compare(args) -> int:
     if args.json:
         _write_json(args.json, {"systems": [e.to_dict() for e in entries]})
         print(f"\nwrote {args.json}")
+    if args.html:
+        _write_text(args.html, compare_mod.render_html(entries, raw["name"]))
+        print(f"wrote {args.html}")
     return 0
 
 
@@ -503,6 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="what a device-hour costs you, for $ per million tokens")
     cp.add_argument("--calibration", metavar="CAL.toml")
     cp.add_argument("--json", metavar="OUT")
+    cp.add_argument("--html", metavar="OUT", help="bar charts of every figure and the table")
     cp.add_argument("--quiet", action="store_true")
     cp.set_defaults(fn=cmd_compare)
     sub.add_parser("systems", help="the system catalog").set_defaults(fn=cmd_systems)

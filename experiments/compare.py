@@ -161,3 +161,68 @@ def format_compare(entries: Sequence[Entry]) -> str:
     lines.append("power: the chips' spec TDP x devices (an upper bound; hosts, NICs and "
                  "switches not counted; '-' where no public figure exists)")
     return "\n".join(lines)
+
+
+# The bar charts of the HTML page: (title, class, value of an entry, how to print it, higher
+# is better).
+_BARS = (
+    ("Step time", "step", lambda e: e.report.step_time_s, fmt_s, False),
+    ("Tokens/s per device", "tokens", lambda e: e.report.tokens_per_s_per_device,
+     lambda v: f"{v:,.0f}", True),
+    ("MFU", "mfu", lambda e: e.report.mfu, lambda v: f"{v:.1%}", True),
+    ("Tokens/s per MW (at TDP)", "per-mw",
+     lambda e: None if e.power_w is None else e.report.tokens_per_s / (e.power_w / 1e6),
+     lambda v: f"{v:,.0f}", True),
+)
+
+
+def render_html(entries: Sequence[Entry], title: str = "compare") -> str:
+    """One page: a bar chart per figure (each system that ran, the best one marked; a
+    figure a system has no number for is left out of its chart and said) and the full
+    table of `format_compare`."""
+    import html as h
+
+    ran = [e for e in entries if e.report is not None]
+    charts = []
+    for name, cls, value, fmt, higher in _BARS:
+        vals = [(e, value(e)) for e in ran]
+        known = [(e, v) for e, v in vals if v is not None and v > 0]
+        missing = [e.system for e, v in vals if v is None or v <= 0]
+        width, left, bar, gap = 720, 190, 22, 8
+        height = 20 + len(known) * (bar + gap)
+        svg = [f'<svg class="bars {cls}" width="{width}" height="{height}" '
+               f'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="12">']
+        if known:
+            top = max(v for _, v in known)
+            best = (max if higher else min)(known, key=lambda ev: ev[1])[0]
+            for i, (e, v) in enumerate(known):
+                y = 10 + i * (bar + gap)
+                w = (width - left - 110) * v / top
+                color = "#e45756" if e is best else "#4c78a8"
+                svg.append(f'<text x="{left - 8}" y="{y + bar * 0.7:.1f}" text-anchor="end" '
+                           f'class="system">{h.escape(e.system)}</text>'
+                           f'<rect class="bar{" best" if e is best else ""}" x="{left}" '
+                           f'y="{y}" width="{w:.1f}" height="{bar}" fill="{color}">'
+                           f'<title>{h.escape(e.system)}: {fmt(v)}</title></rect>'
+                           f'<text x="{left + w + 6:.1f}" y="{y + bar * 0.7:.1f}" '
+                           f'class="value">{fmt(v)}</text>')
+        svg.append("</svg>")
+        note = (f'<p class="missing">No figure for {h.escape(", ".join(missing))}.</p>'
+                if missing else "")
+        charts.append(f"<h2>{h.escape(name)}{'' if higher else ' (lower is better)'}</h2>"
+                      f"{''.join(svg)}{note}")
+    refused = "".join(f"<li>{h.escape(e.system)}: {h.escape(e.message)}</li>"
+                      for e in entries if e.report is None)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>shardscope compare: {h.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}
+pre{{font-size:12px;background:#f6f6f6;padding:1em;overflow-x:auto}}</style></head><body>
+<h1>Compare: {h.escape(title)}</h1>
+<p>The same model and workload on {len(entries)} systems; {len(ran)} estimated. The best
+system of each figure is red; hover a bar for its value.</p>
+{''.join(charts)}
+{f'<h2>Not run</h2><ul class="refused">{refused}</ul>' if refused else ''}
+<h2>Every figure</h2>
+<pre class="table">{h.escape(format_compare(entries))}</pre>
+</body></html>
+"""

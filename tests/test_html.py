@@ -125,3 +125,38 @@ def test_search_page_in_a_headless_browser(tmp_path):
                      key=lambda p: p["x"], reverse=True)
     assert c["y"] < a["y"] and c["x"] < a["x"]
     assert g["ranking"] == 4 and "refused: why" in g["others"] and "does not fit" in g["others"]
+
+
+def test_compare_page_in_a_headless_browser(tmp_path, capsys, cpu_devices):
+    # The tiny config on three 8-device systems (compiled once, re-timed on the others);
+    # the TPU has no public power figure, so its per-MW bar is left out and said.
+    page_path = tmp_path / "compare.html"
+    assert cli.main(["compare", write(tmp_path, TINY), "--systems",
+                     "h100:8,b200:8,tpu-v5e:2x4", "--quiet", "--html", str(page_path)]) == 0
+    capsys.readouterr()
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM,
+                                    args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(page_path.as_uri())
+        charts = page.evaluate("""() => Array.from(document.querySelectorAll('svg.bars')).map(
+          svg => ({cls: svg.getAttribute('class'),
+                   bars: Array.from(svg.querySelectorAll('rect.bar')).map(r => ({
+                     w: r.width.baseVal.value, best: r.classList.contains('best'),
+                     label: r.querySelector('title').textContent})),
+                   missing: svg.nextElementSibling && svg.nextElementSibling.tagName === 'P'
+                            ? svg.nextElementSibling.innerText : ''}))""")
+        table = page.inner_text("pre.table")
+        browser.close()
+    by = {c["cls"].split()[1]: c for c in charts}
+    assert set(by) == {"step", "tokens", "mfu", "per-mw"}
+    for name in ("step", "tokens", "mfu"):
+        bars = by[name]["bars"]
+        assert len(bars) == 3 and sum(b["best"] for b in bars) == 1
+        assert all(b["w"] > 0 for b in bars)
+    # Lower is better for the step: the best bar is the shortest; higher for tokens/s.
+    step, tokens = by["step"]["bars"], by["tokens"]["bars"]
+    assert min(step, key=lambda b: b["w"])["best"]
+    assert max(tokens, key=lambda b: b["w"])["best"]
+    assert len(by["per-mw"]["bars"]) == 2 and "tpu-v5e:2x4" in by["per-mw"]["missing"]
+    assert "step time" in table and "b200:8" in table
