@@ -263,6 +263,23 @@ CHIPS: dict[str, Chip] = {
         devices_per_chip=2,
         source="scaling book tpus.md; AI-Hypercomputer tpu-recipes ironwood microbenchmarks",
     ),
+    # AWS Trainium2 (AWS Neuron docs, Trainium2 architecture: 667 BF16 and 1,299 FP8 dense
+    # TFLOPS, 96 GiB of HBM at 2.9 TB/s). No public GEMM or copy microbenchmark: its
+    # systolic tensor engines borrow the TPU's measured large-GEMM and HBM-copy efficiencies
+    # and size curve, and the TPU fit applies (no Trainium run is in the validation set).
+    # Power is not public.
+    "trainium2": Chip(
+        name="trainium2",
+        size_curve="tpu",
+        peak_flops_per_s={"bfloat16": 667e12, "float8": 1299e12},
+        hbm_bytes=96 * 2**30,
+        hbm_bytes_per_s=2.9e12,
+        matmul_efficiency=827 / 920,
+        hbm_efficiency=1.36 / 1.6,
+        tdp_w=None,
+        source="AWS Neuron docs (Trainium2 architecture; Trainium2 Architecture Guide for "
+               "NKI); efficiencies borrowed from TPU v6e microbenchmarks (none public)",
+    ),
 }
 
 

@@ -23,11 +23,16 @@ class TpuFamily:
     chip: str
     ndim: int
     max_shape: tuple[int, ...]
-    wrap_rule: str  # "cube": wraps every axis once a multiple of 4x4x4; "16": axis of 16
+    wrap_rule: str  # "cube": wraps every axis once a multiple of 4x4x4; "16": axis of 16;
+    # "always": every axis of the slice wraps
     ici_bytes_per_s: float  # one link, one direction
     dcn_bytes_per_s_per_chip: float
     source: str
     example_shape: tuple[int, ...]  # the slice `shardscope systems` shows
+    # What the chip-to-chip torus and the network between slices are called on reports.
+    link_names: tuple[str, str] = ("ici", "dcn")
+    # The deviceless compiler that builds for it ("tpu": libtpu), "" when none is here.
+    compiler: str = "tpu"
 
 
 TPU_FAMILIES: dict[str, TpuFamily] = {
@@ -51,6 +56,19 @@ TPU_FAMILIES: dict[str, TpuFamily] = {
                        wrap_rule="cube", ici_bytes_per_s=9.0e10, dcn_bytes_per_s_per_chip=1.25e10,
                        source="scaling book tpus.md; MaxText accelerator_to_spec_map.py",
                      example_shape=(4, 4, 4)),
+    # AWS Trainium2: a trn2.48xlarge is 16 chips on a 4x4 2D torus of NeuronLink-v3, 1,024
+    # GB/s per chip over its 4 links (taken as both directions: 128 GB/s per link and
+    # direction); instances joined by EFA, 3.2 Tb/s per 16 chips = 25 GB/s per chip. Slices
+    # are instances: `trn2:4x4*16` is 16 instances, 256 chips. (The Trn2 UltraServer's
+    # NeuronLink ring across 4 instances is not modelled: take its instances as over EFA.)
+    "trn2": TpuFamily(name="trn2", chip="trainium2", ndim=2, max_shape=(4, 4),
+                      wrap_rule="always", ici_bytes_per_s=1024e9 / 4 / 2,
+                      dcn_bytes_per_s_per_chip=3.2e12 / 8 / 16,
+                      source="AWS Neuron docs, Amazon EC2 Trn2 architecture (trn2-arch: 4x4 "
+                             "2D torus, 1,024 GB/s NeuronLink-v3 per device, EFA 3,200 Gb/s "
+                             "per instance) and Trainium2 architecture (4 NeuronLink-v3 per "
+                             "device)",
+                      example_shape=(4, 4), link_names=("neuronlink", "efa"), compiler=""),
 }
 
 
@@ -74,20 +92,24 @@ class TpuSystem(System):
         axes = "xyz"[: len(shape)]
         self.coord_names = ("slice", *axes, "core")
         wrap_txt = ", ".join(f"{a}:{'wrap' if w else 'no wrap'}" for a, w in zip(axes, self.wraps))
+        self.fast, self.slow = family.link_names
         self.links = {
-            "ici": Link(name="ici", bytes_per_s=family.ici_bytes_per_s,
+            self.fast: Link(name=self.fast, bytes_per_s=family.ici_bytes_per_s,
                         latency_s=TPU_ICI_HOP_LATENCY_S, efficiency=TPU_ICI_EFFICIENCY,
                         source=f"{family.source}; per link ({wrap_txt})"),
         }
         if num_slices > 1:
-            self.links["dcn"] = Link(
-                name="dcn", bytes_per_s=dcn_bytes_per_s_per_chip or family.dcn_bytes_per_s_per_chip,
+            self.links[self.slow] = Link(
+                name=self.slow,
+                bytes_per_s=dcn_bytes_per_s_per_chip or family.dcn_bytes_per_s_per_chip,
                 latency_s=0.0, efficiency=1.0,
                 source="config override" if dcn_bytes_per_s_per_chip else family.source)
 
     def _axis_wraps(self, axis: int) -> bool:
         if self.family.wrap_rule == "16":
             return self.shape[axis] == 16
+        if self.family.wrap_rule == "always":
+            return True
         # v4/v5p/TPU7x: every axis wraps once the slice is whole 4x4x4 cubes.
         return all(s % 4 == 0 for s in self.shape)
 
@@ -113,11 +135,11 @@ class TpuSystem(System):
 
     def collective_timing(self, kind, nbytes, groups):
         if not groups:
-            return CollectiveTiming(0.0, "ici", "none")
+            return CollectiveTiming(0.0, self.fast, "none")
         self._check_ids([i for g in groups for i in g])
         if kind == "collective-permute":
             return self._permute_timing(nbytes, groups)
-        worst = CollectiveTiming(0.0, "ici", "none")
+        worst = CollectiveTiming(0.0, self.fast, "none")
         for g in groups[:1] if _uniform(groups) else groups:
             t = self._group_timing(kind, nbytes, g, concurrent=len(groups))
             if t.time_s > worst.time_s:
@@ -127,18 +149,18 @@ class TpuSystem(System):
     def _group_timing(self, kind, nbytes, group, concurrent):
         n = len(group)
         if n <= 1 or nbytes <= 0:
-            return CollectiveTiming(0.0, "ici", "none")
+            return CollectiveTiming(0.0, self.fast, "none")
         coords = [self.coords(i) for i in group]
         slices = {c[0] for c in coords}
         if len(slices) > 1:
             m = n // len(slices)
-            dcn = self.links["dcn"]
+            dcn = self.links[self.slow]
             in_slice = self._ici_time(kind, nbytes, [c for c in coords if c[0] == coords[0][0]])
             t_dcn = (nbytes / max(m, 1)) * bus_factor(kind, len(slices)) / dcn.bytes_per_s
             return CollectiveTiming(in_slice[0] * (2 if kind == "all-reduce" else 1) + t_dcn,
-                                    "dcn", "hierarchical")
+                                    self.slow, "hierarchical")
         t, algo = self._ici_time(kind, nbytes, coords)
-        return CollectiveTiming(t, "ici", algo)
+        return CollectiveTiming(t, self.fast, algo)
 
     def _ici_time(self, kind: str, nbytes: float, coords) -> tuple[float, str]:
         """Ring collective over the torus axes the group spans."""
@@ -147,7 +169,7 @@ class TpuSystem(System):
             return 0.0, "none"
         chips = {c[1:-1] for c in coords}
         cores_per_chip = n // len(chips)
-        link = self.links["ici"]
+        link = self.links[self.fast]
         bw_total = 0.0
         latency_steps = 0.0
         axes_used = []
@@ -191,7 +213,7 @@ class TpuSystem(System):
 
     def _permute_timing(self, nbytes, pairs_as_groups) -> CollectiveTiming:
         """Route every pair dimension-order over the torus; the busiest link sets the time."""
-        link = self.links["ici"]
+        link = self.links[self.fast]
         load: dict[tuple, float] = {}
         max_hops = 0
         cross_slice = False
@@ -221,9 +243,9 @@ class TpuSystem(System):
             t = max(load.values()) / (link.bytes_per_s * link.efficiency)
             t += max_hops * link.latency_s
         if cross_slice:
-            t = max(t, nbytes / self.links["dcn"].bytes_per_s)
-            return CollectiveTiming(t, "dcn", "p2p")
-        return CollectiveTiming(t, "ici", "p2p (dimension-order routes)")
+            t = max(t, nbytes / self.links[self.slow].bytes_per_s)
+            return CollectiveTiming(t, self.slow, "p2p")
+        return CollectiveTiming(t, self.fast, "p2p (dimension-order routes)")
 
 
 def _stride(vals: list[int]) -> int:

@@ -192,15 +192,15 @@ def resolve_backend(backend: str, system: System) -> str:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     # backend -> (the systems it compiles for, is its extra installed, what to install,
     # the other backends)
-    compilers = {"tpu": (TpuSystem, tpu_compiler_installed, f"libtpu: {TPU_EXTRA}", "cpu"),
-                 "gpu": (GpuSystem, gpu_compiler_installed, f"the CUDA plugin: {GPU_EXTRA}",
+    compilers = {"tpu": (_is_tpu, tpu_compiler_installed, f"libtpu: {TPU_EXTRA}", "cpu"),
+                 "gpu": (_is_gpu, gpu_compiler_installed, f"the CUDA plugin: {GPU_EXTRA}",
                          "cpu or tpu")}
     if backend == "auto":
         return next((name for name, (kind, installed, _, _) in compilers.items()
-                     if isinstance(system, kind) and installed()), "cpu")
+                     if kind(system) and installed()), "cpu")
     if backend in compilers:
         kind, installed, extra, others = compilers[backend]
-        if not isinstance(system, kind):
+        if not kind(system):
             raise ValueError(f"--backend {backend} compiles for {backend.upper()} systems; "
                              f"{system.name} is not one; use --backend {others}")
         if not installed():
@@ -211,21 +211,34 @@ def resolve_backend(backend: str, system: System) -> str:
 def available_backends(system: System) -> list[str]:
     """The backends that can compile for `system` here: XLA:CPU always, and the system's
     own compiler when its extra is installed."""
-    own = [name for name, kind, installed in (("tpu", TpuSystem, tpu_compiler_installed),
-                                              ("gpu", GpuSystem, gpu_compiler_installed))
-           if isinstance(system, kind) and installed()]
+    own = [name for name, kind, installed in (("tpu", _is_tpu, tpu_compiler_installed),
+                                              ("gpu", _is_gpu, gpu_compiler_installed))
+           if kind(system) and installed()]
     return ["cpu", *own]
+
+
+def _is_tpu(system: System) -> bool:
+    """A system the TPU compiler builds for (a torus family whose compiler is libtpu)."""
+    return isinstance(system, TpuSystem) and system.family.compiler == "tpu"
+
+
+def _is_gpu(system: System) -> bool:
+    return isinstance(system, GpuSystem)
 
 
 def target_compiler_note(backend: str, system: System) -> str:
     """Why an XLA:CPU estimate of a TPU or GPU system may differ from the target compiler's
     ("" when the target compiler made the HLO)."""
-    target = ("the TPU compiler" if isinstance(system, TpuSystem) else
-              "XLA:GPU" if isinstance(system, GpuSystem) else "")
+    if isinstance(system, TpuSystem) and not system.family.compiler and backend == "cpu":
+        return ("no deviceless compiler for this chip is here (the Neuron compiler needs "
+                "Neuron devices): XLA:CPU's program, whose partitioning is XLA's, with "
+                "kernels and fusions modelled as for other chips")
+    target = ("the TPU compiler" if _is_tpu(system) else
+              "XLA:GPU" if _is_gpu(system) else "")
     if backend != "cpu" or not target:
         return ""
     how = ("--backend all compares them" if len(available_backends(system)) > 1 else
-           f"to compare: {TPU_EXTRA if isinstance(system, TpuSystem) else GPU_EXTRA}")
+           f"to compare: {TPU_EXTRA if _is_tpu(system) else GPU_EXTRA}")
     return (f"not {target}: XLA:CPU's partitioning is the same, but its fusions, layouts and "
             f"memory-bound kernels are not, so compute time and HBM traffic may differ ({how})")
 

@@ -20,7 +20,8 @@ from meshes.chips import Chip, best_size_factor
 from sharding.report import Report, fmt_bytes, fmt_s
 
 _COLORS = {"matmul": "#4c78a8", "memory-bound": "#72b7b2", "exposed communication": "#e45756",
-           "nvlink": "#f58518", "infiniband": "#e45756", "ici": "#54a24b", "dcn": "#b279a2"}
+           "nvlink": "#f58518", "infiniband": "#e45756", "ici": "#54a24b", "dcn": "#b279a2",
+           "neuronlink": "#54a24b", "efa": "#b279a2"}
 _W = 760
 
 

@@ -483,3 +483,27 @@ def test_a_published_fabric_sets_its_pods():
     assert (s.pod_gpus, s.pod_oversubscription) == (3072, 7.0)
     with pytest.raises(ValueError, match="valid: meta-24k"):
         get_system("h100:64", fabric="meta")
+
+
+def test_trainium2_instances_are_4x4_neuronlink_tori_joined_by_efa():
+    from sharding import compiler
+
+    s = get_system("trn2:4x4*16")
+    assert s.num_devices == 256 and s.chip.name == "trainium2"
+    # 1,024 GB/s of NeuronLink-v3 per chip over 4 links, both directions; 3.2 Tb/s of EFA
+    # per 16-chip instance (AWS Neuron docs).
+    assert s.links["neuronlink"].bytes_per_s == pytest.approx(1024e9 / 4 / 2)
+    assert s.links["efa"].bytes_per_s == pytest.approx(3.2e12 / 8 / 16)
+    assert s.wraps == (True, True)  # a 4x4 2D torus
+    # One chip per instance: a ring over EFA moves S x 2(n-1)/n at 25 GB/s per chip.
+    S = 1e9
+    t = s.collective_timing("all-reduce", S, [list(range(0, 256, 16))])
+    assert t.link == "efa" and t.time_s == pytest.approx(S * 2 * 15 / 16 / 25e9)
+    inside = s.collective_timing("all-reduce", S, [list(range(16))])
+    assert inside.link == "neuronlink" and inside.time_s < t.time_s / 4
+    # No deviceless Neuron compiler here: the CPU path, and the report says why.
+    assert compiler.resolve_backend("auto", s) == "cpu"
+    with pytest.raises(ValueError, match="compiles for TPU systems"):
+        compiler.resolve_backend("tpu", s)
+    assert "no deviceless compiler" in compiler.target_compiler_note("cpu", s)
+    assert s.chip.tdp_w is None  # not public
