@@ -13,12 +13,10 @@ from models.inference import build_serve_program
 from models.memory import offload_bytes_per_step, serving_memory, training_memory
 from models.train import build_train_program
 from sharding import compiler
+from sharding.mesh import CPU_MAX_DEVICES
 from sharding.progress import stage
 from sharding.report import Report, fmt_bytes
 from sharding.rules import mesh_shape_of
-
-# What XLA:CPU compiles in one process (4096 fake devices failed; sharding.mesh).
-CPU_MAX_DEVICES = 2048
 
 
 class Unfit(ConfigError):
@@ -181,10 +179,13 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
     fit = [d for d in range(min(2, data), data)
            if data % d == 0 and per_replica * d <= limit and (gb * d) % data == 0]
     if isinstance(system, TpuSystem) or not fit:
-        why = ("TPU pods past it compile with --backend tpu" if isinstance(system, TpuSystem)
-               else f"parallelism.data = {data} leaves {per_replica} devices per "
-                    f"data-parallel replica; put more of the devices on data (at most "
-                    f"{limit} devices per compiled slice, the batch divisible)")
+        if isinstance(system, TpuSystem):
+            why = ("TPU pods past it compile with --backend tpu" if system.family.compiler
+                   else f"{system.family.name} systems are not extrapolated yet")
+        else:
+            why = (f"parallelism.data = {data} leaves {per_replica} devices per data-parallel "
+                   f"replica; put more of the devices on data (at most {limit} devices per "
+                   f"compiled slice, the batch divisible)")
         raise ConfigError(f"system.name={system.name!r}: {n} devices is past the {limit} "
                           f"XLA:CPU compiles in one process, and extrapolating from fewer "
                           f"replicas needs them: {why}")

@@ -13,6 +13,9 @@ from jax.sharding import AxisType, Mesh
 from meshes import System
 from sharding.rules import MESH_AXES
 
+# What XLA:CPU fakes in one process (4096 devices failed here).
+CPU_MAX_DEVICES = 2048
+
 
 def ensure_cpu_devices(n: int) -> None:
     """Ask for `n` fake CPU devices; must run before JAX starts its CPU backend.
@@ -20,10 +23,11 @@ def ensure_cpu_devices(n: int) -> None:
     Raises:
         ValueError: the backend is already up with fewer devices.
     """
-    if n > 2048:
+    if n > CPU_MAX_DEVICES:
         raise ValueError(
-            f"{n} devices: XLA:CPU handles at most 2048 fake devices in one process (4096 "
-            f"failed here); compile a smaller slice of the system or use --backend tpu"
+            f"{n} devices: XLA:CPU handles at most {CPU_MAX_DEVICES} fake devices in one "
+            f"process (4096 failed here); compile a smaller slice of the system or use "
+            f"--backend tpu"
         )
     try:
         jax.config.update("jax_num_cpu_devices", max(n, _already_requested()))
