@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from experiments import config as config_mod
 from experiments.config import ConfigError, Experiment, apply_override
 from experiments.store import Result, Store, config_hash, tool_version
+from sharding.mesh import CPU_MAX_DEVICES
 from sharding.report import fmt_bytes, fmt_s
 from sharding.rules import MESH_AXES
 
@@ -300,7 +301,10 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
     futures: dict = {}
     try:
         for c in runnable:
-            futures[submit(c.exp.system.num_devices, request(c))] = c
+            # A worker fakes the devices its compile needs: past what XLA:CPU fakes, the
+            # runner compiles fewer data-parallel replicas within that limit.
+            devices = min(c.exp.system.num_devices, CPU_MAX_DEVICES)
+            futures[submit(devices, request(c))] = c
         slots = workers or os.cpu_count() or 1
         left = len(futures)
         progress["running"] = min(slots, left)

@@ -30,7 +30,9 @@ def ensure_cpu_devices(n: int) -> None:
             f"--backend tpu"
         )
     try:
-        jax.config.update("jax_num_cpu_devices", max(n, _already_requested()))
+        # never fewer than asked for before (a search worker asks for its largest first)
+        asked = max(n, _already_requested(), int(jax.config.jax_num_cpu_devices))
+        jax.config.update("jax_num_cpu_devices", asked)
     except RuntimeError:
         pass  # backend already initialised; checked below
     have = len(jax.devices("cpu"))

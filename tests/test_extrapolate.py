@@ -126,3 +126,27 @@ def test_the_llama3_paper_layout_on_16384_h100s_runs_and_says_how(tmp_path):
     grads = [c for c in d["collectives"] if c["mesh_axes"] == ["data"]]
     assert grads and all(c["group_size"] == 128 and c["group_count"] == 128 for c in grads)
     assert all(c["link"] == "infiniband" for c in grads)
+
+
+@pytest.mark.slow
+def test_a_search_past_2048_devices_compiles_each_sharding_from_fewer_replicas(tmp_path):
+    # 4096 H100s, data x tensor: every sharding that splits is compiled in a worker that
+    # fakes at most 2048 devices (the runner compiles 2 replicas) and re-timed from its
+    # stored plan without compiling.
+    from experiments.store import Store
+
+    store = tmp_path / "s.sqlite"
+    argv = [sys.executable, "-m", "experiments.cli", "search", "tiny-h100-dp-tp",
+            "--set", "system.name=h100:4096", "--set", "parallelism.data=1024",
+            "--set", "workload.global_batch=8192", "--axes", "data,tensor",
+            "--store", str(store), "--workers", "2", "--quiet"]
+    p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    with Store(store) as s:
+        ok = [r for r in s.results() if r.status == "ok"]
+    assert len(ok) == 3  # tensor 1, 2, 4 (the tiny model has 4 heads)
+    assert all(r.report["num_devices"] == 4096 and r.report["extrapolated_from"] for r in ok)
+    again = subprocess.run(argv + ["--reestimate", "--system", "b200:4096"], cwd=REPO,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "3 estimated" in again.stdout
