@@ -145,7 +145,7 @@ class GpuSystem(System):
             of each NVL72 rack); the family's domain size by default.
         net_fixed_latency_s: the fixed cost of every collective across domains (NCCL's
             proxy, NIC doorbells, completion); fitted on measured InfiniBand clusters by
-            default (`net_fixed_latency_s()`); a cluster's own from its smallest 2-node
+            default (`net_fixed_latency_s_default()`); a cluster's own from its smallest 2-node
             all-reduce (`allreduce_alpha_us`).
         pod_gpus, pod_oversubscription: the scale-out fabric as pods of `pod_gpus` GPUs
             under one non-blocking tier, joined by a spine whose uplinks carry

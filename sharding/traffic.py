@@ -25,6 +25,9 @@ intermediates (the S x S scores) stay in on-chip memory.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+
 from sharding.collectives import is_collective
 from sharding.dataflow import (
     IN_PLACE_OPS,
@@ -304,6 +307,10 @@ def l2_reuse(comp: Computation, kernel_list) -> list[tuple[tuple[float, float], 
         for m in members:
             owner[m.name] = k
     pos = [index[members[-1].name] for _, _, members in kernel_list]
+    # the kernels' traffic in schedule order, summed: what runs between two positions
+    order = sorted(range(len(kernel_list)), key=pos.__getitem__)
+    ordered_pos = [pos[j] for j in order]
+    prefix = list(itertools.accumulate((kernel_list[j][0] for j in order), initial=0.0))
     out: list[list[tuple[float, float]]] = [[] for _ in kernel_list]
     for k, (nbytes, _, members) in enumerate(kernel_list):
         if len(members) != 1 or members[0].opcode != "fusion" or members[0].is_root:
@@ -316,8 +323,11 @@ def l2_reuse(comp: Computation, kernel_list) -> list[tuple[tuple[float, float], 
             continue
         def working_set(until: int) -> float:
             """The output and the traffic of the other kernels run before `until`."""
-            return size + sum(kernel_list[j][0] for j in range(len(kernel_list))
-                              if pos[k] < pos[j] < until and j not in readers)
+            lo = bisect.bisect_right(ordered_pos, pos[k])
+            hi = bisect.bisect_left(ordered_pos, until)
+            between = prefix[hi] - prefix[lo] - sum(
+                kernel_list[r][0] for r in readers if pos[k] < pos[r] < until)
+            return size + between
 
         # The write is saved only if the output is still in L2 for its last reader; each
         # read, if it is still there for that reader.
