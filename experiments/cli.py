@@ -53,14 +53,25 @@ def cmd_run(args) -> int:
     exp = config_mod.load(args.config, args.set or [])
     from experiments.store import tool_version
 
+    budget_w, tokens = _scale_out_args(args)
     config = {**exp.to_dict(), "backend": args.backend, "tool_version": tool_version()}
     if args.backend == "all":
         return _run_all_backends(args, exp, config)
     with progress.reporting(_progress_sink(args)):
         report = runner.run(exp, backend=args.backend, calibration=_calibration(args))
     print(report.format_table())
+    scale_out = None
+    if budget_w is not None or tokens is not None:
+        from sharding.report import format_scale_out
+
+        if report.energy is None:
+            print("power budget   no estimate: no public power figure for this chip or system")
+        else:
+            scale_out = report.energy.scale_out(power_budget_w=budget_w, tokens=tokens)
+            print("\n".join(format_scale_out(report, scale_out)))
     if args.json:
-        _write_json(args.json, {**report.to_dict(groups=args.groups), "config": config})
+        _write_json(args.json, {**report.to_dict(groups=args.groups), "scale_out": scale_out,
+                                "config": config})
         print(f"\nwrote {args.json}")
     if args.html:
         from sharding.html import write_html
@@ -69,6 +80,22 @@ def cmd_run(args) -> int:
                    compute_dtype=exp.precision.compute)
         print(f"wrote {args.html}")
     return 0
+
+
+def _scale_out_args(args) -> tuple[float | None, float | None]:
+    """--power-budget in watts and --tokens, checked before anything compiles."""
+    from meshes.power import parse_power
+
+    budget = None
+    if args.power_budget is not None:
+        try:
+            budget = parse_power(args.power_budget)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if args.tokens is not None and not args.tokens > 0:
+        raise ConfigError(f"--tokens {args.tokens:g}: give the tokens of the whole run, above "
+                          f"0 (e.g. 15e12)")
+    return budget, args.tokens
 
 
 def _run_all_backends(args, exp, config) -> int:
@@ -427,6 +454,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--calibration", metavar="CAL.toml",
                    help="fitted efficiencies from `shardscope calibrate` (default: the "
                         "catalog's, meshes/calibration.toml)")
+    r.add_argument("--power-budget", metavar="POWER",
+                   help="a facility's power, e.g. 100MW: how many chips of this system it "
+                        "feeds running this step")
+    r.add_argument("--tokens", type=float, metavar="N",
+                   help="a run's tokens, e.g. 15e12: its time, energy and cost on this "
+                        "system (and within --power-budget)")
     r.add_argument("--quiet", action="store_true",
                    help="no progress lines on stderr (shown only when it is a terminal)")
     r.set_defaults(fn=cmd_run)

@@ -7,10 +7,11 @@ machine, so it is compiled once per device count and re-timed on every system of
 (`sharding.reanalyze`: each system's chips and links, no recompile); a test checks this
 equals compiling for each.
 
-Power is the chips' spec TDP times the device count (an upper bound: a step does not hold
-every chip at TDP; hosts, NICs and switches are not counted), from the catalog's sourced
-figures; None where no public figure exists (TPUs). Cost needs a price per device-hour,
-which the user gives (prices move monthly; none is assumed).
+Power, energy per token, tokens/s per MW and USD per million tokens are each report's
+(meshes/power.py: the chips from idle to TDP by how busy the schedule keeps them, the
+hosts, NICs and NVLink switches, the PUE; the catalog's dated price per chip-hour, or the
+config's `[cost]`, or `--price-per-device-hour` for every system); None where no public
+power figure or price exists.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from experiments import config as config_mod
 from experiments import runner
 from experiments.config import ConfigError
-from sharding.report import Report, column_table, fmt_bytes, fmt_s
+from sharding.report import Report, column_table, fmt_bytes, fmt_s, fmt_watts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,34 +36,28 @@ class Entry:
     report: Report | None = None
     parallelism: dict = dataclasses.field(default_factory=dict)
     retimed_from: str = ""  # the system whose compile was re-timed ("" when compiled)
-    price_per_device_hour: float | None = None
 
     @property
     def power_w(self) -> float | None:
-        r = self.report
-        if r is None:
-            return None
-        from meshes import get_system
-
-        chip = get_system(self.system).chip
-        if chip.tdp_w is None:
-            return None
-        return chip.tdp_w * r.num_devices / chip.devices_per_chip
+        """The facility's draw running the step (meshes/power.py), None where no power
+        figure is public for the chip."""
+        e = self.report.energy if self.report else None
+        return None if e is None else e.power_w
 
     @property
     def joules_per_token(self) -> float | None:
-        r, p = self.report, self.power_w
-        if r is None or p is None or not r.tokens_per_s:
-            return None
-        return p / r.tokens_per_s
+        e = self.report.energy if self.report else None
+        return None if e is None else e.joules_per_token
 
     @property
     def usd_per_million_tokens(self) -> float | None:
-        r = self.report
-        if r is None or self.price_per_device_hour is None or not r.tokens_per_s:
-            return None
-        per_s = self.price_per_device_hour * r.num_devices / 3600
-        return per_s / r.tokens_per_s * 1e6
+        e = self.report.energy if self.report else None
+        return None if e is None else e.usd_per_million_tokens
+
+    @property
+    def tokens_per_s_per_mw(self) -> float | None:
+        e = self.report.energy if self.report else None
+        return None if e is None else e.tokens_per_s_per_mw
 
     def to_dict(self) -> dict:
         r = self.report
@@ -77,6 +72,8 @@ class Entry:
             "memory_per_device_bytes": r.memory_per_device_bytes if r else None,
             "power_w": self.power_w, "joules_per_token": self.joules_per_token,
             "usd_per_million_tokens": self.usd_per_million_tokens,
+            "tokens_per_s_per_mw": self.tokens_per_s_per_mw,
+            "power": r.energy.to_dict() if r and r.energy else None,
         }
 
 
@@ -97,23 +94,24 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
         try:
             exp = config_mod.from_dict(r)
         except ConfigError as e:
-            out.append(Entry(name, "refused", str(e).splitlines()[0],
-                             price_per_device_hour=price_per_device_hour))
+            out.append(Entry(name, "refused", str(e).splitlines()[0]))
             continue
+        if price_per_device_hour is not None:
+            exp = dataclasses.replace(exp, cost=dataclasses.replace(
+                exp.cost,
+                usd_per_chip_hour=price_per_device_hour * exp.system.chip.devices_per_chip))
         sizes = {a: s for a, s in exp.parallelism.sizes().items() if s > 1}
         n = exp.system.num_devices
         if n in compiled:
             first, rep = compiled[n]
             again = sharding.reanalyze(rep.inputs, system=exp.system, calibration=calibration,
-                                       device_ids=range(n))
+                                       device_ids=range(n), cost=exp.cost)
             report = dataclasses.replace(again, name=exp.name, fit_advice=())
-            out.append(Entry(name, "ok", report=report, parallelism=sizes, retimed_from=first,
-                             price_per_device_hour=price_per_device_hour))
+            out.append(Entry(name, "ok", report=report, parallelism=sizes, retimed_from=first))
             continue
         report = runner.run(exp, backend="cpu", calibration=calibration)
         compiled[n] = (name, report)
-        out.append(Entry(name, "ok", report=report, parallelism=sizes,
-                         price_per_device_hour=price_per_device_hour))
+        out.append(Entry(name, "ok", report=report, parallelism=sizes))
     return out
 
 
@@ -144,11 +142,11 @@ def format_compare(entries: Sequence[Entry]) -> str:
         ("HBM TB/s per device",
          lambda e: f"{get_system(e.system).chip.hbm_bytes_per_s / 1e12:.2f}"),
         ("links GB/s per device", per_device_links),
-        ("power at TDP", lambda e: None if e.power_w is None else f"{e.power_w / 1e3:,.1f} kW"),
+        ("power (facility)", lambda e: None if e.power_w is None else fmt_watts(e.power_w)),
         ("energy per token", lambda e: None if e.joules_per_token is None
          else f"{e.joules_per_token:.4g} J"),
-        ("tokens/s per MW", lambda e: None if e.power_w is None
-         else f"{e.report.tokens_per_s / (e.power_w / 1e6):,.0f}"),
+        ("tokens/s per MW", lambda e: None if e.tokens_per_s_per_mw is None
+         else f"{e.tokens_per_s_per_mw:,.0f}"),
         ("USD per M tokens", lambda e: None if e.usd_per_million_tokens is None
          else f"{e.usd_per_million_tokens:.4g}"),
         ("compiled", lambda e: f"re-timed from {e.retimed_from}" if e.retimed_from
@@ -158,8 +156,9 @@ def format_compare(entries: Sequence[Entry]) -> str:
     lines = column_table([e.system for e in entries], table)
     for e in entries:
         lines.append(f"{e.system}: " + (e.report.bottleneck() if e.report else e.message))
-    lines.append("power: the chips' spec TDP x devices (an upper bound; hosts, NICs and "
-                 "switches not counted; '-' where no public figure exists)")
+    lines.append("power: chips (idle to TDP by how busy the schedule keeps them), hosts, NICs "
+                 "and NVLink switches, times the PUE (meshes/power.py); '-' where no public "
+                 "power figure or price exists")
     return "\n".join(lines)
 
 
@@ -170,9 +169,10 @@ _BARS = (
     ("Tokens/s per device", "tokens", lambda e: e.report.tokens_per_s_per_device,
      lambda v: f"{v:,.0f}", True),
     ("MFU", "mfu", lambda e: e.report.mfu, lambda v: f"{v:.1%}", True),
-    ("Tokens/s per MW (at TDP)", "per-mw",
-     lambda e: None if e.power_w is None else e.report.tokens_per_s / (e.power_w / 1e6),
+    ("Tokens/s per MW (facility)", "per-mw", lambda e: e.tokens_per_s_per_mw,
      lambda v: f"{v:,.0f}", True),
+    ("USD per million tokens", "usd", lambda e: e.usd_per_million_tokens,
+     lambda v: f"${v:,.4g}", False),
 )
 
 

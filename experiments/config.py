@@ -21,6 +21,7 @@ from typing import Any
 from meshes import System, get_system
 from meshes.calibration import Calibration, calibration_from_dict
 from meshes.catalog import OVERRIDES
+from meshes.power import Cost
 from models.config import PRESETS, ModelConfig, preset
 from models.context import MODES as CONTEXT_MODES
 from models.pipeline import SCHEDULES, Pipeline
@@ -89,6 +90,7 @@ class Experiment:
     precision: Precision
     train: Train
     measured: Measured | None = None
+    cost: Cost = dataclasses.field(default_factory=Cost)
 
     def to_dict(self) -> dict:
         """The config as run, table by table (every default filled in), for --json."""
@@ -98,6 +100,7 @@ class Experiment:
                **tables}
         if self.measured is not None:
             out["measured"] = dataclasses.asdict(self.measured)
+        out["cost"] = {k: v for k, v in dataclasses.asdict(self.cost).items() if v is not None}
         return out
 
 
@@ -109,6 +112,7 @@ _SECTIONS = {
     "system": {"name", *OVERRIDES},
     **{name: {f.name for f in dataclasses.fields(cls)} for name, cls in _TABLES.items()},
     "measured": {f.name for f in dataclasses.fields(Measured)},
+    "cost": {f.name for f in dataclasses.fields(Cost)},
 }
 _REQUIRED = {"name": None, "model": None, "system": {"name"},
              "workload": {"seq_len", "global_batch"}}
@@ -203,7 +207,8 @@ def _check_keys(raw: Mapping, where: str, valid: set[str]) -> None:
                               f"{', '.join(sorted(valid))}")
 
 
-_TYPES = {"int": int, "str": str, "float": (int, float), "bool": bool}
+_TYPES = {"int": int, "str": str, "float": (int, float), "float | None": (int, float),
+          "bool": bool}
 
 
 def _check_type(key: str, v, want) -> None:
@@ -288,7 +293,9 @@ def from_dict(raw: Mapping[str, Any]) -> Experiment:
         raise ConfigError(f"parallelism.rules={tables['parallelism'].rules!r} is not a rule "
                           f"preset; valid: {', '.join(RULE_PRESETS)}")
     measured = _typed("measured", raw["measured"], Measured) if "measured" in raw else None
-    exp = Experiment(name=raw["name"], model=model, system=system, measured=measured, **tables)
+    cost = _typed("cost", raw.get("cost", {}), Cost)
+    exp = Experiment(name=raw["name"], model=model, system=system, measured=measured,
+                     cost=cost, **tables)
     validate(exp)
     return exp
 

@@ -112,7 +112,7 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
         sequences_per_step=exp.workload.global_batch if serving else None,
         memory=memory, timings={"build_s": time.perf_counter() - t0}, warnings=warnings,
         name=exp.name, compiler=compiler_name, calibration=calibration,
-        host_transfer_bytes=host_bytes, pipeline=pipeline, fit_advice=advice,
+        host_transfer_bytes=host_bytes, pipeline=pipeline, fit_advice=advice, cost=exp.cost,
     )
     return dataclasses.replace(report,
                                compiler_note=compiler.target_compiler_note(backend, system))
@@ -212,7 +212,7 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
         model_flops_per_step=_scaled(inputs.model_flops_per_step, scale),
         tokens_per_step=_scaled(inputs.tokens_per_step, scale),
         sequences_per_step=_scaled(inputs.sequences_per_step, scale))
-    report = sharding.reanalyze(full, system=system, calibration=calibration)
+    report = sharding.reanalyze(full, system=system, calibration=calibration, cost=exp.cost)
     return dataclasses.replace(
         report, timings={**small.timings, **report.timings},
         compiler_note=small.compiler_note,

@@ -204,7 +204,9 @@ CHIPS: dict[str, Chip] = {
                      "(GB300 NVL72 datasheet)"),
         source="verda.com GB300 architecture post; NVIDIA GB300 NVL72 datasheet",
     ),
-    # TPUs: scaling book tpus.md table. TPU power is not public: None.
+    # TPUs: scaling book tpus.md table. TPU chip power is public for v4 only (Google Cloud's
+    # TPU v4 page: 192 W maximum); None for the others (TPU7x has a pod figure:
+    # meshes/power.py).
     "tpu-v4": Chip(
         name="tpu-v4",
         size_curve="tpu",
@@ -213,8 +215,8 @@ CHIPS: dict[str, Chip] = {
         hbm_bytes_per_s=1.2e12,
         matmul_efficiency=0.90,  # v6e measured 827/920; same MXU design family.
         hbm_efficiency=1.36 / 1.6,  # v6e HBM copy 1.36 of 1.6 TB/s (tpu-recipes).
-        tdp_w=None,
-        source="scaling book tpus.md",
+        tdp_w=192,
+        source="scaling book tpus.md; 192 W max (Google Cloud TPU v4 documentation)",
     ),
     "tpu-v5e": Chip(
         name="tpu-v5e",

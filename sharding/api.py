@@ -18,6 +18,8 @@ from jax.sharding import Mesh
 
 from meshes import System, get_system
 from meshes.calibration import Calibration, catalog_calibration
+from meshes.power import Cost
+from meshes.power import estimate as estimate_energy
 from sharding.collectives import Collective
 from sharding.compiler import compile_to_hlo, compiled_memory, system_device_id
 from sharding.compute import compute_cost, time_work
@@ -132,11 +134,12 @@ class AnalysisInputs:
 
 
 def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
-              calibration: Calibration | None = None, device_ids: Sequence[int] | None = None
-              ) -> Report:
+              calibration: Calibration | None = None, device_ids: Sequence[int] | None = None,
+              cost: Cost | None = None) -> Report:
     """The report of a program compiled earlier, re-timed under the current model (or
     `calibration`), on its own system's device placement or on `system` (the same device
-    count; its devices in mesh order unless `device_ids`). No compile."""
+    count; its devices in mesh order unless `device_ids`; `cost`: prices and PUE). No
+    compile."""
     if system is None:
         raise ValueError("reanalyze needs the system to time the program on")
     t0 = time.perf_counter()
@@ -158,7 +161,7 @@ def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
         tokens_per_step=inputs.tokens_per_step, sequences_per_step=inputs.sequences_per_step,
         timings={"parse_s": parse_s}, warnings=inputs.warnings, name=inputs.name,
         calibration=calibration, host_transfer_bytes=inputs.host_transfer_bytes,
-        pipeline=inputs.pipeline)
+        pipeline=inputs.pipeline, cost=cost)
     return dataclasses.replace(report, fit_advice=inputs.fit_advice,
                                inputs=dataclasses.replace(inputs, device_ids=ids, plan=plan))
 
@@ -193,12 +196,14 @@ def analyze_plan(
     calibration: Calibration | None = None,
     host_transfer_bytes: float = 0.0,
     pipeline: dict | None = None,
+    cost: Cost | None = None,
 ) -> Report:
     """Report for a read per-device program (sharding/plan.py) on `system`
     (`calibration`: the fitted efficiencies; the catalog's by default;
     `host_transfer_bytes`: activations offloaded to host memory and back per device and
     step, timed on the chip's host link; `pipeline`: the pipeline schedule the program
-    runs, models.Pipeline.summary())."""
+    runs, models.Pipeline.summary(); `cost`: the prices and PUE for its energy and cost,
+    the catalog's by default)."""
     calibration = catalog_calibration() if calibration is None else calibration
     timings = dict(timings or {})
     t0 = time.perf_counter()
@@ -217,7 +222,7 @@ def analyze_plan(
     warnings = (*warnings, *_promotion_note(collectives))
     per_comp = time_work(plan.work, system.chip, compute_dtype=compute_dtype,
                          calibration=calibration)
-    cost = compute_cost(None, system.chip, costs=per_comp, counts=plan.counts)
+    step_cost = compute_cost(None, system.chip, costs=per_comp, counts=plan.counts)
     warnings = (*warnings, *_windowed_einsum_note(plan.counts, per_comp))
     schedule = Scheduler(
         plan.graph,
@@ -226,13 +231,13 @@ def analyze_plan(
     ).run()
     timings["estimate_s"] = time.perf_counter() - t0
     dtype = compute_dtype or "bfloat16"
-    return Report(
+    report = Report(
         name=name,
         system=system.label,
         num_devices=n,
         compiler=compiler,
         collectives=collectives,
-        compute=cost,
+        compute=step_cost,
         memory=memory or Memory(components=(), source="HLO text only"),
         hbm_capacity_bytes=system.chip.hbm_bytes,
         peak_flops_per_device=system.chip.peak_for(dtype),
@@ -250,6 +255,16 @@ def analyze_plan(
         pipeline=pipeline,
         placement=system.placement,
     )
+    return with_energy(report, system, cost)
+
+
+def with_energy(report: Report, system: System, cost: Cost | None = None) -> Report:
+    """The report with its step's power, energy and cost on `system` (meshes/power.py)."""
+    energy = estimate_energy(
+        family=getattr(system.family, "name", ""), chip=system.chip,
+        num_devices=report.num_devices, step_s=report.step_time_s,
+        compute_s=report.compute_s, tokens_per_step=report.tokens_per_step, cost=cost)
+    return dataclasses.replace(report, energy=energy)
 
 
 def analyze(
@@ -270,6 +285,7 @@ def analyze(
     host_transfer_bytes: float = 0.0,
     pipeline: dict | None = None,
     fit_advice: Sequence[str] = (),
+    cost: Cost | None = None,
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -297,6 +313,8 @@ def analyze(
             shown with its bubble.
         fit_advice: what would make a step that does not fit in HBM fit (the caller's
             memory model), shown under the verdict.
+        cost: prices and PUE for the step's energy and cost (meshes.power.Cost); the
+            catalog's defaults when absent.
         compiler: a name for the compiler, e.g. "TPU compiler (deviceless v6e:2x4)"; TPU
             and GPU devices are compiled for and read from their final HLO, CPU devices
             from the HLO after SPMD partitioning.
@@ -339,6 +357,7 @@ def analyze(
         calibration=calibration,
         host_transfer_bytes=host_transfer_bytes,
         pipeline=pipeline,
+        cost=cost,
     )
     inputs = AnalysisInputs(
         hlo_text=c.hlo_text, mesh_shape=tuple(mesh.devices.shape),

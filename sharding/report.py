@@ -12,6 +12,7 @@ import dataclasses
 from collections import defaultdict
 
 from meshes.calibration import IDENTITY, Calibration
+from meshes.power import Energy
 from sharding.collectives import Collective
 from sharding.compute import ComputeCost
 from sharding.hlo import operation_of
@@ -90,6 +91,9 @@ class Report:
     # How the program was compiled on fewer devices than it runs on and read as the full
     # run's (sharding/extrapolate.py); "" when compiled at full size.
     extrapolated_from: str = ""
+    # The step's power, energy and cost (meshes/power.py); None where no power figure is
+    # public for the chip.
+    energy: Energy | None = None
     # What the estimate was made from (sharding.api.AnalysisInputs), for re-timing it
     # without compiling; not part of the report's JSON.
     inputs: object = dataclasses.field(default=None, compare=False, repr=False)
@@ -311,6 +315,7 @@ class Report:
         """JSON-ready. groups=False keeps each collective's first replica group only (with
         `group_count`): at thousands of devices the groups are most of the file."""
         lo, hi = self.step_time_bounds_s
+        e = self.energy
         return {
             "name": self.name,
             "system": self.system,
@@ -339,6 +344,11 @@ class Report:
             "hbm_capacity_bytes": self.hbm_capacity_bytes,
             "hbm_bytes": self.compute.hbm_bytes,
             "fits": self.fits if self.memory.known else None,
+            "power_w": e.power_w if e else None,
+            "energy_per_step_j": e.energy_per_step_j if e else None,
+            "joules_per_token": e.joules_per_token if e else None,
+            "usd_per_million_tokens": e.usd_per_million_tokens if e else None,
+            "power": e.to_dict() if e else None,
             "collectives": [_collective_dict(c, groups) for c in self.collectives],
             "by_kind": self.by_kind(),
             "by_link": self.by_link(),
@@ -494,6 +504,80 @@ def _collective_lines(r: Report) -> list[str]:
     return lines
 
 
+def fmt_watts(w: float) -> str:
+    for scale, unit in ((1e9, "GW"), (1e6, "MW"), (1e3, "kW")):
+        if w >= scale:
+            return f"{w / scale:,.3g} {unit}"
+    return f"{w:,.0f} W"
+
+
+def fmt_joules(j: float) -> str:
+    for scale, unit in ((1e12, "TJ"), (1e9, "GJ"), (1e6, "MJ"), (1e3, "kJ")):
+        if j >= scale:
+            return f"{j / scale:,.3g} {unit}"
+    return f"{j:,.3g} J"
+
+
+def fmt_wh(j: float) -> str:
+    """Joules as kWh / MWh / GWh, the units a facility is billed in."""
+    wh = j / 3600
+    for scale, unit in ((1e9, "GWh"), (1e6, "MWh"), (1e3, "kWh")):
+        if wh >= scale:
+            return f"{wh / scale:,.3g} {unit}"
+    return f"{wh:,.3g} Wh"
+
+
+def fmt_duration(s: float) -> str:
+    for scale, unit in ((365.25 * 86400, "years"), (86400, "days"), (3600, "hours"),
+                        (60, "min")):
+        if s >= scale:
+            return f"{s / scale:,.3g} {unit}"
+    return fmt_s(s)
+
+
+def _energy_lines(r: Report) -> list[str]:
+    e = r.energy
+    if e is None:
+        return ["power          unknown: no public power figure for this chip or system"]
+    rest = "" if e.rest_w is None else f", hosts/NICs/switches {fmt_watts(e.rest_w * e.chips)}"
+    lines = [f"power          {fmt_watts(e.power_w)} at the facility  (IT {fmt_watts(e.it_w)}: "
+             f"chips {fmt_watts(e.chip_w * e.chips)}, busy {e.busy:.0%} of the step{rest}; "
+             f"PUE {e.pue:g})"]
+    per_token = "" if e.joules_per_token is None else f", {e.joules_per_token:.3g} J per token"
+    lines.append(f"energy         {fmt_joules(e.energy_per_step_j)} per step{per_token}")
+    if e.usd_per_million_tokens is not None:
+        lines.append(f"cost           ${e.usd_per_million_tokens:,.4g} per million tokens  "
+                     f"(${e.usd_per_chip_hour:g} per chip-hour: {e.price_source})")
+    elif e.usd_per_chip_hour is None:
+        lines.append("cost           no public price for this chip: set [cost] "
+                     "usd_per_chip_hour")
+    return lines
+
+
+def format_scale_out(r: Report, plan: dict) -> list[str]:
+    """The lines of `Energy.scale_out`: chips within a power budget, and a run of N tokens
+    on the run's chips and on those."""
+    e = r.energy
+    lines = []
+
+    def run_line(run: dict, where: str) -> str:
+        usd = "" if run["usd"] is None else f", ${run['usd']:,.4g}"
+        return (f"{run['tokens']:.3g} tokens {where}: {fmt_duration(run['time_s'])}, "
+                f"{fmt_wh(run['energy_j'])} at the facility{usd}")
+
+    if plan.get("power_budget_w") is not None:
+        lines.append(f"power budget   {fmt_watts(plan['power_budget_w'])} feeds "
+                     f"{plan['chips_within_budget']:,} chips of this system running this "
+                     f"step ({fmt_watts(e.power_per_chip_w)} each at the facility)")
+    if plan.get("run"):
+        lines.append("run            " + run_line(plan["run"], f"on these {e.chips:,.0f} chips"))
+    if plan.get("run_within_budget"):
+        lines.append("               " + run_line(
+            plan["run_within_budget"], f"on {plan['chips_within_budget']:,} chips (more "
+            f"data-parallel replicas at this step's tokens/s per chip: a lower bound on time)"))
+    return lines
+
+
 def _summary_lines(r: Report) -> list[str]:
     lines = []
     c = r.compute
@@ -544,6 +628,7 @@ def _summary_lines(r: Report) -> list[str]:
                      f"{m.compiler_source})")
     for advice in r.fit_advice:
         lines.append(f"  to fit: {advice}")
+    lines.extend(_energy_lines(r))
     lines.append(f"bottleneck     {r.bottleneck()}")
     if not r.fits:
         lines.append(f"               if it fit: {r.time_bottleneck()}")

@@ -32,10 +32,15 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
     assert "has 16" in systems["a100:16"]["message"]
     b200 = systems["b200:8"]
     assert b200["retimed_from"] == "h100:8"
-    # Power at TDP: 8 B200 x 1000 W; energy per token = power / tokens per second; cost =
-    # $2 per device-hour x 8 devices over the tokens of an hour, per million.
-    assert b200["power_w"] == 8000
-    assert b200["joules_per_token"] == pytest.approx(8000 / b200["tokens_per_s"])
+    # Power: 8 B200s from 15% of their 1000 W TDP (waiting) to all of it (busy), the DGX
+    # B200's other 6.3 kW of its 14.3 kW rating at the 61% an H100 node's rest draws under
+    # training (8.4 kW peak of 10.2 rated, 8 x 700 W GPUs), times PUE 1.56; energy per
+    # token = power / tokens per second; cost = $2 per device-hour x 8 devices over the
+    # tokens of an hour, per million.
+    busy = b200["power"]["busy"]
+    rest = (14300 - 8 * 1000) * (8400 - 8 * 700) / (10200 - 8 * 700)
+    assert b200["power_w"] == pytest.approx((8 * 1000 * (0.15 + 0.85 * busy) + rest) * 1.56)
+    assert b200["joules_per_token"] == pytest.approx(b200["power_w"] / b200["tokens_per_s"])
     assert b200["usd_per_million_tokens"] == pytest.approx(
         2.0 * 8 / 3600 / b200["tokens_per_s"] * 1e6)
     # The re-timed column equals compiling for the B200 node.
@@ -45,7 +50,7 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
     assert b200["step_time_s"] == pytest.approx(json.loads(fresh.read_text())["step_time_s"],
                                                 rel=1e-9)
     text = capsys.readouterr().out
-    assert "re-timed from h100:8" in text and "power at TDP" in text
+    assert "re-timed from h100:8" in text and "power (facility)" in text
 
 
 def test_compare_needs_systems(capsys):

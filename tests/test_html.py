@@ -129,7 +129,8 @@ def test_search_page_in_a_headless_browser(tmp_path):
 
 def test_compare_page_in_a_headless_browser(tmp_path, capsys, cpu_devices):
     # The tiny config on three 8-device systems (compiled once, re-timed on the others);
-    # the TPU has no public power figure, so its per-MW bar is left out and said.
+    # the TPU has no public power figure or price, so its per-MW and USD bars are left out
+    # and said; the B200 has no public price either.
     page_path = tmp_path / "compare.html"
     assert cli.main(["compare", write(tmp_path, TINY), "--systems",
                      "h100:8,b200:8,tpu-v5e:2x4", "--quiet", "--html", str(page_path)]) == 0
@@ -149,7 +150,7 @@ def test_compare_page_in_a_headless_browser(tmp_path, capsys, cpu_devices):
         table = page.inner_text("pre.table")
         browser.close()
     by = {c["cls"].split()[1]: c for c in charts}
-    assert set(by) == {"step", "tokens", "mfu", "per-mw"}
+    assert set(by) == {"step", "tokens", "mfu", "per-mw", "usd"}
     for name in ("step", "tokens", "mfu"):
         bars = by[name]["bars"]
         assert len(bars) == 3 and sum(b["best"] for b in bars) == 1
@@ -159,4 +160,5 @@ def test_compare_page_in_a_headless_browser(tmp_path, capsys, cpu_devices):
     assert min(step, key=lambda b: b["w"])["best"]
     assert max(tokens, key=lambda b: b["w"])["best"]
     assert len(by["per-mw"]["bars"]) == 2 and "tpu-v5e:2x4" in by["per-mw"]["missing"]
+    assert len(by["usd"]["bars"]) == 1 and "b200:8, tpu-v5e:2x4" in by["usd"]["missing"]
     assert "step time" in table and "b200:8" in table

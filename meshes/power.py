@@ -1,0 +1,299 @@
+"""Power, energy and cost of a step: what the machine draws while it runs the schedule, what
+the building around it adds, and what the chip-hours cost.
+
+The model, from the bottom up:
+
+- A chip draws `IDLE_FRACTION` of its spec TDP when it waits (on a collective it cannot
+  hide, in a pipeline bubble) and its TDP while it runs a kernel, math- or memory-bound:
+  `chip_w = tdp * (idle + (1 - idle) * busy)`, `busy` the share of the scheduled step its
+  compute stream is occupied (`Report.compute_s / step_time_s`). TDP is what a chip is
+  built to sustain on its heaviest kernels (dense GEMMs hold data-centre GPUs at their power
+  cap); counting memory-bound kernels at TDP too is an upper bound, said in the report.
+- The rest of the machine (host CPUs and memory, NICs, NVLink switches, fans): the node's
+  datasheet maximum less its GPUs' TDP, times the share of it a node draws under training,
+  `REST_SHARE`, which one measurement fixes: an 8 x H100 HGX node peaked at 8.4 kW of its
+  10.2 kW rating while training with its GPUs near full use (Latif et al. 2024,
+  arXiv:2412.08602), i.e. (8.4 - 8 x 0.7) / (10.2 - 8 x 0.7) = 61% of the non-GPU rating.
+  As a check, not a fit: at the ~90% busy of a large dense training step the model gives
+  7.9 kW per node, where Newkirk et al. 2025 (arXiv:2506.14551) measure compute-intensive
+  training at 76% of the 10.2 kW rating, 7.75 kW.
+- Where only a whole-pod figure is public (TPU7x), it is taken as the pod's draw at full
+  load and scaled by the same idle/busy rule.
+- Scale-out switches outside the nodes are not counted (no public per-port figure in the
+  reference), nor storage.
+- The facility draws the IT power times the PUE (`[cost] pue`).
+
+Energy per step is the facility power times the step; per token, divided by the step's
+tokens. Cost per step is the chip-hours at `[cost] usd_per_chip_hour` plus, where power is
+billed apart (owned machines: the chip-hour price is then the amortised hardware),
+the facility energy at `[cost] usd_per_kwh`. Catalog defaults below carry their source and
+the date they were read; prices move monthly, so a real plan sets its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+# A chip waiting draws this share of its TDP. No vendor publishes an idle figure; public
+# nvidia-smi telemetry of data-centre GPUs holding a CUDA context reads ~10-15% of TDP
+# (an H100 70-100 W; arXiv:2605.23918 measures the context alone at +26-50 W over bare
+# idle on H100 and A100). The upper end is taken.
+IDLE_FRACTION = 0.15
+
+# Share of a node's non-GPU rating drawn under training: (8.4 kW measured peak - 8 x 700 W)
+# / (10.2 kW rated - 8 x 700 W), 8 x H100 HGX (Latif et al. 2024, arXiv:2412.08602).
+_H100_NODE_PEAK_W, _H100_NODE_RATED_W, _H100_TDP_W = 8400.0, 10200.0, 700.0
+REST_SHARE = (_H100_NODE_PEAK_W - 8 * _H100_TDP_W) / (_H100_NODE_RATED_W - 8 * _H100_TDP_W)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRating:
+    """A node's (or rack's) datasheet maximum power and the chips it holds."""
+
+    chips: int
+    rated_w: float
+    source: str
+
+
+# By system family: the node whose rating covers the chips, hosts, NICs and NVLink switches.
+NODE_RATINGS: dict[str, NodeRating] = {
+    "a100": NodeRating(8, 6500.0, "NVIDIA DGX A100 datasheet: 6.5 kW max"),
+    "h100": NodeRating(8, 10200.0, "NVIDIA DGX H100 datasheet: ~10.2 kW max"),
+    "h200": NodeRating(8, 10200.0, "NVIDIA DGX H200 datasheet: ~10.2 kW max"),
+    "b200": NodeRating(8, 14300.0, "NVIDIA DGX B200 user guide, power specifications: "
+                                   "14.3 kW max"),
+    "gb200-nvl72": NodeRating(72, 120000.0, "GB200 NVL72 rack ~120 kW (hardware.md: "
+                                            "120-132 kW; NVIDIA at GTC 2024 via "
+                                            "ServeTheHome)"),
+}
+
+# By system family, where the chip has no public TDP but a whole pod's draw is published:
+# (chips, watts, source).
+POD_RATINGS: dict[str, NodeRating] = {
+    "tpu7x": NodeRating(9216, 10e6, "Google at Hot Chips 2025 (ServeTheHome's report): a "
+                                    "9,216-chip Ironwood superpod draws about 10 MW"),
+}
+
+# The facility around the IT load: Uptime Institute Global Data Center Survey 2024, the
+# average annual PUE of the data centres surveyed (1.56). Hyperscalers report less (Google's
+# fleet 1.09 in its 2024 environmental report): set `[cost] pue` for the building you mean.
+DEFAULT_PUE = 1.56
+PUE_SOURCE = "Uptime Institute Global Data Center Survey 2024 (average PUE 1.56)"
+
+# Electricity billed apart from the chip-hour price. A cloud price already pays for the
+# power, so the default is 0; an owner sets usd_per_chip_hour to the amortised hardware and
+# this to the tariff (US industrial average about $0.08 per kWh in 2024: EIA Electric
+# Power Monthly, table 5.3).
+DEFAULT_USD_PER_KWH = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Price:
+    usd_per_chip_hour: float
+    source: str  # where, and the date the figure was read
+
+
+# Default price per chip-hour by chip: public list prices only, with where and when. None
+# found for the others (B200 and GB200 capacity is quoted per deal; TPU7x, v5e, v5p and
+# Trainium2 prices were not in the sources read): those need `[cost] usd_per_chip_hour`.
+_AWS_BLOCKS = ("AWS EC2 Capacity Blocks for ML, effective accelerator hourly rate, US East "
+               "(rates to 2025-01-01; read 2026-12-03)")
+PRICES: dict[str, Price] = {
+    "a100": Price(1.844, f"p4d.24xlarge, {_AWS_BLOCKS}"),
+    "h100": Price(4.916, f"p5.48xlarge, {_AWS_BLOCKS}"),
+    "h200": Price(5.408, f"p5e.48xlarge, {_AWS_BLOCKS}"),
+    "tpu-v6e": Price(2.70, "Google Cloud, Trillium GA announcement 2024-12-11: from $2.70 "
+                           "per chip-hour on demand (read 2026-12-03)"),
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cost:
+    """`[cost]` of a config: None takes the catalog's default for the chip."""
+
+    usd_per_chip_hour: float | None = None
+    pue: float = DEFAULT_PUE
+    usd_per_kwh: float = DEFAULT_USD_PER_KWH
+
+    def __post_init__(self):
+        if self.usd_per_chip_hour is not None and not self.usd_per_chip_hour > 0:
+            raise ValueError(f"cost.usd_per_chip_hour={self.usd_per_chip_hour} must be above "
+                             f"0 (USD per chip and hour); leave it out for the catalog's price")
+        if not self.pue >= 1:
+            raise ValueError(f"cost.pue={self.pue} must be at least 1 (facility power over IT "
+                             f"power; {DEFAULT_PUE} by default)")
+        if not self.usd_per_kwh >= 0:
+            raise ValueError(f"cost.usd_per_kwh={self.usd_per_kwh} must be 0 or more (0: the "
+                             f"chip-hour price includes the power)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Energy:
+    """What one step of a run draws and costs. Per chip figures are averages over the
+    step; `power_w` is the facility's draw (IT x PUE) for the run's chips."""
+
+    chips: float
+    busy: float  # share of the step the chips' compute streams are occupied
+    chip_w: float  # per chip, averaged over the step (the whole IT draw for pod ratings)
+    rest_w: float | None  # hosts, NICs, NVLink switches per chip; None: not counted
+    pue: float
+    step_s: float
+    tokens_per_step: float | None
+    usd_per_chip_hour: float | None
+    usd_per_kwh: float
+    counted: str  # what the IT power includes
+    sources: tuple[str, ...]
+    price_source: str = ""
+
+    @property
+    def it_w(self) -> float:
+        return self.chips * (self.chip_w + (self.rest_w or 0.0))
+
+    @property
+    def power_w(self) -> float:
+        return self.it_w * self.pue
+
+    @property
+    def power_per_chip_w(self) -> float:
+        return self.power_w / self.chips
+
+    @property
+    def energy_per_step_j(self) -> float:
+        return self.power_w * self.step_s
+
+    @property
+    def joules_per_token(self) -> float | None:
+        return self.energy_per_step_j / self.tokens_per_step if self.tokens_per_step else None
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        if self.usd_per_chip_hour is None:
+            return None
+        return self.usd_per_chip_hour * self.chips + self.usd_per_kwh * self.power_w / 1e3
+
+    @property
+    def usd_per_million_tokens(self) -> float | None:
+        per_hour = self.usd_per_hour
+        if per_hour is None or not self.tokens_per_step or self.step_s <= 0:
+            return None
+        return per_hour * self.step_s / 3600 / self.tokens_per_step * 1e6
+
+    @property
+    def tokens_per_s_per_mw(self) -> float | None:
+        if not self.tokens_per_step or self.step_s <= 0:
+            return None
+        return self.tokens_per_step / self.step_s / (self.power_w / 1e6)
+
+    def chips_within(self, budget_w: float) -> int:
+        """Chips of this system, running this step, that a facility of `budget_w` feeds."""
+        return math.floor(budget_w / self.power_per_chip_w)
+
+    def run_of(self, tokens: float, chips: float | None = None) -> dict | None:
+        """A run of `tokens` on `chips` of this system (the run's own by default; more
+        chips are more data-parallel replicas of this step, at its tokens/s per chip):
+        wall time, facility energy and cost. None without tokens per step."""
+        if not self.tokens_per_step or self.step_s <= 0:
+            return None
+        chips = self.chips if chips is None else chips
+        per_chip = self.tokens_per_step / self.step_s / self.chips
+        seconds = tokens / (per_chip * chips)
+        energy = self.power_per_chip_w * chips * seconds
+        usd = None
+        if self.usd_per_chip_hour is not None:
+            usd = (self.usd_per_chip_hour * chips * seconds / 3600
+                   + self.usd_per_kwh * energy / 3.6e6)
+        return {"tokens": tokens, "chips": chips, "time_s": seconds, "energy_j": energy,
+                "usd": usd}
+
+    def scale_out(self, *, power_budget_w: float | None = None,
+                  tokens: float | None = None) -> dict:
+        """How many chips of this system a facility of `power_budget_w` feeds, and a run of
+        `tokens` on the run's own chips and on that many (more data-parallel replicas of this
+        step at its tokens/s per chip: an upper bound, the larger run's collectives cost
+        more)."""
+        out: dict = {"power_budget_w": power_budget_w, "tokens": tokens}
+        if power_budget_w is not None:
+            out["chips_within_budget"] = self.chips_within(power_budget_w)
+        if tokens is not None:
+            out["run"] = self.run_of(tokens)
+            if power_budget_w is not None and out["chips_within_budget"] > 0:
+                out["run_within_budget"] = self.run_of(tokens, out["chips_within_budget"])
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "power_w": self.power_w, "it_power_w": self.it_w, "chips": self.chips,
+            "busy": self.busy, "chip_w": self.chip_w, "rest_w_per_chip": self.rest_w,
+            "pue": self.pue, "counted": self.counted,
+            "energy_per_step_j": self.energy_per_step_j,
+            "joules_per_token": self.joules_per_token,
+            "tokens_per_s_per_mw": self.tokens_per_s_per_mw,
+            "usd_per_chip_hour": self.usd_per_chip_hour, "usd_per_kwh": self.usd_per_kwh,
+            "usd_per_hour": self.usd_per_hour,
+            "usd_per_million_tokens": self.usd_per_million_tokens,
+            "price_source": self.price_source, "sources": list(self.sources),
+        }
+
+
+_UNITS = {"w": 1.0, "kw": 1e3, "mw": 1e6, "gw": 1e9}
+
+
+def parse_power(text: str) -> float:
+    """"100MW", "250 kW", "1.5e8" (watts) -> watts.
+
+    Raises:
+        ValueError: not a positive power with a unit of W, kW, MW or GW.
+    """
+    t = text.strip().lower().replace(" ", "")
+    unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if t.endswith(u)), "")
+    try:
+        value = float(t[:len(t) - len(unit)]) * _UNITS.get(unit, 1.0)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"--power-budget {text!r}: give a power like 100MW, 250kW or 1.5e8 "
+                         f"(watts)")
+    return value
+
+
+def estimate(*, family: str, chip, num_devices: int, step_s: float, compute_s: float,
+             tokens_per_step: float | None, cost: Cost | None = None) -> Energy | None:
+    """The step's power, energy and cost on `num_devices` devices of `chip` in a system of
+    `family`; None where no power figure is public for the chip or its system."""
+    cost = cost or Cost()
+    chips = num_devices / chip.devices_per_chip
+    busy = min(1.0, compute_s / step_s) if step_s > 0 else 0.0
+    activity = IDLE_FRACTION + (1 - IDLE_FRACTION) * busy
+    price = PRICES.get(chip.name)
+    usd = cost.usd_per_chip_hour if cost.usd_per_chip_hour is not None else (
+        price.usd_per_chip_hour if price else None)
+    price_source = ("[cost] usd_per_chip_hour" if cost.usd_per_chip_hour is not None
+                    else price.source if price else "")
+    common = dict(chips=chips, busy=busy, pue=cost.pue, step_s=step_s,
+                  tokens_per_step=tokens_per_step, usd_per_chip_hour=usd,
+                  usd_per_kwh=cost.usd_per_kwh, price_source=price_source)
+    pue = f"PUE {cost.pue:g}" + (f" ({PUE_SOURCE})" if cost.pue == DEFAULT_PUE else "")
+    idle = (f"a chip waiting draws {IDLE_FRACTION:.0%} of its TDP, running a kernel its "
+            f"TDP")
+    if chip.tdp_w is not None:
+        tdp = chip.tdp_w * chip.devices_per_chip
+        node = NODE_RATINGS.get(family)
+        sources = [f"{chip.name} TDP {tdp:g} W ({chip.source})", idle]
+        rest = None
+        counted = "chips only (no public rating of the hosts, NICs and switches)"
+        if node is not None:
+            rest = (node.rated_w - node.chips * tdp) / node.chips * REST_SHARE
+            counted = "chips, hosts, NICs and NVLink switches; not scale-out switches"
+            sources.append(f"the rest of the node: {node.source}, less its chips' TDP, at "
+                           f"{REST_SHARE:.0%} under training (arXiv:2412.08602)")
+        return Energy(chip_w=tdp * activity, rest_w=rest, counted=counted,
+                      sources=(*sources, pue), **common)
+    pod = POD_RATINGS.get(family)
+    if pod is None:
+        return None
+    return Energy(chip_w=pod.rated_w / pod.chips * activity, rest_w=None,
+                  counted="the whole pod's published draw per chip (chips, hosts, network)",
+                  sources=(pod.source, f"a chip waiting draws {IDLE_FRACTION:.0%} of its "
+                           f"share of the pod's draw, running a kernel all of it", pue),
+                  **common)

@@ -1,0 +1,100 @@
+"""Power, energy and cost (meshes/power.py): expected values worked out here from the
+catalog's sourced numbers, not read back from the model."""
+
+import json
+import math
+import re
+
+import pytest
+
+from experiments import cli
+from meshes import CHIPS
+from meshes.power import NODE_RATINGS, POD_RATINGS, PRICES, Cost, estimate, parse_power
+
+# The H100 node: DGX H100 rated 10.2 kW, 8 GPUs at 700 W TDP; a node peaked at 8.4 kW
+# training (arXiv:2412.08602), so the rest of the node draws (8.4 - 5.6) / (10.2 - 5.6).
+REST_SHARE = (8400 - 5600) / (10200 - 5600)
+
+
+def test_h100_node_energy_and_cost_from_the_catalog():
+    # 64 H100s, a 2 s step whose compute stream is busy 1.5 s, 1M tokens per step.
+    e = estimate(family="h100", chip=CHIPS["h100"], num_devices=64, step_s=2.0,
+                 compute_s=1.5, tokens_per_step=1e6)
+    chip_w = 700 * (0.15 + 0.85 * 0.75)  # idle 15% of TDP, TDP while busy
+    rest_w = (10200 - 8 * 700) / 8 * REST_SHARE  # per GPU
+    it = 64 * (chip_w + rest_w)
+    assert e.busy == 0.75
+    assert e.it_w == pytest.approx(it)
+    assert e.power_w == pytest.approx(it * 1.56)  # Uptime Institute 2024 average PUE
+    assert e.energy_per_step_j == pytest.approx(it * 1.56 * 2.0)
+    assert e.joules_per_token == pytest.approx(it * 1.56 * 2.0 / 1e6)
+    # $4.916 per H100-hour (AWS capacity blocks), 64 GPUs for 2 s per 1M tokens.
+    assert e.usd_per_million_tokens == pytest.approx(4.916 * 64 * 2.0 / 3600)
+    assert e.tokens_per_s_per_mw == pytest.approx(0.5e6 / (it * 1.56 / 1e6))
+
+
+def test_owned_machines_pay_the_power_apart():
+    # Amortised hardware at $2/chip-hour, power at $0.10/kWh in a PUE-1.2 building.
+    e = estimate(family="h100", chip=CHIPS["h100"], num_devices=8, step_s=1.0, compute_s=1.0,
+                 tokens_per_step=1e5, cost=Cost(usd_per_chip_hour=2.0, pue=1.2,
+                                                usd_per_kwh=0.10))
+    it = 8 * 700 + (10200 - 5600) * REST_SHARE  # all busy
+    assert e.power_w == pytest.approx(it * 1.2)
+    per_hour = 2.0 * 8 + 0.10 * it * 1.2 / 1e3
+    assert e.usd_per_million_tokens == pytest.approx(per_hour / 3600 / 1e5 * 1e6)
+
+
+def test_nvl72_rack_and_tpu7x_pod():
+    # GB200 NVL72: 72 GPUs at 1200 W TDP in a ~120 kW rack.
+    e = estimate(family="gb200-nvl72", chip=CHIPS["gb200"], num_devices=72, step_s=1.0,
+                 compute_s=1.0, tokens_per_step=None)
+    assert e.it_w == pytest.approx(72 * 1200 + (120e3 - 72 * 1200) * REST_SHARE)
+    assert e.joules_per_token is None and e.usd_per_million_tokens is None
+    # TPU7x: no chip TDP, but a 9,216-chip pod draws ~10 MW; 256 devices are 128 chips.
+    e = estimate(family="tpu7x", chip=CHIPS["tpu7x"], num_devices=256, step_s=1.0,
+                 compute_s=0.5, tokens_per_step=1e6)
+    assert e.chips == 128
+    assert e.it_w == pytest.approx(128 * 10e6 / 9216 * (0.15 + 0.85 * 0.5))
+    # No public power figure: no estimate, said rather than guessed.
+    assert estimate(family="tpu-v5p", chip=CHIPS["tpu-v5p"], num_devices=8, step_s=1.0,
+                    compute_s=1.0, tokens_per_step=1.0) is None
+
+
+def test_every_default_figure_has_a_source_and_date():
+    for chip, price in PRICES.items():
+        assert chip in CHIPS and price.usd_per_chip_hour > 0
+        assert re.search(r"20\d\d-\d\d-\d\d", price.source), chip  # when it was read
+    for family, rating in {**NODE_RATINGS, **POD_RATINGS}.items():
+        assert rating.rated_w > 0 and rating.source, family
+    for chip in CHIPS.values():
+        if chip.tdp_w is not None:
+            assert chip.source, chip.name
+
+
+def test_power_budget_and_run_length(tmp_path, capsys, cpu_devices):
+    out = tmp_path / "r.json"
+    assert cli.main(["run", "tiny-h100-dp-tp", "--quiet", "--power-budget", "1 MW",
+                     "--tokens", "1e9", "--set", "cost.pue=1.2", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    p = d["power"]
+    assert d["power_w"] == pytest.approx(p["it_power_w"] * 1.2)
+    assert d["energy_per_step_j"] == pytest.approx(d["power_w"] * d["step_time_s"])
+    s = d["scale_out"]
+    assert s["chips_within_budget"] == math.floor(1e6 / (d["power_w"] / 8))
+    assert s["run"]["time_s"] == pytest.approx(1e9 / d["tokens_per_s"])
+    assert s["run"]["usd"] == pytest.approx(4.916 * 8 * s["run"]["time_s"] / 3600)
+    within = s["run_within_budget"]
+    assert within["time_s"] == pytest.approx(1e9 / (d["tokens_per_s"] / 8
+                                                    * s["chips_within_budget"]))
+    text = capsys.readouterr().out
+    assert "power budget   1 MW feeds" in text and "PUE 1.2" in text
+
+
+def test_bad_power_input_is_one_line(capsys):
+    assert cli.main(["run", "tiny-h100-dp-tp", "--power-budget", "lots"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--power-budget 'lots'" in err and "100MW" in err and "\n" not in err
+    assert cli.main(["run", "tiny-h100-dp-tp", "--set", "cost.pue=0.9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cost.pue=0.9 must be at least 1" in err and "\n" not in err
+    assert parse_power("250kW") == 250e3 and parse_power("1.5e8") == 1.5e8
