@@ -339,9 +339,15 @@ def cmd_compare(args) -> int:
     if args.price_per_device_hour is not None and args.price_per_device_hour <= 0:
         raise ConfigError(f"--price-per-device-hour {args.price_per_device_hour}: give the "
                           f"price you pay per device and hour, above 0")
+    search = None
+    if args.search:
+        axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())
+        search = {"store": args.store, "axes": axes, "workers": args.workers,
+                  "budget": args.budget, "calibration": args.calibration}
     with progress.reporting(_progress_sink(args)):
         entries = compare_mod.compare(raw, systems, calibration=_calibration(args),
-                                      price_per_device_hour=args.price_per_device_hour)
+                                      price_per_device_hour=args.price_per_device_hour,
+                                      search=search)
     print(f"{raw['name']}: the same model and workload on {len(systems)} systems\n")
     print(compare_mod.format_compare(entries))
     if args.json:
@@ -541,6 +547,16 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--set", action="append", metavar="KEY=VALUE")
     cp.add_argument("--price-per-device-hour", type=float, default=None, metavar="USD",
                     help="what a device-hour costs you, for $ per million tokens")
+    cp.add_argument("--search", action="store_true",
+                    help="each system with the fastest sharding that fits from a search on it "
+                         "(instead of the config's)")
+    cp.add_argument("--axes", default="data,fsdp,tensor",
+                    help="with --search: the mesh axes to split the devices over")
+    cp.add_argument("--store", default="shardscope-results.sqlite", metavar="DB",
+                    help="with --search: the results store (a rerun compiles nothing new)")
+    cp.add_argument("--workers", type=int, default=None, help="with --search: compile workers")
+    cp.add_argument("--budget", type=int, default=None,
+                    help="with --search: compile at most N configs per system")
     cp.add_argument("--calibration", metavar="CAL.toml")
     cp.add_argument("--json", metavar="OUT")
     cp.add_argument("--html", metavar="OUT", help="bar charts of every figure and the table")

@@ -2,10 +2,12 @@
 side by side.
 
 Each system gets the config's sharding where it is valid there (the validator's reason
-otherwise). On the CPU path the compiled program depends only on the mesh, not on the
-machine, so it is compiled once per device count and re-timed on every system of that size
-(`sharding.reanalyze`: each system's chips and links, no recompile); a test checks this
-equals compiling for each.
+otherwise), its batch-sharding axis scaled to the system's device count (`fit_to_devices`:
+256 TPU7x chips are 512 devices), or with `--search` the fastest sharding that fits from a
+search on that system. On the CPU path the compiled program depends only on the mesh, not
+on the machine, so it is compiled once per device count and sharding and re-timed on every
+system of that size (`sharding.reanalyze`: each system's chips and links, no recompile); a
+test checks this equals compiling for each.
 
 Power, energy per token, tokens/s per MW and USD per million tokens are each report's
 (meshes/power.py: the chips from idle to TDP by how busy the schedule keeps them, the
@@ -18,11 +20,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import math
 from collections.abc import Sequence
 
 from experiments import config as config_mod
 from experiments import runner
 from experiments.config import ConfigError
+from sharding.rules import MESH_AXES
 from sharding.report import Report, column_table, fmt_bytes, fmt_s, fmt_watts
 
 
@@ -36,6 +41,7 @@ class Entry:
     report: Report | None = None
     parallelism: dict = dataclasses.field(default_factory=dict)
     retimed_from: str = ""  # the system whose compile was re-timed ("" when compiled)
+    note: str = ""  # how the config's sharding was fitted to the system, or found
 
     @property
     def power_w(self) -> float | None:
@@ -64,6 +70,7 @@ class Entry:
         return {
             "system": self.system, "status": self.status, "message": self.message,
             "parallelism": self.parallelism, "retimed_from": self.retimed_from or None,
+            "note": self.note or None,
             "step_time_s": r.step_time_s if r else None,
             "tokens_per_s": r.tokens_per_s if r else None,
             "tokens_per_s_per_device": r.tokens_per_s_per_device if r else None,
@@ -77,42 +84,103 @@ class Entry:
         }
 
 
+def fit_to_devices(raw: dict, num_devices: int) -> str:
+    """Fit the config's sharding to a system of another device count, in place: the
+    batch-sharding axis (fsdp where it is used, else data) takes the ratio, every other axis
+    (tensor, pipeline, experts, context) stays. A TPU7x chip is two devices, so 256 chips
+    of it run twice the FSDP ways of 256 GPUs. Returns what changed ("" when nothing did or
+    nothing fits: the validator then says why)."""
+    par = raw.setdefault("parallelism", {})
+    total = math.prod(int(par.get(a, 1)) for a in MESH_AXES)
+    axis = "fsdp" if int(par.get("fsdp", 1)) > 1 else "data"
+    old = int(par.get(axis, 1))
+    if num_devices == total:
+        return ""
+    if num_devices % total == 0:
+        new = old * (num_devices // total)
+    elif total % num_devices == 0 and old % (total // num_devices) == 0:
+        new = old // (total // num_devices)
+    else:
+        return ""
+    par[axis] = new
+    return f"{axis} {old} -> {new} for its {num_devices} devices"
+
+
 def compare(raw: dict, systems: Sequence[str], *, calibration=None,
-            price_per_device_hour: float | None = None) -> list[Entry]:
-    """Each system's estimate of the config's step (XLA:CPU; one compile per device
-    count)."""
+            price_per_device_hour: float | None = None, search: dict | None = None,
+            on_result=None) -> list[Entry]:
+    """Each system's estimate of the config's step (XLA:CPU; one compile per device count
+    and sharding): the config's sharding fitted to the system's device count
+    (`fit_to_devices`), or with `search` ({"store": path, "axes": (...), "workers": n,
+    "budget": n}) the fastest sharding that fits from a search on that system (stored, so
+    a rerun compiles nothing new)."""
     import sharding
+    from meshes import get_system
 
     if not systems:
         raise ConfigError("--systems: give at least one system, e.g. --systems "
                           "h100:64,b200:64,gb200-nvl72:64")
-    compiled: dict[int, tuple[str, Report]] = {}
+    compiled: dict[tuple, tuple[str, Report]] = {}
     out = []
     for name in systems:
         r = copy.deepcopy(raw)
         r["system"] = {"name": name}
         try:
+            n = get_system(name).num_devices
+        except ValueError as e:
+            out.append(Entry(name, "refused", f"system.name: {e}"))
+            continue
+        note = fit_to_devices(r, n)
+        if search is not None:
+            r, note, why = _searched(r, name, n, search, calibration, on_result)
+            if r is None:
+                out.append(Entry(name, "refused", why))
+                continue
+        try:
             exp = config_mod.from_dict(r)
         except ConfigError as e:
-            out.append(Entry(name, "refused", str(e).splitlines()[0]))
+            out.append(Entry(name, "refused", str(e).splitlines()[0], note=note))
             continue
         if price_per_device_hour is not None:
             exp = dataclasses.replace(exp, cost=dataclasses.replace(
                 exp.cost,
                 usd_per_chip_hour=price_per_device_hour * exp.system.chip.devices_per_chip))
         sizes = {a: s for a, s in exp.parallelism.sizes().items() if s > 1}
-        n = exp.system.num_devices
-        if n in compiled:
-            first, rep = compiled[n]
+        key = (n, json.dumps(r["parallelism"], sort_keys=True))
+        if key in compiled:
+            first, rep = compiled[key]
             again = sharding.reanalyze(rep.inputs, system=exp.system, calibration=calibration,
                                        device_ids=range(n), cost=exp.cost)
             report = dataclasses.replace(again, name=exp.name, fit_advice=())
-            out.append(Entry(name, "ok", report=report, parallelism=sizes, retimed_from=first))
+            out.append(Entry(name, "ok", report=report, parallelism=sizes, retimed_from=first,
+                             note=note))
             continue
         report = runner.run(exp, backend="cpu", calibration=calibration)
-        compiled[n] = (name, report)
-        out.append(Entry(name, "ok", report=report, parallelism=sizes))
+        compiled[key] = (name, report)
+        out.append(Entry(name, "ok", report=report, parallelism=sizes, note=note))
     return out
+
+
+def _searched(r: dict, name: str, n: int, opts: dict, calibration, on_result):
+    """(the config with the fastest sharding that fits on `name`, a note, why not)."""
+    from experiments import search as search_mod
+    from experiments.store import Store
+
+    label = f"compare {r['name']} on {name}"
+    with Store(opts["store"]) as store:
+        search_mod.run_search(r, num_devices=n, axes=opts.get("axes", ("data", "fsdp",
+                                                                       "tensor")),
+                              vary=(), store=store, search=label,
+                              workers=opts.get("workers"), budget=opts.get("budget"),
+                              calibration=opts.get("calibration"), on_result=on_result)
+        ranked = search_mod.ranking(store.results(search=label))
+    if not ranked:
+        return None, "", f"the search on {name} found no sharding that runs and fits"
+    best = ranked[0]
+    shape = ", ".join(f"{a} {s}" for a, s in best.parallelism.items() if s > 1)
+    out = copy.deepcopy(best.config)
+    out["name"] = r["name"]
+    return out, f"searched: {shape} fastest of {len(ranked)} that fit", ""
 
 
 def format_compare(entries: Sequence[Entry]) -> str:
@@ -155,7 +223,8 @@ def format_compare(entries: Sequence[Entry]) -> str:
     table = [(what, [cell(e, fn) for e in entries]) for what, fn in rows]
     lines = column_table([e.system for e in entries], table)
     for e in entries:
-        lines.append(f"{e.system}: " + (e.report.bottleneck() if e.report else e.message))
+        lines.append(f"{e.system}: " + (e.report.bottleneck() if e.report else e.message)
+                     + (f" [{e.note}]" if e.note else ""))
     lines.append("power: chips (idle to TDP by how busy the schedule keeps them), hosts, NICs "
                  "and NVLink switches, times the PUE (meshes/power.py); '-' where no public "
                  "power figure or price exists")

@@ -18,18 +18,18 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
     monkeypatch.setattr(sharding.api, "compile_to_hlo",
                         lambda *a, **k: compiles.append(1) or real(*a, **k))
     out = tmp_path / "c.json"
-    code = cli.main(["compare", TINY, "--systems", "h100:8,b200:8,a100:16", "--quiet",
+    code = cli.main(["compare", TINY, "--systems", "h100:8,b200:8,a100:12", "--quiet",
                      "--price-per-device-hour", "2.0", "--json", str(out)])
     assert code == 0
-    assert compiles == [1]  # b200:8 re-timed from the h100:8 compile; a100:16 refused
+    assert compiles == [1]  # b200:8 re-timed from the h100:8 compile; a100:12 refused
     systems = {s["system"]: s for s in json.loads(out.read_text())["systems"]}
     for s in systems.values():
         for key in ("system", "parallelism", "step_time_s", "tokens_per_s", "mfu",
                     "bottleneck", "fits", "power_w", "joules_per_token",
                     "usd_per_million_tokens"):
             assert key in s
-    assert systems["a100:16"]["status"] == "refused"
-    assert "has 16" in systems["a100:16"]["message"]
+    assert systems["a100:12"]["status"] == "refused"  # 8 devices' sharding does not scale
+    assert "has 12" in systems["a100:12"]["message"]
     b200 = systems["b200:8"]
     assert b200["retimed_from"] == "h100:8"
     # Power: 8 B200s from 15% of their 1000 W TDP (waiting) to all of it (busy), the DGX
@@ -56,3 +56,43 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
 def test_compare_needs_systems(capsys):
     assert cli.main(["compare", TINY, "--systems", ","]) == 2
     assert "--systems: give at least one system" in capsys.readouterr().err
+
+
+def test_sharding_fits_each_systems_device_count():
+    from experiments.compare import fit_to_devices
+
+    # FSDP takes the ratio (256 TPU7x chips are 512 devices); tensor stays.
+    raw = {"parallelism": {"fsdp": 32, "tensor": 8}}
+    assert fit_to_devices(raw, 512) == "fsdp 32 -> 64 for its 512 devices"
+    assert raw["parallelism"] == {"fsdp": 64, "tensor": 8}
+    raw = {"parallelism": {"data": 2, "tensor": 4}}  # no FSDP: data does
+    assert fit_to_devices(raw, 4) == "data 2 -> 1 for its 4 devices"
+    raw = {"parallelism": {"data": 2, "tensor": 4}}
+    assert fit_to_devices(raw, 12) == "" and raw["parallelism"]["data"] == 2
+
+
+def test_compare_with_search_picks_each_systems_fastest(tmp_path, capsys, cpu_devices):
+    out = tmp_path / "c.json"
+    args = ["compare", TINY, "--systems", "h100:8,tpu-v5e:2x4", "--search", "--axes",
+            "data,tensor", "--store", str(tmp_path / "s.sqlite"), "--workers", "1",
+            "--quiet", "--json", str(out)]
+    assert cli.main(args) == 0
+    from experiments import search
+    from experiments.store import Store
+
+    with Store(tmp_path / "s.sqlite") as store:
+        for system in ("h100:8", "tpu-v5e:2x4"):
+            ranked = search.ranking(store.results(search=f"compare {TINY} on {system}"))
+            entry = next(s for s in json.loads(out.read_text())["systems"]
+                         if s["system"] == system)
+            # the search's fastest, run again in full: the same sharding and step time
+            assert entry["parallelism"] == {a: s for a, s in ranked[0].parallelism.items()
+                                            if s > 1}
+            assert entry["step_time_s"] == pytest.approx(ranked[0].step_time_s, rel=1e-9)
+            assert entry["note"].startswith("searched:")
+        before = len(store.results())
+    # a rerun searches nothing again (the store has every result) and re-times the winners
+    assert cli.main(args) == 0
+    with Store(tmp_path / "s.sqlite") as store:
+        assert len(store.results()) == before
+    assert json.loads(out.read_text())["systems"][1]["retimed_from"] == "h100:8"
