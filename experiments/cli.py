@@ -64,11 +64,8 @@ def cmd_run(args) -> int:
     if budget_w is not None or tokens is not None:
         from sharding.report import format_scale_out
 
-        if report.energy is None:
-            print("power budget   no estimate: no public power figure for this chip or system")
-        else:
-            scale_out = report.energy.scale_out(power_budget_w=budget_w, tokens=tokens)
-            print("\n".join(format_scale_out(report, scale_out)))
+        scale_out = report.energy.scale_out(power_budget_w=budget_w, tokens=tokens)
+        print("\n".join(format_scale_out(report, scale_out)))
     if args.json:
         _write_json(args.json, {**report.to_dict(groups=args.groups), "scale_out": scale_out,
                                 "config": config})

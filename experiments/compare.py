@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from experiments import config as config_mod
 from experiments import runner
 from experiments.config import ConfigError
-from sharding.rules import MESH_AXES
+from sharding.mesh import CPU_MAX_DEVICES
 from sharding.report import Report, column_table, fmt_bytes, fmt_s, fmt_watts
+from sharding.rules import MESH_AXES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,16 @@ class Entry:
         return None if e is None else e.usd_per_million_tokens
 
     @property
+    def tokens_per_s_per_chip(self) -> float | None:
+        """Per physical chip (a TPU7x chip is two JAX devices)."""
+        from meshes import get_system
+
+        r = self.report
+        if r is None or r.tokens_per_s is None:
+            return None
+        return r.tokens_per_s / (r.num_devices / get_system(self.system).chip.devices_per_chip)
+
+    @property
     def tokens_per_s_per_mw(self) -> float | None:
         e = self.report.energy if self.report else None
         return None if e is None else e.tokens_per_s_per_mw
@@ -74,6 +85,7 @@ class Entry:
             "step_time_s": r.step_time_s if r else None,
             "tokens_per_s": r.tokens_per_s if r else None,
             "tokens_per_s_per_device": r.tokens_per_s_per_device if r else None,
+            "tokens_per_s_per_chip": self.tokens_per_s_per_chip,
             "mfu": r.mfu if r else None, "bottleneck": r.bottleneck() if r else None,
             "fits": r.fits if r else None,
             "memory_per_device_bytes": r.memory_per_device_bytes if r else None,
@@ -86,24 +98,32 @@ class Entry:
 
 def fit_to_devices(raw: dict, num_devices: int) -> str:
     """Fit the config's sharding to a system of another device count, in place: the
-    batch-sharding axis (fsdp where it is used, else data) takes the ratio, every other axis
-    (tensor, pipeline, experts, context) stays. A TPU7x chip is two devices, so 256 chips
-    of it run twice the FSDP ways of 256 GPUs. Returns what changed ("" when nothing did or
-    nothing fits: the validator then says why)."""
+    batch-sharding axis (fsdp where it is used, else data) takes the ratio, or `tensor`
+    where the batch would not split that many ways; the other axes (pipeline, experts,
+    context) stay. A TPU7x chip is two devices, so 256 chips of it run twice the ways of
+    256 GPUs. Returns what changed ("" when nothing did or nothing fits: the validator then
+    says why)."""
     par = raw.setdefault("parallelism", {})
     total = math.prod(int(par.get(a, 1)) for a in MESH_AXES)
-    axis = "fsdp" if int(par.get("fsdp", 1)) > 1 else "data"
-    old = int(par.get(axis, 1))
     if num_devices == total:
         return ""
-    if num_devices % total == 0:
-        new = old * (num_devices // total)
-    elif total % num_devices == 0 and old % (total // num_devices) == 0:
-        new = old // (total // num_devices)
-    else:
-        return ""
-    par[axis] = new
-    return f"{axis} {old} -> {new} for its {num_devices} devices"
+    work = raw.get("workload", {})
+    micro = (int(work["global_batch"]) // int(work.get("microbatches", 1))
+             if "global_batch" in work else 0)
+    batch_ways = math.prod(int(par.get(a, 1)) for a in ("data", "fsdp", "expert"))
+    for axis in ("fsdp" if int(par.get("fsdp", 1)) > 1 else "data", "tensor"):
+        old = int(par.get(axis, 1))
+        if num_devices % total == 0:
+            new = old * (num_devices // total)
+        elif total % num_devices == 0 and old % (total // num_devices) == 0:
+            new = old // (total // num_devices)
+        else:
+            continue
+        ways = batch_ways * new // old if axis != "tensor" else batch_ways
+        if micro % ways == 0:  # the batch still splits: else the next axis takes it
+            par[axis] = new
+            return f"{axis} {old} -> {new} for its {num_devices} devices"
+    return ""
 
 
 def compare(raw: dict, systems: Sequence[str], *, calibration=None,
@@ -122,6 +142,17 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
                           "h100:64,b200:64,gb200-nvl72:64")
     compiled: dict[tuple, tuple[str, Report]] = {}
     out = []
+    sizes_known = []
+    for name in systems:
+        try:
+            sizes_known.append(get_system(name).num_devices)
+        except ValueError:
+            pass
+    if sizes_known:  # JAX's CPU backend fakes one device count per process: the largest
+        try:
+            sharding.ensure_cpu_devices(min(max(sizes_known), CPU_MAX_DEVICES))
+        except ValueError:
+            pass  # already started smaller (tests, notebooks): a system past it says so
     for name in systems:
         r = copy.deepcopy(raw)
         r["system"] = {"name": name}
@@ -155,7 +186,11 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
             out.append(Entry(name, "ok", report=report, parallelism=sizes, retimed_from=first,
                              note=note))
             continue
-        report = runner.run(exp, backend="cpu", calibration=calibration)
+        try:
+            report = runner.run(exp, backend="cpu", calibration=calibration)
+        except ConfigError as e:
+            out.append(Entry(name, "refused", str(e).splitlines()[0], note=note))
+            continue
         compiled[key] = (name, report)
         out.append(Entry(name, "ok", report=report, parallelism=sizes, note=note))
     return out
@@ -195,6 +230,9 @@ def format_compare(entries: Sequence[Entry]) -> str:
             return "-"
         return "-" if v is None else v
 
+    def chip_of(e: Entry):
+        return get_system(e.system).chip
+
     def per_device_links(e: Entry) -> str:
         s = get_system(e.system)
         return ", ".join(f"{link.name} {link.bytes_per_s / 1e9:.0f}"
@@ -203,12 +241,12 @@ def format_compare(entries: Sequence[Entry]) -> str:
     rows = [
         ("step time", lambda e: fmt_s(e.report.step_time_s)),
         ("tokens/s", lambda e: f"{e.report.tokens_per_s:,.0f}"),
-        ("tokens/s per device", lambda e: f"{e.report.tokens_per_s_per_device:,.0f}"),
+        ("tokens/s per chip", lambda e: f"{e.tokens_per_s_per_chip:,.0f}"),
         ("MFU", lambda e: f"{e.report.mfu:.1%}"),
         ("memory/device", lambda e: fmt_bytes(e.report.memory_per_device_bytes)
          + ("" if e.report.fits else " (no fit)")),
-        ("HBM TB/s per device",
-         lambda e: f"{get_system(e.system).chip.hbm_bytes_per_s / 1e12:.2f}"),
+        ("HBM TB/s per chip",
+         lambda e: f"{chip_of(e).hbm_bytes_per_s * chip_of(e).devices_per_chip / 1e12:.2f}"),
         ("links GB/s per device", per_device_links),
         ("power (facility)", lambda e: None if e.power_w is None else fmt_watts(e.power_w)),
         ("energy per token", lambda e: None if e.joules_per_token is None
@@ -235,7 +273,7 @@ def format_compare(entries: Sequence[Entry]) -> str:
 # is better).
 _BARS = (
     ("Step time", "step", lambda e: e.report.step_time_s, fmt_s, False),
-    ("Tokens/s per device", "tokens", lambda e: e.report.tokens_per_s_per_device,
+    ("Tokens/s per chip", "tokens", lambda e: e.tokens_per_s_per_chip,
      lambda v: f"{v:,.0f}", True),
     ("MFU", "mfu", lambda e: e.report.mfu, lambda v: f"{v:.1%}", True),
     ("Tokens/s per MW (facility)", "per-mw", lambda e: e.tokens_per_s_per_mw,

@@ -46,6 +46,21 @@ FABRICS = {
                   "GPUs, non-blocking inside a pod, 7:1 oversubscribed between pods (the "
                   "Llama 3 paper, section 3.3.1; glennklockwood.com, Meta's H100 clusters)",
     },
+    "dgx-superpod-b200": {
+        "pod_gpus": 2048, "pod_oversubscription": 1.0,
+        "source": "NVIDIA DGX SuperPOD B200 reference architecture: scalable units of 32 "
+                  "DGX B200 (256 GPUs); up to 8 SUs (2,048 GPUs) on leaf and spine, a core "
+                  "tier above; as many leaf-spine and spine-core cables as node-leaf ones, "
+                  "so every tier is non-blocking (its switch and cable count table)",
+    },
+    "dgx-superpod-gb200": {
+        "pod_gpus": 576, "pod_oversubscription": 1.0,
+        "source": "NVIDIA DGX SuperPOD GB200 reference architecture: a scalable unit is 8 "
+                  "GB200 NVL72 racks (576 GPUs, 1.2 MW), NDR 400 Gb/s InfiniBand between "
+                  "racks, scaling past 128 racks (9,216 GPUs); taken as non-blocking above "
+                  "the SU like the B200 SuperPOD's tiers (the GB200 RA's cable table was "
+                  "not read)",
+    },
 }
 
 

@@ -245,11 +245,19 @@ class GpuSystem(System):
             t = self._group_timing(kind, nbytes, g, nic_share=share)
             if t.time_s > worst.time_s:
                 worst = t
-        if share < 1 and worst.link == "infiniband":
+        if worst.link == "infiniband" and share < 1:
             worst = dataclasses.replace(
                 worst, algorithm=f"{worst.algorithm} across pods, {1 / share:.2f}x slower on "
                                  f"the {self.pod_oversubscription:g}:1 spine")
+        elif worst.link == "infiniband" and self._crosses_pods(groups):
+            worst = dataclasses.replace(
+                worst, algorithm=f"{worst.algorithm} across pods (the spine is not "
+                                 f"oversubscribed for it)")
         return worst
+
+    def _crosses_pods(self, groups) -> bool:
+        pod = self.pod_gpus
+        return bool(pod) and any(len({i // pod for i in g}) > 1 for g in groups)
 
     def _spine_share(self, kind: str, groups) -> float:
         """The share of its NIC rate a GPU gets when the collective's groups cross pods

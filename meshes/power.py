@@ -58,21 +58,24 @@ class NodeRating:
 
 # By system family: the node whose rating covers the chips, hosts, NICs and NVLink switches.
 NODE_RATINGS: dict[str, NodeRating] = {
-    "a100": NodeRating(8, 6500.0, "NVIDIA DGX A100 datasheet: 6.5 kW max"),
-    "h100": NodeRating(8, 10200.0, "NVIDIA DGX H100 datasheet: ~10.2 kW max"),
-    "h200": NodeRating(8, 10200.0, "NVIDIA DGX H200 datasheet: ~10.2 kW max"),
-    "b200": NodeRating(8, 14300.0, "NVIDIA DGX B200 user guide, power specifications: "
-                                   "14.3 kW max"),
-    "gb200-nvl72": NodeRating(72, 120000.0, "GB200 NVL72 rack ~120 kW (hardware.md: "
-                                            "120-132 kW; NVIDIA at GTC 2024 via "
-                                            "ServeTheHome)"),
+    "a100": NodeRating(8, 6500.0, "NVIDIA DGX A100 datasheet (2020): 6.5 kW max; read 2026-12-03"),
+    "h100": NodeRating(8, 10200.0, "NVIDIA DGX H100 datasheet (2023): ~10.2 kW max; "
+                                   "read 2026-12-03"),
+    "h200": NodeRating(8, 10200.0, "NVIDIA DGX H200 datasheet (2024): ~10.2 kW max; "
+                                   "read 2026-12-03"),
+    "b200": NodeRating(8, 14300.0, "NVIDIA DGX B200 user guide, power specifications "
+                                   "(2025): 14.3 kW max; read 2026-12-03"),
+    "gb200-nvl72": NodeRating(72, 120000.0, "GB200 NVL72 rack ~120 kW (NVIDIA at GTC, "
+                                            "2024-03, via ServeTheHome; hardware.md: "
+                                            "120-132 kW); read 2026-12-03"),
 }
 
 # By system family, where the chip has no public TDP but a whole pod's draw is published:
 # (chips, watts, source).
 POD_RATINGS: dict[str, NodeRating] = {
-    "tpu7x": NodeRating(9216, 10e6, "Google at Hot Chips 2025 (ServeTheHome's report): a "
-                                    "9,216-chip Ironwood superpod draws about 10 MW"),
+    "tpu7x": NodeRating(9216, 10e6, "Google at Hot Chips 2025 (2025-08, ServeTheHome's "
+                                    "report): a 9,216-chip Ironwood superpod draws about "
+                                    "10 MW; read 2026-12-03"),
 }
 
 # The facility around the IT load: Uptime Institute Global Data Center Survey 2024, the
@@ -108,6 +111,19 @@ PRICES: dict[str, Price] = {
 }
 
 
+# Where each chip's TDP in meshes/chips.py comes from, and when it was read.
+TDP_SOURCES: dict[str, str] = {
+    "a100": "NVIDIA A100 SXM datasheet (2021): 400 W; read 2026-12-03",
+    "h100": "NVIDIA H100 SXM datasheet (2023): 700 W; read 2026-12-03",
+    "h200": "NVIDIA H200 SXM datasheet (2024): 700 W; read 2026-12-03",
+    "b200": "HGX B200 at 1000 W (glennklockwood.com B200 page, 2025); read 2026-12-03",
+    "gb200": "GB200 at 1200 W per Blackwell GPU (glennklockwood.com B200 page, 2025); read "
+             "2026-12-03",
+    "gb300": "GB300 at 1400 W (verda.com GB300 architecture post, 2025); read 2026-12-03",
+    "tpu-v4": "Google Cloud TPU v4 documentation: 192 W maximum; read 2026-12-03",
+}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Cost:
     """`[cost]` of a config: None takes the catalog's default for the chip."""
@@ -135,7 +151,8 @@ class Energy:
 
     chips: float
     busy: float  # share of the step the chips' compute streams are occupied
-    chip_w: float  # per chip, averaged over the step (the whole IT draw for pod ratings)
+    chip_w: float | None  # per chip, averaged over the step (the whole IT draw for pod
+    # ratings); None: no public power figure for the chip (cost only)
     rest_w: float | None  # hosts, NICs, NVLink switches per chip; None: not counted
     pue: float
     step_s: float
@@ -147,30 +164,39 @@ class Energy:
     price_source: str = ""
 
     @property
-    def it_w(self) -> float:
+    def it_w(self) -> float | None:
+        if self.chip_w is None:
+            return None
         return self.chips * (self.chip_w + (self.rest_w or 0.0))
 
     @property
-    def power_w(self) -> float:
-        return self.it_w * self.pue
+    def power_w(self) -> float | None:
+        return None if self.it_w is None else self.it_w * self.pue
 
     @property
-    def power_per_chip_w(self) -> float:
-        return self.power_w / self.chips
+    def power_per_chip_w(self) -> float | None:
+        return None if self.power_w is None else self.power_w / self.chips
 
     @property
-    def energy_per_step_j(self) -> float:
-        return self.power_w * self.step_s
+    def energy_per_step_j(self) -> float | None:
+        return None if self.power_w is None else self.power_w * self.step_s
 
     @property
     def joules_per_token(self) -> float | None:
-        return self.energy_per_step_j / self.tokens_per_step if self.tokens_per_step else None
+        if self.energy_per_step_j is None or not self.tokens_per_step:
+            return None
+        return self.energy_per_step_j / self.tokens_per_step
 
     @property
     def usd_per_hour(self) -> float | None:
+        """Chip-hours plus the power billed apart; None without a price, or when the power
+        is billed apart but unknown."""
         if self.usd_per_chip_hour is None:
             return None
-        return self.usd_per_chip_hour * self.chips + self.usd_per_kwh * self.power_w / 1e3
+        if self.usd_per_kwh and self.power_w is None:
+            return None
+        power = self.usd_per_kwh * self.power_w / 1e3 if self.usd_per_kwh else 0.0
+        return self.usd_per_chip_hour * self.chips + power
 
     @property
     def usd_per_million_tokens(self) -> float | None:
@@ -181,13 +207,15 @@ class Energy:
 
     @property
     def tokens_per_s_per_mw(self) -> float | None:
-        if not self.tokens_per_step or self.step_s <= 0:
+        if not self.tokens_per_step or self.step_s <= 0 or self.power_w is None:
             return None
         return self.tokens_per_step / self.step_s / (self.power_w / 1e6)
 
-    def chips_within(self, budget_w: float) -> int:
-        """Chips of this system, running this step, that a facility of `budget_w` feeds."""
-        return math.floor(budget_w / self.power_per_chip_w)
+    def chips_within(self, budget_w: float) -> int | None:
+        """Chips of this system, running this step, that a facility of `budget_w` feeds
+        (None without a power figure)."""
+        per_chip = self.power_per_chip_w
+        return None if per_chip is None else math.floor(budget_w / per_chip)
 
     def run_of(self, tokens: float, chips: float | None = None) -> dict | None:
         """A run of `tokens` on `chips` of this system (the run's own by default; more
@@ -198,11 +226,12 @@ class Energy:
         chips = self.chips if chips is None else chips
         per_chip = self.tokens_per_step / self.step_s / self.chips
         seconds = tokens / (per_chip * chips)
-        energy = self.power_per_chip_w * chips * seconds
+        per_chip = self.power_per_chip_w
+        energy = None if per_chip is None else per_chip * chips * seconds
         usd = None
-        if self.usd_per_chip_hour is not None:
+        if self.usd_per_chip_hour is not None and (energy is not None or not self.usd_per_kwh):
             usd = (self.usd_per_chip_hour * chips * seconds / 3600
-                   + self.usd_per_kwh * energy / 3.6e6)
+                   + (self.usd_per_kwh * energy / 3.6e6 if self.usd_per_kwh else 0.0))
         return {"tokens": tokens, "chips": chips, "time_s": seconds, "energy_j": energy,
                 "usd": usd}
 
@@ -217,7 +246,7 @@ class Energy:
             out["chips_within_budget"] = self.chips_within(power_budget_w)
         if tokens is not None:
             out["run"] = self.run_of(tokens)
-            if power_budget_w is not None and out["chips_within_budget"] > 0:
+            if power_budget_w is not None and out["chips_within_budget"]:
                 out["run_within_budget"] = self.run_of(tokens, out["chips_within_budget"])
         return out
 
@@ -260,7 +289,7 @@ def parse_power(text: str) -> float:
 def estimate(*, family: str, chip, num_devices: int, step_s: float, compute_s: float,
              tokens_per_step: float | None, cost: Cost | None = None) -> Energy | None:
     """The step's power, energy and cost on `num_devices` devices of `chip` in a system of
-    `family`; None where no power figure is public for the chip or its system."""
+    `family`; its power figures None where none is public for the chip or its system."""
     cost = cost or Cost()
     chips = num_devices / chip.devices_per_chip
     busy = min(1.0, compute_s / step_s) if step_s > 0 else 0.0
@@ -279,7 +308,8 @@ def estimate(*, family: str, chip, num_devices: int, step_s: float, compute_s: f
     if chip.tdp_w is not None:
         tdp = chip.tdp_w * chip.devices_per_chip
         node = NODE_RATINGS.get(family)
-        sources = [f"{chip.name} TDP {tdp:g} W ({chip.source})", idle]
+        sources = [f"{chip.name} TDP {tdp:g} W ({TDP_SOURCES.get(chip.name, chip.source)})",
+                   idle]
         rest = None
         counted = "chips only (no public rating of the hosts, NICs and switches)"
         if node is not None:
@@ -291,7 +321,8 @@ def estimate(*, family: str, chip, num_devices: int, step_s: float, compute_s: f
                       sources=(*sources, pue), **common)
     pod = POD_RATINGS.get(family)
     if pod is None:
-        return None
+        return Energy(chip_w=None, rest_w=None, counted="no public power figure",
+                      sources=(), **common)
     return Energy(chip_w=pod.rated_w / pod.chips * activity, rest_w=None,
                   counted="the whole pod's published draw per chip (chips, hosts, network)",
                   sources=(pod.source, f"a chip waiting draws {IDLE_FRACTION:.0%} of its "

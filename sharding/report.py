@@ -538,19 +538,28 @@ def fmt_duration(s: float) -> str:
 def _energy_lines(r: Report) -> list[str]:
     e = r.energy
     if e is None:
-        return ["power          unknown: no public power figure for this chip or system"]
-    rest = "" if e.rest_w is None else f", hosts/NICs/switches {fmt_watts(e.rest_w * e.chips)}"
-    lines = [f"power          {fmt_watts(e.power_w)} at the facility  (IT {fmt_watts(e.it_w)}: "
-             f"chips {fmt_watts(e.chip_w * e.chips)}, busy {e.busy:.0%} of the step{rest}; "
-             f"PUE {e.pue:g})"]
-    per_token = "" if e.joules_per_token is None else f", {e.joules_per_token:.3g} J per token"
-    lines.append(f"energy         {fmt_joules(e.energy_per_step_j)} per step{per_token}")
+        return []
+    lines = []
+    if e.power_w is None:
+        lines.append("power          unknown: no public power figure for this chip or system")
+    else:
+        lines.extend(_power_lines(e))
     if e.usd_per_million_tokens is not None:
         lines.append(f"cost           ${e.usd_per_million_tokens:,.4g} per million tokens  "
                      f"(${e.usd_per_chip_hour:g} per chip-hour: {e.price_source})")
     elif e.usd_per_chip_hour is None:
         lines.append("cost           no public price for this chip: set [cost] "
                      "usd_per_chip_hour")
+    return lines
+
+
+def _power_lines(e) -> list[str]:
+    rest = "" if e.rest_w is None else f", hosts/NICs/switches {fmt_watts(e.rest_w * e.chips)}"
+    lines = [f"power          {fmt_watts(e.power_w)} at the facility  (IT {fmt_watts(e.it_w)}: "
+             f"chips {fmt_watts(e.chip_w * e.chips)}, busy {e.busy:.0%} of the step{rest}; "
+             f"PUE {e.pue:g})"]
+    per_token = "" if e.joules_per_token is None else f", {e.joules_per_token:.3g} J per token"
+    lines.append(f"energy         {fmt_joules(e.energy_per_step_j)} per step{per_token}")
     return lines
 
 
@@ -561,11 +570,14 @@ def format_scale_out(r: Report, plan: dict) -> list[str]:
     lines = []
 
     def run_line(run: dict, where: str) -> str:
-        usd = "" if run["usd"] is None else f", ${run['usd']:,.4g}"
-        return (f"{run['tokens']:.3g} tokens {where}: {fmt_duration(run['time_s'])}, "
-                f"{fmt_wh(run['energy_j'])} at the facility{usd}")
+        usd = "" if run["usd"] is None else f", ${run['usd']:,.0f}"
+        energy = "" if run["energy_j"] is None else f", {fmt_wh(run['energy_j'])} at the facility"
+        return f"{run['tokens']:.3g} tokens {where}: {fmt_duration(run['time_s'])}{energy}{usd}"
 
-    if plan.get("power_budget_w") is not None:
+    if plan.get("power_budget_w") is not None and plan.get("chips_within_budget") is None:
+        lines.append("power budget   no estimate: no public power figure for this chip or "
+                     "system")
+    elif plan.get("power_budget_w") is not None:
         lines.append(f"power budget   {fmt_watts(plan['power_budget_w'])} feeds "
                      f"{plan['chips_within_budget']:,} chips of this system running this "
                      f"step ({fmt_watts(e.power_per_chip_w)} each at the facility)")

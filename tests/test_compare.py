@@ -69,6 +69,9 @@ def test_sharding_fits_each_systems_device_count():
     assert fit_to_devices(raw, 4) == "data 2 -> 1 for its 4 devices"
     raw = {"parallelism": {"data": 2, "tensor": 4}}
     assert fit_to_devices(raw, 12) == "" and raw["parallelism"]["data"] == 2
+    # 256 sequences do not split 512 ways: the TensorCore pair goes to tensor instead.
+    raw = {"parallelism": {"fsdp": 256}, "workload": {"global_batch": 256}}
+    assert fit_to_devices(raw, 512) == "tensor 1 -> 2 for its 512 devices"
 
 
 def test_compare_with_search_picks_each_systems_fastest(tmp_path, capsys, cpu_devices):

@@ -465,6 +465,8 @@ def test_a_collective_crossing_the_spine_pays_its_oversubscription():
     rings = [list(range(k, n, 8)) for k in range(8)]
     assert tiered.collective_time_s("all-reduce", S, rings) == pytest.approx(
         flat.collective_time_s("all-reduce", S, rings), rel=1e-12)
+    assert "across pods (the spine is not oversubscribed for it)" in tiered.collective_timing(
+        "all-reduce", S, rings).algorithm
     # Pods of 2 nodes (16 GPUs) under a 4:1 spine: the same 8 rings leave each pod 8
     # times, on 4 NICs' worth of uplink: half the NIC rate, twice the ring's bytes time.
     small = get_system(f"h100:{n}", pod_gpus=16, pod_oversubscription=4)
@@ -481,8 +483,15 @@ def test_a_collective_crossing_the_spine_pays_its_oversubscription():
 def test_a_published_fabric_sets_its_pods():
     s = get_system("h100:24576", fabric="meta-24k")
     assert (s.pod_gpus, s.pod_oversubscription) == (3072, 7.0)
-    with pytest.raises(ValueError, match="valid: meta-24k"):
+    with pytest.raises(ValueError, match="valid: meta-24k, dgx-superpod-b200"):
         get_system("h100:64", fabric="meta")
+    # NVIDIA's SuperPODs are non-blocking at every tier: crossing the spine is named, not
+    # slowed.
+    sp = get_system("b200:4096", fabric="dgx-superpod-b200")
+    rings = [list(range(k, 4096, 8)) for k in range(8)]
+    t = sp.collective_timing("all-reduce", 1e9, rings)
+    assert t.time_s == get_system("b200:4096").collective_time_s("all-reduce", 1e9, rings)
+    assert "across pods" in t.algorithm
 
 
 def test_trainium2_instances_are_4x4_neuronlink_tori_joined_by_efa():

@@ -9,7 +9,15 @@ import pytest
 
 from experiments import cli
 from meshes import CHIPS
-from meshes.power import NODE_RATINGS, POD_RATINGS, PRICES, Cost, estimate, parse_power
+from meshes.power import (
+    NODE_RATINGS,
+    POD_RATINGS,
+    PRICES,
+    TDP_SOURCES,
+    Cost,
+    estimate,
+    parse_power,
+)
 
 # The H100 node: DGX H100 rated 10.2 kW, 8 GPUs at 700 W TDP; a node peaked at 8.4 kW
 # training (arXiv:2412.08602), so the rest of the node draws (8.4 - 5.6) / (10.2 - 5.6).
@@ -55,20 +63,25 @@ def test_nvl72_rack_and_tpu7x_pod():
                  compute_s=0.5, tokens_per_step=1e6)
     assert e.chips == 128
     assert e.it_w == pytest.approx(128 * 10e6 / 9216 * (0.15 + 0.85 * 0.5))
-    # No public power figure: no estimate, said rather than guessed.
-    assert estimate(family="tpu-v5p", chip=CHIPS["tpu-v5p"], num_devices=8, step_s=1.0,
-                    compute_s=1.0, tokens_per_step=1.0) is None
+    # No public power figure: no power, said rather than guessed; the price still costs it
+    # (TPU v6e: $2.70 per chip-hour on demand).
+    e = estimate(family="tpu-v6e", chip=CHIPS["tpu-v6e"], num_devices=8, step_s=1.0,
+                 compute_s=1.0, tokens_per_step=1e5)
+    assert e.power_w is None and e.joules_per_token is None and e.chips_within(1e6) is None
+    assert e.usd_per_million_tokens == pytest.approx(2.70 * 8 / 3600 / 1e5 * 1e6)
 
 
 def test_every_default_figure_has_a_source_and_date():
     for chip, price in PRICES.items():
         assert chip in CHIPS and price.usd_per_chip_hour > 0
         assert re.search(r"20\d\d-\d\d-\d\d", price.source), chip  # when it was read
+    read = re.compile(r"read 20\d\d-\d\d-\d\d")
     for family, rating in {**NODE_RATINGS, **POD_RATINGS}.items():
-        assert rating.rated_w > 0 and rating.source, family
+        assert rating.rated_w > 0 and read.search(rating.source), family
     for chip in CHIPS.values():
         if chip.tdp_w is not None:
-            assert chip.source, chip.name
+            assert read.search(TDP_SOURCES[chip.name]), chip.name
+            assert f"{chip.tdp_w:g} W" in TDP_SOURCES[chip.name], chip.name
 
 
 def test_power_budget_and_run_length(tmp_path, capsys, cpu_devices):
