@@ -1,6 +1,6 @@
-"""Runs past one compile: the wall time of `shardscope run` on 16,384 and 100,000 GPUs (goal:
-under 2 minutes each on 2 cores), each compiled with a few data-parallel replicas and read
-as the full run (sharding/extrapolate.py).
+"""Runs past one compile: the wall time of `shardscope run` on 16,384 and 100,000 GPUs and a
+9,216-chip TPU7x pod (goal: under 2 minutes each on 2 cores), each compiled with a few
+data-parallel replicas and read as the full run (sharding/extrapolate.py).
 
 Usage: python benchmarks/bench_scale.py
 """
@@ -15,7 +15,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = ("llama3-405b-h100-16384-tp8-pp16-dp128", "llama3-70b-gb200-100k-tp4-pp8")
+CONFIGS = ("llama3-405b-h100-16384-tp8-pp16-dp128", "llama3-70b-gb200-100k-tp4-pp8",
+           "llama3-405b-tpu7x-9216-tp8-pp8")
 
 
 def main() -> int:

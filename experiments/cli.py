@@ -336,6 +336,7 @@ def cmd_compare(args) -> int:
     if args.price_per_device_hour is not None and args.price_per_device_hour <= 0:
         raise ConfigError(f"--price-per-device-hour {args.price_per_device_hour}: give the "
                           f"price you pay per device and hour, above 0")
+    budget_w, tokens = _scale_out_args(args)
     search = None
     if args.search:
         axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())
@@ -345,6 +346,7 @@ def cmd_compare(args) -> int:
         entries = compare_mod.compare(raw, systems, calibration=_calibration(args),
                                       price_per_device_hour=args.price_per_device_hour,
                                       search=search)
+    entries = compare_mod.with_scale_out(entries, power_budget_w=budget_w, tokens=tokens)
     print(f"{raw['name']}: the same model and workload on {len(systems)} systems\n")
     print(compare_mod.format_compare(entries))
     if args.json:
@@ -439,6 +441,15 @@ def format_columns(header, rows) -> str:
     return "\n".join([line(cells[0]), *(line(r) for r in cells[1:])])
 
 
+def _add_scale_out_args(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--power-budget", metavar="POWER",
+                   help=f"a facility's power, e.g. 100MW: how many chips of {what} it feeds "
+                        f"running this step")
+    p.add_argument("--tokens", type=float, metavar="N",
+                   help=f"a run's tokens, e.g. 15e12: its time, energy and cost on {what} "
+                        f"(and within --power-budget)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardscope", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -457,12 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--calibration", metavar="CAL.toml",
                    help="fitted efficiencies from `shardscope calibrate` (default: the "
                         "catalog's, meshes/calibration.toml)")
-    r.add_argument("--power-budget", metavar="POWER",
-                   help="a facility's power, e.g. 100MW: how many chips of this system it "
-                        "feeds running this step")
-    r.add_argument("--tokens", type=float, metavar="N",
-                   help="a run's tokens, e.g. 15e12: its time, energy and cost on this "
-                        "system (and within --power-budget)")
+    _add_scale_out_args(r, "this system")
     r.add_argument("--quiet", action="store_true",
                    help="no progress lines on stderr (shown only when it is a terminal)")
     r.set_defaults(fn=cmd_run)
@@ -544,6 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--set", action="append", metavar="KEY=VALUE")
     cp.add_argument("--price-per-device-hour", type=float, default=None, metavar="USD",
                     help="what a device-hour costs you, for $ per million tokens")
+    _add_scale_out_args(cp, "each system")
     cp.add_argument("--search", action="store_true",
                     help="each system with the fastest sharding that fits from a search on it "
                          "(instead of the config's)")

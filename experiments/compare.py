@@ -28,7 +28,15 @@ from experiments import config as config_mod
 from experiments import runner
 from experiments.config import ConfigError
 from sharding.mesh import CPU_MAX_DEVICES
-from sharding.report import Report, column_table, fmt_bytes, fmt_s, fmt_watts
+from sharding.report import (
+    Report,
+    column_table,
+    fmt_bytes,
+    fmt_duration,
+    fmt_s,
+    fmt_watts,
+    fmt_wh,
+)
 from sharding.rules import MESH_AXES
 
 
@@ -43,6 +51,8 @@ class Entry:
     parallelism: dict = dataclasses.field(default_factory=dict)
     retimed_from: str = ""  # the system whose compile was re-timed ("" when compiled)
     note: str = ""  # how the config's sharding was fitted to the system, or found
+    # chips within a power budget and runs of N tokens (meshes.power.Energy.scale_out)
+    scale_out: dict | None = None
 
     @property
     def power_w(self) -> float | None:
@@ -93,6 +103,7 @@ class Entry:
             "usd_per_million_tokens": self.usd_per_million_tokens,
             "tokens_per_s_per_mw": self.tokens_per_s_per_mw,
             "power": r.energy.to_dict() if r and r.energy else None,
+            "scale_out": self.scale_out,
         }
 
 
@@ -218,6 +229,47 @@ def _searched(r: dict, name: str, n: int, opts: dict, calibration, on_result):
     return out, f"searched: {shape} fastest of {len(ranked)} that fit", ""
 
 
+def with_scale_out(entries: Sequence[Entry], *, power_budget_w: float | None = None,
+                   tokens: float | None = None) -> list[Entry]:
+    """Each system's chips within `power_budget_w` and its runs of `tokens`."""
+    if power_budget_w is None and tokens is None:
+        return list(entries)
+    return [dataclasses.replace(e, scale_out=e.report.energy.scale_out(
+        power_budget_w=power_budget_w, tokens=tokens)) if e.report and e.report.energy else e
+        for e in entries]
+
+
+def _scale_out_rows(entries: Sequence[Entry]) -> list:
+    """Rows for the budget's chips and the runs' wall time and energy, where asked."""
+    first = next((e.scale_out for e in entries if e.scale_out), None)
+    if first is None:
+        return []
+    budget, tokens = first["power_budget_w"], first["tokens"]
+
+    def get(e: Entry, *keys):
+        v = e.scale_out
+        for k in keys:
+            v = None if v is None else v.get(k)
+        return v
+
+    rows = []
+    if budget is not None:
+        rows.append((f"chips in {fmt_watts(budget)}", lambda e: None if get(
+            e, "chips_within_budget") is None else f"{get(e, 'chips_within_budget'):,}"))
+    if tokens is not None:
+        rows.append((f"{tokens:.3g} tokens, these chips", lambda e: None if get(
+            e, "run") is None else fmt_duration(get(e, "run", "time_s"))))
+        if budget is not None:
+            rows.append((f"{tokens:.3g} tokens in {fmt_watts(budget)}", lambda e: None if get(
+                e, "run_within_budget") is None else fmt_duration(
+                get(e, "run_within_budget", "time_s"))))
+        rows.append((f"{tokens:.3g} tokens: energy", lambda e: None if get(
+            e, "run", "energy_j") is None else fmt_wh(get(e, "run", "energy_j"))))
+        rows.append((f"{tokens:.3g} tokens: USD", lambda e: None if get(
+            e, "run", "usd") is None else f"${get(e, 'run', 'usd'):,.0f}"))
+    return rows
+
+
 def format_compare(entries: Sequence[Entry]) -> str:
     from meshes import get_system
 
@@ -255,6 +307,7 @@ def format_compare(entries: Sequence[Entry]) -> str:
          else f"{e.tokens_per_s_per_mw:,.0f}"),
         ("USD per M tokens", lambda e: None if e.usd_per_million_tokens is None
          else f"{e.usd_per_million_tokens:.4g}"),
+        *_scale_out_rows(entries),
         ("compiled", lambda e: f"re-timed from {e.retimed_from}" if e.retimed_from
          else "yes"),
     ]
@@ -291,7 +344,14 @@ def render_html(entries: Sequence[Entry], title: str = "compare") -> str:
 
     ran = [e for e in entries if e.report is not None]
     charts = []
-    for name, cls, value, fmt, higher in _BARS:
+    bars = list(_BARS)
+    first = next((e.scale_out for e in ran if e.scale_out), None)
+    if first and first.get("tokens") and first.get("power_budget_w"):
+        bars.append((f"{first['tokens']:.3g} tokens in a {fmt_watts(first['power_budget_w'])} "
+                     f"building", "run-in-budget",
+                     lambda e: ((e.scale_out or {}).get("run_within_budget") or {}).get(
+                         "time_s"), fmt_duration, False))
+    for name, cls, value, fmt, higher in bars:
         vals = [(e, value(e)) for e in ran]
         known = [(e, v) for e, v in vals if v is not None and v > 0]
         missing = [e.system for e, v in vals if v is None or v <= 0]

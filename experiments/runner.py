@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import time
 
 import sharding
@@ -41,7 +43,10 @@ def run(exp: Experiment, *, backend: str = "auto",
         resolved = compiler.resolve_backend(backend, exp.system)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if resolved == "cpu" and exp.system.num_devices > max_compile_devices:
+    big = exp.system.num_devices > max_compile_devices
+    if big and (resolved == "cpu" or (backend == "auto" and resolved == "tpu")):
+        # `auto` does not hand a TPU pod past it to libtpu (minutes to hours at that size):
+        # the CPU path reads it from fewer replicas; `--backend tpu` compiles it whole.
         return _extrapolated(exp, max_compile_devices, calibration=calibration,
                              compile_unfit=compile_unfit)
     try:
@@ -177,21 +182,20 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
     per_replica = n // data
     gb = exp.workload.global_batch
     fit = [d for d in range(min(2, data), data)
-           if data % d == 0 and per_replica * d <= limit and (gb * d) % data == 0]
-    if isinstance(system, TpuSystem) or not fit:
-        if isinstance(system, TpuSystem):
-            why = ("TPU pods past it compile with --backend tpu" if system.family.compiler
-                   else f"{system.family.name} systems are not extrapolated yet")
-        else:
-            why = (f"parallelism.data = {data} leaves {per_replica} devices per data-parallel "
-                   f"replica; put more of the devices on data (at most {limit} devices per "
-                   f"compiled slice, the batch divisible)")
+           if data % d == 0 and per_replica * d <= limit and (gb * d) % data == 0
+           and _reduced_system_name(system, per_replica * d) is not None]
+    if not fit:
+        why = (f"parallelism.data = {data} leaves {per_replica} devices per data-parallel "
+               f"replica; put more of the devices on data (at most {limit} devices per "
+               f"compiled slice, the batch divisible"
+               + (", whole chips of a slice shape the family has)" if isinstance(
+                   system, TpuSystem) else ")"))
         raise ConfigError(f"system.name={system.name!r}: {n} devices is past the {limit} "
                           f"XLA:CPU compiles in one process, and extrapolating from fewer "
                           f"replicas needs them: {why}")
     replicas = fit[0]
     raw = exp.to_dict()
-    raw["system"]["name"] = f"{system.family.name}:{per_replica * replicas}"
+    raw["system"]["name"] = _reduced_system_name(system, per_replica * replicas)
     raw["parallelism"]["data"] = replicas
     raw["workload"]["global_batch"] = gb * replicas // data
     small_exp = config_mod.from_dict(raw)
@@ -216,10 +220,42 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
     return dataclasses.replace(
         report, timings={**small.timings, **report.timings},
         compiler_note=small.compiler_note,
-        extrapolated_from=(f"compiled on {per_replica * replicas} devices ({replicas} of the "
+        extrapolated_from=(f"compiled on {_on(small_exp.system, system)}"
+                           f"{per_replica * replicas} devices ({replicas} of the "
                            f"{data} data-parallel replicas; each device's program is the "
                            f"same), the replica groups rebuilt for {n} and timed on "
                            f"{system.label}"))
+
+
+def _on(small, full) -> str:
+    """The reduced system's name where it is not simply fewer GPUs of the family."""
+    return f"{small.name}, " if isinstance(full, TpuSystem) else ""
+
+
+def _reduced_system_name(system, devices: int) -> str | None:
+    """A system of the same family with `devices` devices, to compile the reduced run on
+    (only its device count and chip matter there: the full system times it). GPUs: any
+    count. TPU-like tori: fewer slices of the same shape, or one slice with its slowest
+    dimension shortened (the device ids' outermost), or any shape the family allows; None
+    when none has that many devices."""
+    family = system.family.name
+    if not isinstance(system, TpuSystem):
+        return f"{family}:{devices}"
+    chips, rest = divmod(devices, system.chip.devices_per_chip)
+    if rest:
+        return None
+    shape, per_slice = system.shape, math.prod(system.shape)
+    def name(dims, slices=1):
+        return f"{family}:{'x'.join(map(str, dims))}" + (f"*{slices}" if slices > 1 else "")
+    if chips % per_slice == 0:
+        return name(shape, chips // per_slice)
+    inner = math.prod(shape[:-1])
+    if chips % inner == 0 and chips // inner <= shape[-1]:
+        return name((*shape[:-1], chips // inner))
+    for dims in itertools.product(*(range(1, m + 1) for m in system.family.max_shape)):
+        if math.prod(dims) == chips:
+            return name(dims)
+    return None
 
 
 def _scaled(x: float | None, k: int) -> float | None:

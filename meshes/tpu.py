@@ -33,6 +33,12 @@ class TpuFamily:
     link_names: tuple[str, str] = ("ici", "dcn")
     # The deviceless compiler that builds for it ("tpu": libtpu), "" when none is here.
     compiler: str = "tpu"
+    # Each torus axis's link bandwidth relative to `ici_bytes_per_s` (empty: all equal);
+    # the Trn2 UltraServer's ring across instances runs at half the bandwidth.
+    axis_scale: tuple[float, ...] = ()
+
+    def axis_bytes_per_s(self, axis: int) -> float:
+        return self.ici_bytes_per_s * (self.axis_scale[axis] if self.axis_scale else 1.0)
 
 
 TPU_FAMILIES: dict[str, TpuFamily] = {
@@ -59,8 +65,7 @@ TPU_FAMILIES: dict[str, TpuFamily] = {
     # AWS Trainium2: a trn2.48xlarge is 16 chips on a 4x4 2D torus of NeuronLink-v3, 1,024
     # GB/s per chip over its 4 links (taken as both directions: 128 GB/s per link and
     # direction); instances joined by EFA, 3.2 Tb/s per 16 chips = 25 GB/s per chip. Slices
-    # are instances: `trn2:4x4*16` is 16 instances, 256 chips. (The Trn2 UltraServer's
-    # NeuronLink ring across 4 instances is not modelled: take its instances as over EFA.)
+    # are instances: `trn2:4x4*16` is 16 instances, 256 chips.
     "trn2": TpuFamily(name="trn2", chip="trainium2", ndim=2, max_shape=(4, 4),
                       wrap_rule="always", ici_bytes_per_s=1024e9 / 4 / 2,
                       dcn_bytes_per_s_per_chip=3.2e12 / 8 / 16,
@@ -69,6 +74,20 @@ TPU_FAMILIES: dict[str, TpuFamily] = {
                              "per instance) and Trainium2 architecture (4 NeuronLink-v3 per "
                              "device)",
                       example_shape=(4, 4), link_names=("neuronlink", "efa"), compiler=""),
+    # A Trn2 UltraServer: 4 trn2u.48xlarge instances whose chips at the same 4x4 position
+    # form a ring over NeuronLink-v3 at 256 GB/s per device (2 ring links: 64 GB/s per link
+    # and direction, half the in-instance links' 128): a 4x4x4 torus whose
+    # third axis is the instances. UltraServers are joined by EFA: `trn2u:4x4x4*4` is 4 of
+    # them, 256 chips.
+    "trn2u": TpuFamily(name="trn2u", chip="trainium2", ndim=3, max_shape=(4, 4, 4),
+                       wrap_rule="always", ici_bytes_per_s=1024e9 / 4 / 2,
+                       dcn_bytes_per_s_per_chip=3.2e12 / 8 / 16, axis_scale=(1.0, 1.0, 0.5),
+                       source="AWS Neuron docs, Amazon EC2 Trn2 architecture (trn2-arch: "
+                              "u-trn2x64 UltraServer, chips at the same coordinates of its 4 "
+                              "instances in a ring; NeuronLink-v3 1,024 GB/s per device in an "
+                              "instance, 256 GB/s per device between instances; EFA 3,200 "
+                              "Gb/s per instance)",
+                       example_shape=(4, 4, 4), link_names=("neuronlink", "efa"), compiler=""),
 }
 
 
@@ -182,7 +201,8 @@ class TpuSystem(System):
             full_ring = self.wraps[a] and extent * stride == self.shape[a]
             # Both directions of a wrapped ring carry data; an open line gets one way's worth.
             directions = 2 if full_ring else 1
-            bw_total += directions * link.bytes_per_s * link.efficiency / stride
+            bw_total += (directions * self.family.axis_bytes_per_s(a) * link.efficiency
+                         / stride)
             latency_steps = max(latency_steps, (extent / 2 if full_ring else extent - 1) * stride)
             axes_used.append(("xyz"[a], full_ring, stride))
         if bw_total == 0.0:
@@ -240,7 +260,8 @@ class TpuSystem(System):
                         pos[a] = (pos[a] + step) % self.shape[a]
         t = 0.0
         if load:
-            t = max(load.values()) / (link.bytes_per_s * link.efficiency)
+            t = max(v / (self.family.axis_bytes_per_s(key[1]) * link.efficiency)
+                    for key, v in load.items())
             t += max_hops * link.latency_s
         if cross_slice:
             t = max(t, nbytes / self.links[self.slow].bytes_per_s)

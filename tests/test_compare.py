@@ -19,7 +19,8 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
                         lambda *a, **k: compiles.append(1) or real(*a, **k))
     out = tmp_path / "c.json"
     code = cli.main(["compare", TINY, "--systems", "h100:8,b200:8,a100:12", "--quiet",
-                     "--price-per-device-hour", "2.0", "--json", str(out)])
+                     "--price-per-device-hour", "2.0", "--power-budget", "1MW", "--tokens",
+                     "1e9", "--json", str(out)])
     assert code == 0
     assert compiles == [1]  # b200:8 re-timed from the h100:8 compile; a100:12 refused
     systems = {s["system"]: s for s in json.loads(out.read_text())["systems"]}
@@ -43,6 +44,12 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
     assert b200["joules_per_token"] == pytest.approx(b200["power_w"] / b200["tokens_per_s"])
     assert b200["usd_per_million_tokens"] == pytest.approx(
         2.0 * 8 / 3600 / b200["tokens_per_s"] * 1e6)
+    # What a 1 MW building feeds, and a run of 1e9 tokens on the 8 B200s and in it.
+    plan = b200["scale_out"]
+    assert plan["chips_within_budget"] == int(1e6 // (b200["power_w"] / 8))
+    assert plan["run"]["time_s"] == pytest.approx(1e9 / b200["tokens_per_s"])
+    assert plan["run_within_budget"]["time_s"] == pytest.approx(
+        1e9 / (b200["tokens_per_s"] / 8 * plan["chips_within_budget"]))
     # The re-timed column equals compiling for the B200 node.
     fresh = tmp_path / "fresh.json"
     assert cli.main(["run", TINY, "--set", "system.name=b200:8", "--quiet", "--json",
@@ -51,6 +58,7 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
                                                 rel=1e-9)
     text = capsys.readouterr().out
     assert "re-timed from h100:8" in text and "power (facility)" in text
+    assert "chips in 1 MW" in text and "1e+09 tokens in 1 MW" in text
 
 
 def test_compare_needs_systems(capsys):

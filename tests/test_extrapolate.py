@@ -68,19 +68,29 @@ def key(r):
     return sorted((c.kind, c.mesh_axes, c.bytes, c.count, c.group_size,
                    sorted(map(sorted, c.groups))) for c in r.collectives)
 
+def pair(exp, **kw):
+    small = runner.run(exp, max_compile_devices=16, **kw)
+    direct = runner.run(exp, **kw)
+    return {"same": key(small) == key(direct), "from": small.extrapolated_from,
+            "direct_from": direct.extrapolated_from,
+            "step": [small.step_time_s, direct.step_time_s],
+            "mfu": [small.mfu, direct.mfu],
+            "memory": [small.memory_per_device_bytes, direct.memory_per_device_bytes],
+            "tokens": [small.tokens_per_s, direct.tokens_per_s]}
+
 out = {}
 for n in (256, 512, 1024, 2048):
     exp = config.load("tiny-h100-dp-tp", [f"system.name=h100:{n}",
         f"parallelism.data={n // 8}", "parallelism.tensor=4", "parallelism.pipeline=2",
         f"workload.global_batch={2 * n // 8}", "workload.microbatches=2"])
-    small = runner.run(exp, max_compile_devices=16)
-    direct = runner.run(exp)
-    out[n] = {"same": key(small) == key(direct), "from": small.extrapolated_from,
-              "direct_from": direct.extrapolated_from,
-              "step": [small.step_time_s, direct.step_time_s],
-              "mfu": [small.mfu, direct.mfu],
-              "memory": [small.memory_per_device_bytes, direct.memory_per_device_bytes],
-              "tokens": [small.tokens_per_s, direct.tokens_per_s]}
+    out[n] = pair(exp)
+# TPU pods, TPU7x (two devices a chip) and Trainium2 on the CPU path: the reduced run is
+# a smaller slice of the family; the full one is timed on the full torus and DCN.
+for system, data in (("tpu-v5e:16x16", 64), ("tpu-v5e:16x16*2", 128), ("tpu7x:4x4x8", 64),
+                     ("trn2:4x4*16", 64)):
+    exp = config.load("tiny-h100-dp-tp", [f"system.name={system}", f"parallelism.data={data}",
+        "parallelism.tensor=4", f"workload.global_batch={2 * data}"])
+    out[system] = pair(exp, backend="cpu")
 # FSDP with data: the embedding lookup's resharding depends on the replica count.
 exp = config.load("tiny-h100-dp-tp", ["system.name=h100:64", "parallelism.data=4",
     "parallelism.fsdp=4", "parallelism.tensor=4", "workload.global_batch=16"])
@@ -109,6 +119,14 @@ def test_extrapolated_runs_equal_direct_compiles_up_to_2048_devices():
         assert r["direct_from"] == ""
         for k in ("step", "mfu", "memory", "tokens"):
             assert r[k][0] == pytest.approx(r[k][1], rel=0.01), (n, k)
+    for system, reduced in (("tpu-v5e:16x16", "tpu-v5e:1x8"),
+                            ("tpu-v5e:16x16*2", "tpu-v5e:1x8"),
+                            ("tpu7x:4x4x8", "tpu7x:1x1x4"), ("trn2:4x4*16", "trn2:4x2")):
+        r = out[system]
+        assert r["same"], system
+        assert r["from"].startswith(f"compiled on {reduced}, 8 devices (2 of the "), system
+        for k in ("step", "mfu", "memory", "tokens"):
+            assert r[k][0] == pytest.approx(r[k][1], rel=0.01), (system, k)
     assert "cannot be read as it exactly" in out["fsdp"] and "\n" not in out["fsdp"]
 
 

@@ -516,3 +516,23 @@ def test_trainium2_instances_are_4x4_neuronlink_tori_joined_by_efa():
         compiler.resolve_backend("tpu", s)
     assert "no deviceless compiler" in compiler.target_compiler_note("cpu", s)
     assert s.chip.tdp_w is None  # not public
+
+
+def test_a_trn2_ultraserver_rings_its_four_instances_at_half_the_link_rate():
+    from meshes.links import TPU_ICI_EFFICIENCY, TPU_ICI_HOP_LATENCY_S
+
+    # 4 instances: the chips at one 4x4 position form a ring at 256 GB/s per device, i.e.
+    # 64 GB/s per link and direction against 128 inside an instance (AWS Neuron docs).
+    s = get_system("trn2u:4x4x4*4")
+    assert s.num_devices == 256 and s.wraps == (True, True, True)
+    S = 1e9
+    x_ring = s.collective_timing("all-gather", S, [[0, 1, 2, 3]])  # along x in an instance
+    across = s.collective_timing("all-gather", S, [[0, 16, 32, 48]])  # the same chip, 4 instances
+    per_chip = S * 3 / 4
+    assert x_ring.time_s == pytest.approx(
+        per_chip / (2 * 128e9 * TPU_ICI_EFFICIENCY) + 2 * TPU_ICI_HOP_LATENCY_S)
+    assert across.time_s == pytest.approx(
+        per_chip / (2 * 64e9 * TPU_ICI_EFFICIENCY) + 2 * TPU_ICI_HOP_LATENCY_S)
+    assert across.link == "neuronlink"
+    # UltraServers are joined by EFA: the same chip in two of them goes over it.
+    assert s.collective_timing("all-gather", S, [[0, 64]]).link == "efa"
