@@ -360,11 +360,12 @@ def cmd_compare(args) -> int:
 
 def cmd_systems(args) -> int:
     from meshes import get_system, system_names
+    from meshes.power import describe as power_of
 
     for name in system_names():
         s = get_system(name)
         print(name)
-        for field, value in s.describe():
+        for field, value in [*s.describe(), *power_of(s.family.name, s.chip)]:
             print(f"  {field:<11}{value}")
     print("\nSizes: GPUs by count (NVL72: up to 72, or whole racks); TPUs by torus shape, "
           "'*N' for N slices over DCN.\nA TPU7x chip shows as two JAX devices; "

@@ -265,6 +265,25 @@ class Energy:
         }
 
 
+def describe(family: str, chip) -> list[tuple[str, str]]:
+    """The catalog's power and price figures for a system family, for `shardscope systems`:
+    [("power", ...), ("price", ...)], each with its source."""
+    node, pod = NODE_RATINGS.get(family), POD_RATINGS.get(family)
+    if chip.tdp_w is not None:
+        tdp = chip.tdp_w * chip.devices_per_chip
+        power = f"{tdp:g} W TDP per chip [{TDP_SOURCES.get(chip.name, chip.source)}]"
+        if node is not None:
+            power += f"; {node.rated_w / 1e3:g} kW per {node.chips} chips [{node.source}]"
+    elif pod is not None:
+        power = f"{pod.rated_w / pod.chips:,.0f} W per chip, whole pod [{pod.source}]"
+    else:
+        power = "no public figure"
+    price = PRICES.get(chip.name)
+    return [("power", power),
+            ("price", f"${price.usd_per_chip_hour:g} per chip-hour [{price.source}]" if price
+             else "no public list price: set [cost] usd_per_chip_hour")]
+
+
 _UNITS = {"w": 1.0, "kw": 1e3, "mw": 1e6, "gw": 1e9}
 
 

@@ -183,6 +183,10 @@ def test_inspect_truncated_dump_is_one_line(tmp_path, capsys):
 def test_systems_and_models_list_the_catalog(capsys):
     code, out, _ = run_cli(["systems"], capsys)
     assert code == 0 and "gb200-nvl72:72" in out and "tpu7x" in out and "nvlink" in out
+    # each system's power and price figures with their sources, or that none is public
+    assert "700 W TDP per chip [NVIDIA H100 SXM datasheet" in out
+    assert "$4.916 per chip-hour [p5.48xlarge" in out
+    assert out.count("power      no public figure") == 5  # v5e, v5p, v6e, trn2, trn2u
     code, out, _ = run_cli(["models"], capsys)
     assert code == 0 and "llama3-405b" in out
     lines = out.splitlines()
