@@ -192,7 +192,7 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
         if key in compiled:
             first, rep = compiled[key]
             again = sharding.reanalyze(rep.inputs, system=exp.system, calibration=calibration,
-                                       device_ids=range(n), cost=exp.cost)
+                                       cost=exp.cost)
             report = dataclasses.replace(again, name=exp.name, fit_advice=())
             out.append(Entry(name, "ok", report=report, parallelism=sizes, retimed_from=first,
                              note=note))

@@ -46,7 +46,8 @@ Parallelism = dataclasses.make_dataclass(
        ("virtual_stages", "int", dataclasses.field(default=1)),
        ("pipeline_schedule", "str", dataclasses.field(default="1f1b")),
        ("context_mode", "str", dataclasses.field(default="ring")),
-       ("sequence_parallel", "bool", dataclasses.field(default=False))],
+       ("sequence_parallel", "bool", dataclasses.field(default=False)),
+       ("outer", "str", dataclasses.field(default=""))],
     namespace={
         "sizes": _sizes,
         "num_devices": property(lambda self: math.prod(_sizes(self).values())),
@@ -56,7 +57,9 @@ Parallelism = dataclasses.make_dataclass(
                    "preset (sharding.rules.RULE_PRESETS), and the pipeline's virtual stages "
                    "per device and schedule (models.pipeline.SCHEDULES), and how attention "
                    "reaches the other context-parallel ranks (models.context.MODES); "
-                   "sequence_parallel: Megatron's split of the residual stream over tensor.",
+                   "sequence_parallel: Megatron's split of the residual stream over tensor; "
+                   "outer: the mesh axis placed outermost on the machine (its members "
+                   "farthest apart: across pods, slices, racks); '' keeps MESH_AXES order.",
     },
     frozen=True, kw_only=True,
 )
@@ -393,6 +396,9 @@ def _check_strategies(exp: Experiment) -> None:
                           f"(model.n_experts={m.n_experts}) is not supported: routing groups are "
                           f"cut from each device's tokens; use sequence = 1 and shard the batch "
                           f"with data, fsdp or expert")
+    if par.outer and par.outer not in MESH_AXES:
+        raise ConfigError(f"parallelism.outer={par.outer!r} is not a mesh axis; valid: "
+                          f"{', '.join(MESH_AXES)} (or leave it out: {MESH_AXES[0]} outermost)")
     if par.context_mode not in CONTEXT_MODES:
         raise ConfigError(f"parallelism.context_mode={par.context_mode!r} is not one of "
                           f"{', '.join(CONTEXT_MODES)}")

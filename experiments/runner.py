@@ -15,7 +15,7 @@ from models.inference import build_serve_program
 from models.memory import offload_bytes_per_step, serving_memory, training_memory
 from models.train import build_train_program
 from sharding import compiler
-from sharding.mesh import CPU_MAX_DEVICES
+from sharding.mesh import CPU_MAX_DEVICES, placement
 from sharding.progress import stage
 from sharding.report import Report, fmt_bytes
 from sharding.rules import mesh_shape_of
@@ -76,7 +76,8 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
         if backend == "cpu":
             raise ConfigError(f"system.name={system.name!r}: {e}") from None
     devices, compiler_name = _devices(system, backend)
-    mesh = sharding.make_mesh(system, exp.parallelism.sizes(), devices=devices)
+    mesh = sharding.make_mesh(system, exp.parallelism.sizes(), devices=devices,
+                              outer=exp.parallelism.outer)
     rules = exp.parallelism.axis_rules()
     mesh_shape = mesh_shape_of(mesh)
     serving = exp.workload.kind != "train"
@@ -211,8 +212,9 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
                           f"XLA:CPU compiles, and the run compiled on {small_exp.system.name} "
                           f"cannot be read as it exactly: {e}") from None
     scale = data // replicas
+    ids = placement(full_shape, inputs.axis_names, par.outer)
     full = dataclasses.replace(
-        inputs, plan=plan, mesh_shape=full_shape, device_ids=tuple(range(n)), name=exp.name,
+        inputs, plan=plan, mesh_shape=full_shape, device_ids=tuple(ids.flat), name=exp.name,
         model_flops_per_step=_scaled(inputs.model_flops_per_step, scale),
         tokens_per_step=_scaled(inputs.tokens_per_step, scale),
         sequences_per_step=_scaled(inputs.sequences_per_step, scale))

@@ -486,10 +486,8 @@ def reestimate(store: Store, *, system: str | None = None, calibration=None,
         key = (target, json.dumps({} if system else overrides, sort_keys=True))
         if key not in systems:
             systems[key] = get_system(target, **({} if system else overrides))
-        ids = None if system else inputs.device_ids
-        rep = sharding.reanalyze(inputs, system=systems[key], calibration=calibration,
-                                 device_ids=ids if ids is not None else range(
-                                     math.prod(inputs.mesh_shape)))
+        # the same placement on any system of that size: mesh position -> system device id
+        rep = sharding.reanalyze(inputs, system=systems[key], calibration=calibration)
         d = rep.to_dict(groups=False)
         new = dataclasses.replace(
             r, step_time_s=d["step_time_s"], tokens_per_s_per_device=d[

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -52,18 +52,34 @@ def _already_requested() -> int:
     return 0
 
 
+def placement(shape: Sequence[int], names: Sequence[str], outer: str = "") -> np.ndarray:
+    """The system device id at each mesh position (an array of `shape`): row-major over the
+    axes in mesh order (`tensor` fastest: consecutive ids), or with `outer` moved to the
+    front, so that its members are the farthest apart (across pods, slices, racks), the
+    other axes keeping their order."""
+    shape, names = tuple(shape), tuple(names)
+    n = math.prod(shape)
+    if not outer or outer not in names or names.index(outer) == 0:
+        return np.arange(n).reshape(shape)
+    order = [names.index(outer)] + [i for i in range(len(names)) if names[i] != outer]
+    ids = np.arange(n).reshape([shape[i] for i in order])
+    return ids.transpose(np.argsort(order))
+
+
 def make_mesh(
-    system: System, axis_sizes: Mapping[str, int], *, devices=None
+    system: System, axis_sizes: Mapping[str, int], *, devices=None, outer: str = ""
 ) -> Mesh:
     """A mesh with axes in MESH_AXES order (`tensor` fastest) over the first devices.
 
     Device i of the mesh's row-major order is system device id i: `tensor` groups are
-    consecutive ids (one tray, one HGX node, one torus row).
+    consecutive ids (one tray, one HGX node, one torus row); with `outer`, that axis is
+    placed outermost instead (`placement`).
 
     Args:
         system: the target machine.
         axis_sizes: mesh axis -> size; their product must be the system's device count.
-        devices: the JAX devices to use; the CPU backend's by default.
+        devices: the JAX devices to use, by system device id; the CPU backend's by default.
+        outer: the mesh axis whose members sit farthest apart ("" keeps MESH_AXES order).
     """
     unknown = [a for a in axis_sizes if a not in MESH_AXES]
     if unknown:
@@ -82,5 +98,5 @@ def make_mesh(
         devices = sorted(jax.devices("cpu"), key=lambda d: d.id)[:n]
     if len(devices) < n:
         raise ValueError(f"mesh needs {n} devices, {len(devices)} given")
-    arr = np.array(devices[:n], dtype=object).reshape(shape)
+    arr = np.array(devices[:n], dtype=object)[placement(shape, names, outer)]
     return Mesh(arr, names, axis_types=(AxisType.Auto,) * len(names))

@@ -91,6 +91,19 @@ for system, data in (("tpu-v5e:16x16", 64), ("tpu-v5e:16x16*2", 128), ("tpu7x:4x
     exp = config.load("tiny-h100-dp-tp", [f"system.name={system}", f"parallelism.data={data}",
         "parallelism.tensor=4", f"workload.global_batch={2 * data}"])
     out[system] = pair(exp, backend="cpu")
+# Data parallelism placed outermost (across slices), as Llama 3 and MaxText place it:
+# which collectives cross DCN, and the extrapolation keeps the placement.
+for outer in ([], ["parallelism.outer=data"]):
+    exp = config.load("tiny-h100-dp-tp", ["system.name=tpu-v5e:4x4*2", "parallelism.data=4",
+        "parallelism.pipeline=2", "parallelism.tensor=4", "workload.global_batch=16",
+        "workload.microbatches=2", *outer])
+    r = runner.run(exp, backend="cpu")
+    out["outer=" + "".join(outer)] = sorted({(c.kind, ",".join(c.mesh_axes), c.link)
+                                             for c in r.collectives})
+exp = config.load("tiny-h100-dp-tp", ["system.name=h100:256", "parallelism.data=32",
+    "parallelism.pipeline=2", "parallelism.tensor=4", "workload.global_batch=64",
+    "workload.microbatches=2", "parallelism.outer=data"])
+out["h100 outer=data"] = pair(exp)
 # FSDP with data: the embedding lookup's resharding depends on the replica count.
 exp = config.load("tiny-h100-dp-tp", ["system.name=h100:64", "parallelism.data=4",
     "parallelism.fsdp=4", "parallelism.tensor=4", "workload.global_batch=16"])
@@ -128,6 +141,16 @@ def test_extrapolated_runs_equal_direct_compiles_up_to_2048_devices():
         for k in ("step", "mfu", "memory", "tokens"):
             assert r[k][0] == pytest.approx(r[k][1], rel=0.01), (system, k)
     assert "cannot be read as it exactly" in out["fsdp"] and "\n" not in out["fsdp"]
+    # By default pipeline is outermost: its transfers cross the two slices over DCN and the
+    # gradient all-reduce stays on ICI; with data outermost it is the other way round.
+    default, data_out = out["outer="], out["outer=parallelism.outer=data"]
+    assert ["all-reduce", "data", "ici"] in default
+    assert any(k == "collective-permute" and "pipeline" in a and link == "dcn"
+               for k, a, link in default)
+    assert ["all-reduce", "data", "dcn"] in data_out
+    assert not any(k == "collective-permute" and link == "dcn" for k, _, link in data_out)
+    r = out["h100 outer=data"]
+    assert r["same"] and r["step"][0] == pytest.approx(r["step"][1], rel=0.01)
 
 
 @pytest.mark.slow

@@ -48,9 +48,9 @@ def test_validate_runs_each_case_in_its_own_process(tmp_path, capsys, cpu_device
     cases = tmp_path / "cases"
     cases.mkdir()
     write(cases, TINY + MEASURED, "tiny.toml")
-    # A case the runner refuses (more fake CPU devices than XLA:CPU takes, on a TPU pod,
-    # which is not extrapolated from fewer replicas) is a row; the run goes on.
-    refused = TINY.replace("data = 2\nfsdp = 4", "data = 4096").replace(
+    # A case the runner refuses (more fake CPU devices than XLA:CPU takes, and FSDP with
+    # data parallelism, which is not read from fewer replicas) is a row; the run goes on.
+    refused = TINY.replace("data = 2\nfsdp = 4", "data = 64\nfsdp = 64").replace(
         "h100:8", "tpu-v5e:16x16*16").replace("global_batch = 16", "global_batch = 4096")
     write(cases, refused + MEASURED, "refused.toml")
     out_json = tmp_path / "v.json"
