@@ -212,9 +212,9 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
                           f"XLA:CPU compiles, and the run compiled on {small_exp.system.name} "
                           f"cannot be read as it exactly: {e}") from None
     scale = data // replicas
-    ids = placement(full_shape, inputs.axis_names, par.outer)
+    ids = tuple(map(int, placement(full_shape, inputs.axis_names, par.outer).flat))
     full = dataclasses.replace(
-        inputs, plan=plan, mesh_shape=full_shape, device_ids=tuple(ids.flat), name=exp.name,
+        inputs, plan=plan, mesh_shape=full_shape, device_ids=ids, name=exp.name,
         model_flops_per_step=_scaled(inputs.model_flops_per_step, scale),
         tokens_per_step=_scaled(inputs.tokens_per_step, scale),
         sequences_per_step=_scaled(inputs.sequences_per_step, scale))

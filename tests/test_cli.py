@@ -74,7 +74,8 @@ def test_run_prints_report_and_writes_json(tmp_path, capsys, cpu_devices):
     assert d["config"]["parallelism"] == {"pipeline": 1, "data": 2, "fsdp": 4, "expert": 1,
                                           "sequence": 1, "tensor": 1, "rules": "default",
                                           "virtual_stages": 1, "pipeline_schedule": "1f1b",
-                                          "context_mode": "ring", "sequence_parallel": False}
+                                          "context_mode": "ring", "sequence_parallel": False,
+                                          "outer": ""}
     assert d["config"]["model"]["n_layers"] == 2 and d["config"]["train"]["remat"] == "full"
     assert d["compiler"].startswith("XLA:CPU")
     assert d["config"]["backend"] == "auto" and d["config"]["tool_version"] == "0.1.0"
