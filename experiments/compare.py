@@ -54,22 +54,24 @@ class Entry:
     # chips within a power budget and runs of N tokens (meshes.power.Energy.scale_out)
     scale_out: dict | None = None
 
+    def _energy(self, figure: str) -> float | None:
+        """A figure of the step's energy and cost (meshes/power.py), None where the system
+        did not run or no public figure exists."""
+        e = self.report.energy if self.report else None
+        return None if e is None else getattr(e, figure)
+
     @property
     def power_w(self) -> float | None:
-        """The facility's draw running the step (meshes/power.py), None where no power
-        figure is public for the chip."""
-        e = self.report.energy if self.report else None
-        return None if e is None else e.power_w
+        """The facility's draw running the step."""
+        return self._energy("power_w")
 
     @property
     def joules_per_token(self) -> float | None:
-        e = self.report.energy if self.report else None
-        return None if e is None else e.joules_per_token
+        return self._energy("joules_per_token")
 
     @property
     def usd_per_million_tokens(self) -> float | None:
-        e = self.report.energy if self.report else None
-        return None if e is None else e.usd_per_million_tokens
+        return self._energy("usd_per_million_tokens")
 
     @property
     def tokens_per_s_per_chip(self) -> float | None:
@@ -83,8 +85,7 @@ class Entry:
 
     @property
     def tokens_per_s_per_mw(self) -> float | None:
-        e = self.report.energy if self.report else None
-        return None if e is None else e.tokens_per_s_per_mw
+        return self._energy("tokens_per_s_per_mw")
 
     def to_dict(self) -> dict:
         r = self.report
@@ -153,24 +154,24 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
                           "h100:64,b200:64,gb200-nvl72:64")
     compiled: dict[tuple, tuple[str, Report]] = {}
     out = []
-    sizes_known = []
+    devices: dict[str, int | str] = {}  # devices, or why the name is not a system
     for name in systems:
         try:
-            sizes_known.append(get_system(name).num_devices)
-        except ValueError:
-            pass
-    if sizes_known:  # JAX's CPU backend fakes one device count per process: the largest
+            devices[name] = get_system(name).num_devices
+        except ValueError as e:
+            devices[name] = f"system.name: {e}"
+    known = [n for n in devices.values() if isinstance(n, int)]
+    if known:  # JAX's CPU backend fakes one device count per process: the largest
         try:
-            sharding.ensure_cpu_devices(min(max(sizes_known), CPU_MAX_DEVICES))
+            sharding.ensure_cpu_devices(min(max(known), CPU_MAX_DEVICES))
         except ValueError:
             pass  # already started smaller (tests, notebooks): a system past it says so
     for name in systems:
         r = copy.deepcopy(raw)
         r["system"] = {"name": name}
-        try:
-            n = get_system(name).num_devices
-        except ValueError as e:
-            out.append(Entry(name, "refused", f"system.name: {e}"))
+        n = devices[name]
+        if isinstance(n, str):
+            out.append(Entry(name, "refused", n))
             continue
         note = fit_to_devices(r, n)
         if search is not None:
