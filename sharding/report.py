@@ -504,35 +504,33 @@ def _collective_lines(r: Report) -> list[str]:
     return lines
 
 
+def _in_units(v: float, units, smaller) -> str:
+    """`v` in the largest of `units` ((scale, name), largest first) it reaches, 3 digits;
+    `smaller(v)` below them all."""
+    for scale, unit in units:
+        if v >= scale:
+            return f"{v / scale:,.3g} {unit}"
+    return smaller(v)
+
+
 def fmt_watts(w: float) -> str:
-    for scale, unit in ((1e9, "GW"), (1e6, "MW"), (1e3, "kW")):
-        if w >= scale:
-            return f"{w / scale:,.3g} {unit}"
-    return f"{w:,.0f} W"
+    return _in_units(w, ((1e9, "GW"), (1e6, "MW"), (1e3, "kW")), lambda v: f"{v:,.0f} W")
 
 
 def fmt_joules(j: float) -> str:
-    for scale, unit in ((1e12, "TJ"), (1e9, "GJ"), (1e6, "MJ"), (1e3, "kJ")):
-        if j >= scale:
-            return f"{j / scale:,.3g} {unit}"
-    return f"{j:,.3g} J"
+    return _in_units(j, ((1e12, "TJ"), (1e9, "GJ"), (1e6, "MJ"), (1e3, "kJ")),
+                     lambda v: f"{v:,.3g} J")
 
 
 def fmt_wh(j: float) -> str:
     """Joules as kWh / MWh / GWh, the units a facility is billed in."""
-    wh = j / 3600
-    for scale, unit in ((1e9, "GWh"), (1e6, "MWh"), (1e3, "kWh")):
-        if wh >= scale:
-            return f"{wh / scale:,.3g} {unit}"
-    return f"{wh:,.3g} Wh"
+    return _in_units(j / 3600, ((1e9, "GWh"), (1e6, "MWh"), (1e3, "kWh")),
+                     lambda v: f"{v:,.3g} Wh")
 
 
 def fmt_duration(s: float) -> str:
-    for scale, unit in ((365.25 * 86400, "years"), (86400, "days"), (3600, "hours"),
-                        (60, "min")):
-        if s >= scale:
-            return f"{s / scale:,.3g} {unit}"
-    return fmt_s(s)
+    return _in_units(s, ((365.25 * 86400, "years"), (86400, "days"), (3600, "hours"),
+                         (60, "min")), fmt_s)
 
 
 def _energy_lines(r: Report) -> list[str]:
