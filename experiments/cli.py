@@ -62,7 +62,7 @@ def cmd_run(args) -> int:
     print(report.format_table())
     scale_out = None
     if budget_w is not None or tokens is not None:
-        from sharding.report import format_scale_out
+        from sharding.text import format_scale_out
 
         scale_out = report.energy.scale_out(power_budget_w=budget_w, tokens=tokens)
         print("\n".join(format_scale_out(report, scale_out)))
@@ -99,7 +99,7 @@ def _run_all_backends(args, exp, config) -> int:
     """The step on every compiler that can compile for the system here, side by side."""
     from experiments import runner
     from sharding.compiler import GPU_EXTRA, TPU_EXTRA, available_backends
-    from sharding.report import format_side_by_side
+    from sharding.text import format_side_by_side
 
     if args.html:
         raise ConfigError("--html takes one backend; run --backend all without --html, or "

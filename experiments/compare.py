@@ -28,16 +28,10 @@ from experiments import config as config_mod
 from experiments import runner
 from experiments.config import ConfigError
 from sharding.mesh import CPU_MAX_DEVICES
-from sharding.report import (
-    Report,
-    column_table,
-    fmt_bytes,
-    fmt_duration,
-    fmt_s,
-    fmt_watts,
-    fmt_wh,
-)
+from sharding.report import Report
 from sharding.rules import MESH_AXES
+from sharding.text import column_table
+from sharding.units import fmt_bytes, fmt_duration, fmt_s, fmt_watts, fmt_wh
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,8 +17,9 @@ from models.train import build_train_program
 from sharding import compiler
 from sharding.mesh import CPU_MAX_DEVICES, placement
 from sharding.progress import stage
-from sharding.report import Report, fmt_bytes
+from sharding.report import Report
 from sharding.rules import mesh_shape_of
+from sharding.units import fmt_bytes
 
 
 class Unfit(ConfigError):

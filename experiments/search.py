@@ -34,8 +34,8 @@ from experiments import config as config_mod
 from experiments.config import ConfigError, Experiment, apply_override
 from experiments.store import Result, Store, config_hash, tool_version
 from sharding.mesh import CPU_MAX_DEVICES
-from sharding.report import fmt_bytes, fmt_s
 from sharding.rules import MESH_AXES
+from sharding.units import fmt_bytes, fmt_s
 
 DEFAULT_AXES = ("data", "fsdp", "tensor")
 

@@ -26,8 +26,9 @@ from sharding.compute import compute_cost, time_work
 from sharding.hlo import HloModule, parse_hlo
 from sharding.plan import Plan, build_plan
 from sharding.progress import stage
-from sharding.report import Memory, Report, fmt_bytes, fmt_s
+from sharding.report import Memory, Report
 from sharding.schedule import Scheduler
+from sharding.units import fmt_bytes, fmt_s
 
 
 def _time_collectives(

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from meshes.calibration import Calibration
 from meshes.chips import Chip, best_size_factor
-from sharding.report import Report, fmt_bytes, fmt_s
+from sharding.report import Report
+from sharding.units import fmt_bytes, fmt_s
 
 _COLORS = {"matmul": "#4c78a8", "memory-bound": "#72b7b2", "exposed communication": "#e45756",
            "nvlink": "#f58518", "infiniband": "#e45756", "ici": "#54a24b", "dcn": "#b279a2",
