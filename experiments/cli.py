@@ -98,7 +98,7 @@ def _scale_out_args(args) -> tuple[float | None, float | None]:
 def _run_all_backends(args, exp, config) -> int:
     """The step on every compiler that can compile for the system here, side by side."""
     from experiments import runner
-    from sharding.compiler import GPU_EXTRA, TPU_EXTRA, available_backends
+    from sharding.compiler import available_backends, own_compiler
     from sharding.text import format_side_by_side
 
     if args.html:
@@ -111,12 +111,10 @@ def _run_all_backends(args, exp, config) -> int:
             reports.append((b, runner.run(exp, backend=b, calibration=_calibration(args))))
     print(f"{exp.name}  on {reports[0][1].system}: the same step from each compiler\n")
     print(format_side_by_side(reports))
+    own = own_compiler(exp.system)
     if len(backends) == 1:
-        from meshes import TpuSystem
-
-        extra = TPU_EXTRA if isinstance(exp.system, TpuSystem) else GPU_EXTRA
-        print(f"\nonly XLA:CPU can compile for {exp.system.name} here; for its own "
-              f"compiler: {extra}")
+        print(f"\nonly XLA:CPU can compile for {exp.system.name} here"
+              + (f"; for its own compiler: {own.install}" if own else ""))
     if args.json:
         _write_json(args.json, {"backends": [{**r.to_dict(groups=args.groups), "backend": b}
                                              for b, r in reports], "config": config})

@@ -186,9 +186,9 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
         key = (n, json.dumps(r["parallelism"], sort_keys=True))
         if key in compiled:
             first, rep = compiled[key]
-            again = sharding.reanalyze(rep.inputs, system=exp.system, calibration=calibration,
-                                       cost=exp.cost)
-            report = dataclasses.replace(again, name=exp.name, fit_advice=())
+            report = sharding.reanalyze(
+                dataclasses.replace(rep.inputs, name=exp.name, fit_advice=()),
+                system=exp.system, calibration=calibration, cost=exp.cost)
             out.append(Entry(name, "ok", report=report, parallelism=sizes, retimed_from=first,
                              note=note))
             continue

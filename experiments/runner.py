@@ -9,6 +9,7 @@ import time
 
 import sharding
 from experiments.config import ConfigError, Experiment
+from experiments.fit import fit_advice
 from meshes.calibration import Calibration
 from meshes.tpu import TpuSystem
 from models.inference import build_serve_program
@@ -64,109 +65,87 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
          warnings: tuple[str, ...] = (), compile_unfit: bool = True,
          advice_parallelism=None) -> Report:
     system = exp.system
+    t0 = time.perf_counter()
     try:
-        backend = compiler.resolve_backend(backend, system)
+        compiler.resolve_backend(backend, system)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    t0 = time.perf_counter()
     try:
         # Before anything starts JAX's CPU backend, even on the TPU path: a refused TPU
         # compile falls back to these fake devices.
         sharding.ensure_cpu_devices(system.num_devices)
     except ValueError as e:
-        if backend == "cpu":
+        if compiler.resolve_backend(backend, system) == "cpu":
             raise ConfigError(f"system.name={system.name!r}: {e}") from None
-    devices, compiler_name = _devices(system, backend)
-    mesh = sharding.make_mesh(system, exp.parallelism.sizes(), devices=devices,
+    target = compiler.target(backend, system)
+    mesh = sharding.make_mesh(system, exp.parallelism.sizes(), devices=target.devices,
                               outer=exp.parallelism.outer)
+    step = build_step(exp, mesh)
+    advice = () if step.serving else fit_advice(exp, step, par=advice_parallelism)
+    if not compile_unfit and step.memory.total_bytes > system.chip.hbm_bytes:
+        raise Unfit(f"does not fit: needs {fmt_bytes(step.memory.total_bytes)} of HBM per "
+                    f"device, has {fmt_bytes(system.chip.hbm_bytes)}"
+                    + (f"; {advice[0]}" if advice else ""))
+    program = step.program
+    return sharding.analyze(
+        program.step, *program.args, mesh=mesh, system=system,
+        model_flops_per_step=program.model_flops_per_step,
+        tokens_per_step=program.tokens_per_step,
+        sequences_per_step=exp.workload.global_batch if step.serving else None,
+        memory=step.memory, timings={"build_s": time.perf_counter() - t0},
+        warnings=warnings, name=exp.name, compiler=target.compiler,
+        compiler_note=_with_compare_hint(target.note, system), calibration=calibration,
+        host_transfer_bytes=step.host_transfer_bytes, pipeline=step.pipeline,
+        fit_advice=advice, cost=exp.cost)
+
+
+def _with_compare_hint(note: str, system) -> str:
+    """The compiler note, with how to see the system's own compiler beside XLA:CPU's."""
+    if note and len(compiler.available_backends(system)) > 1:
+        return f"{note} (--backend all compares them)"
+    return note
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """An experiment's step on a mesh: the program, its memory per device (models/memory.py)
+    and what the estimate needs besides (the pipeline, the bytes offloaded to host)."""
+
+    program: object
+    memory: sharding.Memory
+    serving: bool
+    mesh_shape: dict
+    rules: object
+    pipeline: dict | None = None
+    host_transfer_bytes: float = 0.0
+
+
+def build_step(exp: Experiment, mesh) -> Step:
+    """The experiment's train or serve program on `mesh`, with its memory model."""
     rules = exp.parallelism.axis_rules()
     mesh_shape = mesh_shape_of(mesh)
-    serving = exp.workload.kind != "train"
-    stage(f"building the {exp.workload.kind} step of {exp.model.name} on {system.label}")
-    host_bytes = 0.0
-    pipeline = None
+    stage(f"building the {exp.workload.kind} step of {exp.model.name} on {exp.system.label}")
     try:
-        if serving:
+        if exp.workload.kind != "train":
             program = build_serve_program(exp.model, mesh, rules, workload=exp.workload,
                                           precision=exp.precision)
             memory = serving_memory(exp.model, program, workload=exp.workload,
                                     precision=exp.precision, mesh_shape=mesh_shape, rules=rules)
-        else:
-            program = build_train_program(exp.model, mesh, rules, workload=exp.workload,
-                                          precision=exp.precision, train=exp.train,
-                                          virtual_stages=exp.parallelism.virtual_stages,
-                                          pipeline_schedule=exp.parallelism.pipeline_schedule,
-                                          context_mode=exp.parallelism.context_mode)
-            memory = training_memory(exp.model, program, workload=exp.workload,
-                                     precision=exp.precision, train=exp.train,
-                                     mesh_shape=mesh_shape, rules=rules)
-            pipeline = program.pipeline.summary() if program.pipeline else None
-            host_bytes = offload_bytes_per_step(exp.model, workload=exp.workload,
-                                                precision=exp.precision, train=exp.train,
-                                                mesh_shape=mesh_shape, rules=rules)
+            return Step(program, memory, True, mesh_shape, rules)
+        program = build_train_program(exp.model, mesh, rules, workload=exp.workload,
+                                      precision=exp.precision, train=exp.train,
+                                      virtual_stages=exp.parallelism.virtual_stages,
+                                      pipeline_schedule=exp.parallelism.pipeline_schedule,
+                                      context_mode=exp.parallelism.context_mode)
+        memory = training_memory(exp.model, program, workload=exp.workload,
+                                 precision=exp.precision, train=exp.train,
+                                 mesh_shape=mesh_shape, rules=rules)
+        host = offload_bytes_per_step(exp.model, workload=exp.workload, precision=exp.precision,
+                                      train=exp.train, mesh_shape=mesh_shape, rules=rules)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    advice = () if serving else _fit_advice(exp, program, memory, mesh_shape, rules,
-                                            par=advice_parallelism)
-    if not compile_unfit and memory.total_bytes > system.chip.hbm_bytes:
-        raise Unfit(f"does not fit: needs {fmt_bytes(memory.total_bytes)} of HBM per device, "
-                    f"has {fmt_bytes(system.chip.hbm_bytes)}" + (f"; {advice[0]}" if advice
-                                                                  else ""))
-    report = sharding.analyze(
-        program.step, *program.args, mesh=mesh, system=system,
-        model_flops_per_step=program.model_flops_per_step,
-        tokens_per_step=program.tokens_per_step,
-        sequences_per_step=exp.workload.global_batch if serving else None,
-        memory=memory, timings={"build_s": time.perf_counter() - t0}, warnings=warnings,
-        name=exp.name, compiler=compiler_name, calibration=calibration,
-        host_transfer_bytes=host_bytes, pipeline=pipeline, fit_advice=advice, cost=exp.cost,
-    )
-    return dataclasses.replace(report,
-                               compiler_note=compiler.target_compiler_note(backend, system))
-
-
-def _fit_advice(exp: Experiment, program, memory, mesh_shape, rules,
-                par=None) -> tuple[str, ...]:
-    """What would make a training step that does not fit in HBM fit, from the memory model:
-    full remat (only each layer's input kept), the data-parallel ways moved to FSDP (the
-    parameters, gradients and optimizer state sharded k more ways; the batch per device
-    unchanged), or both; else how far off it is."""
-    cap = exp.system.chip.hbm_bytes
-    need = memory.total_bytes
-    if need <= cap:
-        return ()
-    parts = dict(memory.components)
-    state = parts["parameters"] + parts["gradients"] + parts["optimizer state"]
-    rest = need - state
-    full = need
-    if exp.train.remat != "full":
-        full = training_memory(exp.model, program, workload=exp.workload,
-                               precision=exp.precision,
-                               train=dataclasses.replace(exp.train, remat="full", save=(),
-                                                         offload=()),
-                               mesh_shape=mesh_shape, rules=rules).total_bytes
-    par = par or exp.parallelism
-    ways = [k for k in range(2, par.data + 1)
-            if par.data % k == 0 and exp.model.d_model % (par.fsdp * k) == 0]
-    def fsdp_fix(other: float, also: str = "") -> str | None:
-        """The fewest data ways moved to FSDP with which the state fits beside `other`."""
-        k = next((k for k in ways if state / k + other <= cap), None)
-        return None if k is None else (
-            f"parallelism.fsdp = {par.fsdp * k}, data = {par.data // k}{also} "
-            f"(about {fmt_bytes(state / k + other)} per device)")
-
-    out = []
-    if full <= cap:
-        out.append(f"train.remat = 'full' ({fmt_bytes(full)} per device)")
-    if fix := fsdp_fix(rest):
-        out.append(fix)
-    elif not out and (fix := fsdp_fix(full - state, " and train.remat = 'full'")):
-        out.append(fix)
-    if not out:
-        out.append(f"no remat or data-to-FSDP change is enough ({need / cap:.1f}x the HBM, "
-                   f"{fmt_bytes(state)} of it parameters, gradients and optimizer state): "
-                   f"shard over more devices (fsdp, tensor, pipeline) or offload")
-    return tuple(out)
+    return Step(program, memory, False, mesh_shape, rules,
+                program.pipeline.summary() if program.pipeline else None, host)
 
 
 def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | None,
@@ -218,16 +197,13 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
         inputs, plan=plan, mesh_shape=full_shape, device_ids=ids, name=exp.name,
         model_flops_per_step=_scaled(inputs.model_flops_per_step, scale),
         tokens_per_step=_scaled(inputs.tokens_per_step, scale),
-        sequences_per_step=_scaled(inputs.sequences_per_step, scale))
-    report = sharding.reanalyze(full, system=system, calibration=calibration, cost=exp.cost)
-    return dataclasses.replace(
-        report, timings={**small.timings, **report.timings},
-        compiler_note=small.compiler_note,
+        sequences_per_step=_scaled(inputs.sequences_per_step, scale),
         extrapolated_from=(f"compiled on {_on(small_exp.system, system)}"
                            f"{per_replica * replicas} devices ({replicas} of the "
                            f"{data} data-parallel replicas; each device's program is the "
                            f"same), the replica groups rebuilt for {n} and timed on "
                            f"{system.label}"))
+    return sharding.estimate(full, system=system, calibration=calibration, cost=exp.cost)
 
 
 def _on(small, full) -> str:
@@ -265,14 +241,3 @@ def _scaled(x: float | None, k: int) -> float | None:
     return None if x is None else x * k
 
 
-def _devices(system, backend: str):
-    """(the devices to compile for, the compiler's name) of a real-compiler backend; (None,
-    None) for fake CPU devices."""
-    if backend == "tpu":
-        return (compiler.tpu_devices(system),
-                f"the TPU compiler (libtpu, deviceless {compiler.topology_name(system)})")
-    if backend == "gpu":
-        return (compiler.gpu_devices(system),
-                f"XLA:GPU (CUDA plugin, deviceless {system.chip.name} x "
-                f"{compiler.gpu_topology_name(system)})")
-    return None, None

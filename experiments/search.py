@@ -466,7 +466,7 @@ def reestimate(store: Store, *, system: str | None = None, calibration=None,
     is asked for."""
     import sharding
     from meshes import get_system
-    from sharding.api import AnalysisInputs
+    from sharding.analysis import AnalysisInputs
     from sharding.plan import Plan
 
     out = []

@@ -21,10 +21,15 @@ Rooms, in the order data flows through them:
 - `schedule.py`: the list-scheduling simulation of compute and link streams.
 - `plan.py`: a module read once into what the timing needs (work, counts, collectives,
   schedule graph), whatever the system: re-timing a stored program starts from it.
-- `report.py`: the Report (time, throughput, MFU, memory, bottleneck, tables, JSON);
-  `html.py`: the HTML report.
-- `api.py`: `analyze`, `analyze_hlo`, `analyze_module`, `analyze_plan`, `reanalyze`:
-  orchestration of the above.
+- `report.py`: the Report (time, throughput, MFU, memory, bottleneck, JSON); `text.py`:
+  its terminal layout; `units.py`: bytes, seconds, watts in words; `html.py`: the HTML
+  report.
+- `analysis.py`: `AnalysisInputs`, the one record an estimate is made from (the program
+  as read, where its devices sit, the compiler, what the caller knows of the step).
+- `api.py`: `estimate` (the record timed on a system: the Report, built once), and the
+  ways to make the record: `analyze` (compile a function), `analyze_hlo` (any dump),
+  `analyze_module`, `analyze_plan`, `reanalyze` (a stored record on another system or
+  calibration).
 
 May import `meshes`; knows nothing of models or configs.
 
@@ -58,12 +63,13 @@ _skip_absent_tpu_runtime()
 
 # ruff: noqa: E402
 
+from sharding.analysis import AnalysisInputs
 from sharding.api import (
-    AnalysisInputs,
     analyze,
     analyze_hlo,
     analyze_module,
     analyze_plan,
+    estimate,
     reanalyze,
 )
 from sharding.collectives import Collective, extract_collectives
@@ -102,6 +108,7 @@ __all__ = [
     "analyze_plan",
     "build_plan",
     "compile_to_hlo",
+    "estimate",
     "constrain",
     "default_rules",
     "ensure_cpu_devices",

@@ -20,13 +20,20 @@ from meshes import System, get_system
 from meshes.calibration import Calibration, catalog_calibration
 from meshes.power import Cost
 from meshes.power import estimate as estimate_energy
+from sharding.analysis import AnalysisInputs
 from sharding.collectives import Collective
-from sharding.compiler import compile_to_hlo, compiled_memory, system_device_id
+from sharding.compiler import (
+    backend_of,
+    compile_to_hlo,
+    compiled_memory,
+    compiler_name,
+    system_device_id,
+)
 from sharding.compute import compute_cost, time_work
 from sharding.hlo import HloModule, parse_hlo
 from sharding.plan import Plan, build_plan
 from sharding.progress import stage
-from sharding.report import Memory, Report
+from sharding.report import Memory, Report, host_transfer_time, step_time
 from sharding.schedule import Scheduler
 from sharding.units import fmt_bytes, fmt_s
 
@@ -90,48 +97,82 @@ def _windowed_einsum_note(counts: dict[str, int], per_comp) -> tuple[str, ...]:
             f"the operand instead, so --backend cpu does not see this cost",)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AnalysisInputs:
-    """Everything `analyze` estimated from, kept with the report so that the same compiled
-    program can be re-timed later (another calibration, another system with the same
-    device count) without compiling again: `reanalyze`. JSON-ready but for the HLO text."""
-
-    hlo_text: str
-    mesh_shape: tuple[int, ...]
-    axis_names: tuple[str, ...]
-    device_ids: tuple[int, ...]
-    compiler: str
-    memory: Memory
-    compute_dtype: str | None = None
-    model_flops_per_step: float | None = None
-    tokens_per_step: float | None = None
-    sequences_per_step: float | None = None
-    warnings: tuple[str, ...] = ()
-    name: str = ""
-    host_transfer_bytes: float = 0.0
-    pipeline: dict | None = None
-    fit_advice: tuple[str, ...] = ()
-    # the program read (sharding/plan.py): re-timing from it skips reading the HLO
-    plan: Plan | None = None
-
-    def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-             if f.name not in ("hlo_text", "memory", "plan")}
-        m = self.memory
-        d["memory"] = {"components": [list(c) for c in m.components], "source": m.source,
-                       "compiler_bytes": m.compiler_bytes, "compiler_source": m.compiler_source}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict, hlo_text: str, plan: Plan | None = None) -> AnalysisInputs:
-        m = d["memory"]
-        memory = Memory(components=tuple((w, b) for w, b in m["components"]),
-                        source=m["source"], compiler_bytes=m["compiler_bytes"],
-                        compiler_source=m["compiler_source"])
-        tuples = {"mesh_shape", "axis_names", "device_ids", "warnings", "fit_advice"}
-        return cls(hlo_text=hlo_text, memory=memory, plan=plan,
-                   **{k: tuple(v) if k in tuples else v for k, v in d.items()
-                      if k != "memory"})
+def estimate(inputs: AnalysisInputs, *, system: System,
+             calibration: Calibration | None = None, cost: Cost | None = None) -> Report:
+    """The Report of `inputs` timed on `system`, built once: the collectives placed on its
+    links, the compute at its chip's rates (`calibration`: the fitted efficiencies, the
+    catalog's by default), the overlap simulated, and the step's power, energy and cost
+    (`cost`: prices and PUE, the catalog's by default)."""
+    calibration = catalog_calibration() if calibration is None else calibration
+    timings = dict(inputs.timings)
+    t0 = time.perf_counter()
+    plan = inputs.plan
+    if plan is None:
+        plan = build_plan(parse_hlo(inputs.hlo_text), mesh_shape=inputs.mesh_shape,
+                          axis_names=inputs.axis_names)
+        timings["read_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+    n = plan.num_partitions
+    if n > system.num_devices:
+        raise ValueError(f"the program runs on {n} devices but {system.name} has "
+                         f"{system.num_devices}; pick a system with at least {n} devices")
+    if inputs.mesh_shape and math.prod(inputs.mesh_shape) != n:
+        shape = ",".join(f"{a}={s}" for a, s in zip(inputs.axis_names, inputs.mesh_shape,
+                                                      strict=False))
+        raise ValueError(f"the mesh {shape} has {math.prod(inputs.mesh_shape)} devices but "
+                         f"the program runs on {n} (num_partitions); give sizes whose "
+                         f"product is {n}")
+    ids = list(inputs.device_ids) or list(range(n))
+    collectives = list(plan.collectives)
+    _check_group_ids(collectives, len(ids))
+    collectives = _time_collectives(collectives, system, ids)
+    per_comp = time_work(plan.work, system.chip, compute_dtype=inputs.compute_dtype,
+                         calibration=calibration)
+    step_cost = compute_cost(None, system.chip, costs=per_comp, counts=plan.counts)
+    warnings = (*inputs.warnings, *_promotion_note(collectives),
+                *_windowed_einsum_note(plan.counts, per_comp), *plan.notes)
+    schedule = Scheduler(
+        plan.graph,
+        {name: c.times for name, c in per_comp.items()},
+        {(c.computation, c.name): (c.time_s, c.link) for c in collectives},
+    ).run()
+    timings["estimate_s"] = time.perf_counter() - t0
+    family = getattr(system.family, "name", "")
+    tokens, devices = inputs.tokens_per_step, n
+    step_s = step_time(schedule.step_s, step_cost.compute_s, collectives,
+                       host_transfer_time(inputs.host_transfer_bytes,
+                                          system.chip.host_bytes_per_s))
+    return Report(
+        name=inputs.name,
+        system=system.label,
+        num_devices=n,
+        compiler=inputs.compiler,
+        compiler_note=inputs.compiler_note,
+        extrapolated_from=inputs.extrapolated_from,
+        collectives=collectives,
+        compute=step_cost,
+        memory=inputs.memory or Memory(components=(), source="HLO text only"),
+        hbm_capacity_bytes=system.chip.hbm_bytes,
+        peak_flops_per_device=system.chip.peak_for(inputs.compute_dtype or "bfloat16"),
+        model_flops_per_step=inputs.model_flops_per_step,
+        tokens_per_step=tokens,
+        sequences_per_step=inputs.sequences_per_step,
+        timings=timings,
+        warnings=warnings,
+        unknown_ops=plan.unknown_ops,
+        scheduled_step_s=schedule.step_s,
+        calibration=calibration,
+        system_family=family,
+        host_transfer_bytes=inputs.host_transfer_bytes,
+        host_bytes_per_s=system.chip.host_bytes_per_s,
+        pipeline=inputs.pipeline,
+        placement=system.placement,
+        fit_advice=inputs.fit_advice,
+        energy=estimate_energy(family=family, chip=system.chip, num_devices=devices,
+                               step_s=step_s, compute_s=step_cost.compute_s,
+                               tokens_per_step=tokens, cost=cost),
+        inputs=dataclasses.replace(inputs, plan=plan, device_ids=tuple(ids)),
+    )
 
 
 def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
@@ -143,28 +184,15 @@ def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
     compile."""
     if system is None:
         raise ValueError("reanalyze needs the system to time the program on")
-    t0 = time.perf_counter()
-    plan = inputs.plan
-    if plan is None:
-        plan = build_plan(parse_hlo(inputs.hlo_text), mesh_shape=inputs.mesh_shape,
-                          axis_names=inputs.axis_names)
-    parse_s = time.perf_counter() - t0
     system = get_system(system) if isinstance(system, str) else system
     n = math.prod(inputs.mesh_shape)
     if system.num_devices != n:
         raise ValueError(f"{system.name} has {system.num_devices} devices; the stored program "
                          f"runs on {n}: re-time it on a system of the same size")
-    ids = inputs.device_ids if device_ids is None else tuple(device_ids)
-    report = analyze_plan(
-        plan, system=system, mesh_shape=inputs.mesh_shape, axis_names=inputs.axis_names,
-        device_ids=ids, compiler=inputs.compiler, memory=inputs.memory,
-        compute_dtype=inputs.compute_dtype, model_flops_per_step=inputs.model_flops_per_step,
-        tokens_per_step=inputs.tokens_per_step, sequences_per_step=inputs.sequences_per_step,
-        timings={"parse_s": parse_s}, warnings=inputs.warnings, name=inputs.name,
-        calibration=calibration, host_transfer_bytes=inputs.host_transfer_bytes,
-        pipeline=inputs.pipeline, cost=cost)
-    return dataclasses.replace(report, fit_advice=inputs.fit_advice,
-                               inputs=dataclasses.replace(inputs, device_ids=ids, plan=plan))
+    if device_ids is not None:
+        inputs = dataclasses.replace(inputs, device_ids=tuple(device_ids))
+    return estimate(dataclasses.replace(inputs, timings={}), system=system,
+                    calibration=calibration, cost=cost)
 
 
 def analyze_module(module: HloModule, *, system: System, mesh_shape: Sequence[int] = (),
@@ -178,94 +206,15 @@ def analyze_module(module: HloModule, *, system: System, mesh_shape: Sequence[in
                         timings=timings, **kwargs)
 
 
-def analyze_plan(
-    plan: Plan,
-    *,
-    system: System,
-    mesh_shape: Sequence[int] = (),
-    axis_names: Sequence[str] = (),
-    device_ids: Sequence[int] | None = None,
-    compiler: str = "",
-    memory: Memory | None = None,
-    compute_dtype: str | None = None,
-    model_flops_per_step: float | None = None,
-    tokens_per_step: float | None = None,
-    sequences_per_step: float | None = None,
-    timings: dict[str, float] | None = None,
-    warnings: Sequence[str] = (),
-    name: str = "",
-    calibration: Calibration | None = None,
-    host_transfer_bytes: float = 0.0,
-    pipeline: dict | None = None,
-    cost: Cost | None = None,
-) -> Report:
-    """Report for a read per-device program (sharding/plan.py) on `system`
-    (`calibration`: the fitted efficiencies; the catalog's by default;
-    `host_transfer_bytes`: activations offloaded to host memory and back per device and
-    step, timed on the chip's host link; `pipeline`: the pipeline schedule the program
-    runs, models.Pipeline.summary(); `cost`: the prices and PUE for its energy and cost,
-    the catalog's by default)."""
-    calibration = catalog_calibration() if calibration is None else calibration
-    timings = dict(timings or {})
-    t0 = time.perf_counter()
-    n = plan.num_partitions
-    if n > system.num_devices:
-        raise ValueError(f"the program runs on {n} devices but {system.name} has "
-                         f"{system.num_devices}; pick a system with at least {n} devices")
-    if mesh_shape and math.prod(mesh_shape) != n:
-        shape = ",".join(f"{a}={s}" for a, s in zip(axis_names, mesh_shape, strict=False))
-        raise ValueError(f"--mesh {shape} has {math.prod(mesh_shape)} devices but the program "
-                         f"runs on {n} (num_partitions); give sizes whose product is {n}")
-    ids = list(device_ids) if device_ids is not None else list(range(n))
-    collectives = list(plan.collectives)
-    _check_group_ids(collectives, len(ids))
-    collectives = _time_collectives(collectives, system, ids)
-    warnings = (*warnings, *_promotion_note(collectives))
-    per_comp = time_work(plan.work, system.chip, compute_dtype=compute_dtype,
-                         calibration=calibration)
-    step_cost = compute_cost(None, system.chip, costs=per_comp, counts=plan.counts)
-    warnings = (*warnings, *_windowed_einsum_note(plan.counts, per_comp))
-    schedule = Scheduler(
-        plan.graph,
-        {name: c.times for name, c in per_comp.items()},
-        {(c.computation, c.name): (c.time_s, c.link) for c in collectives},
-    ).run()
-    timings["estimate_s"] = time.perf_counter() - t0
-    dtype = compute_dtype or "bfloat16"
-    report = Report(
-        name=name,
-        system=system.label,
-        num_devices=n,
-        compiler=compiler,
-        collectives=collectives,
-        compute=step_cost,
-        memory=memory or Memory(components=(), source="HLO text only"),
-        hbm_capacity_bytes=system.chip.hbm_bytes,
-        peak_flops_per_device=system.chip.peak_for(dtype),
-        model_flops_per_step=model_flops_per_step,
-        tokens_per_step=tokens_per_step,
-        sequences_per_step=sequences_per_step,
-        timings=timings,
-        warnings=tuple(warnings) + plan.notes,
-        unknown_ops=plan.unknown_ops,
-        scheduled_step_s=schedule.step_s,
-        calibration=calibration,
-        system_family=getattr(system.family, "name", ""),
-        host_transfer_bytes=host_transfer_bytes,
-        host_bytes_per_s=system.chip.host_bytes_per_s,
-        pipeline=pipeline,
-        placement=system.placement,
-    )
-    return with_energy(report, system, cost)
-
-
-def with_energy(report: Report, system: System, cost: Cost | None = None) -> Report:
-    """The report with its step's power, energy and cost on `system` (meshes/power.py)."""
-    energy = estimate_energy(
-        family=getattr(system.family, "name", ""), chip=system.chip,
-        num_devices=report.num_devices, step_s=report.step_time_s,
-        compute_s=report.compute_s, tokens_per_step=report.tokens_per_step, cost=cost)
-    return dataclasses.replace(report, energy=energy)
+def analyze_plan(plan: Plan, *, system: System, calibration: Calibration | None = None,
+                 cost: Cost | None = None, device_ids: Sequence[int] | None = None,
+                 memory: Memory | None = None, **fields) -> Report:
+    """Report for a read per-device program (sharding/plan.py) on `system`: `estimate` of
+    the record of `plan` with the other `AnalysisInputs` fields given by keyword
+    (mesh_shape, axis_names, compiler, compute_dtype, model_flops_per_step, ...)."""
+    inputs = AnalysisInputs(plan=plan, memory=memory, device_ids=tuple(device_ids or ()),
+                            **fields)
+    return estimate(inputs, system=system, calibration=calibration, cost=cost)
 
 
 def analyze(
@@ -282,6 +231,7 @@ def analyze(
     warnings: Sequence[str] = (),
     name: str = "",
     compiler: str | None = None,
+    compiler_note: str = "",
     calibration: Calibration | None = None,
     host_transfer_bytes: float = 0.0,
     pipeline: dict | None = None,
@@ -306,6 +256,11 @@ def analyze(
             the report shows the compiler's figure.
         timings: stages the caller timed (e.g. building the program), shown with ours.
         warnings: the caller's own, shown before the compiler's.
+        compiler: the compiler's name on the report; by default named from the mesh's
+            devices and the system (sharding.compiler.compiler_name). TPU and GPU devices
+            are compiled for and read from their final HLO, CPU devices from the HLO after
+            SPMD partitioning.
+        compiler_note: why that compiler may not be the system's own.
         calibration: the step-time model's fitted efficiencies (meshes/calibration.py);
             the catalog's by default.
         host_transfer_bytes: activations offloaded to host memory and back, per device and
@@ -316,59 +271,35 @@ def analyze(
             memory model), shown under the verdict.
         cost: prices and PUE for the step's energy and cost (meshes.power.Cost); the
             catalog's defaults when absent.
-        compiler: a name for the compiler, e.g. "TPU compiler (deviceless v6e:2x4)"; TPU
-            and GPU devices are compiled for and read from their final HLO, CPU devices
-            from the HLO after SPMD partitioning.
     """
     system = get_system(system) if isinstance(system, str) else system
-    on_cpu = all(d.platform == "cpu" for d in mesh.devices.flat)
-    stage(f"lowering and compiling with {compiler or 'XLA:CPU (fake devices)'} for "
-          f"{mesh.devices.size} devices")
+    backend = backend_of(mesh.devices.flat[0])
+    compiler = compiler or compiler_name(backend, system)
+    stage(f"lowering and compiling with {compiler} for {mesh.devices.size} devices")
     with jax.set_mesh(mesh):
-        c = compile_to_hlo(fn, *args, final_hlo=not on_cpu)
+        c = compile_to_hlo(fn, *args, final_hlo=backend != "cpu")
     stage("reading the HLO and estimating")
-    if compiler:
-        c.compiler = compiler
     t0 = time.perf_counter()
     module = parse_hlo(c.hlo_text)
     c.timings["parse_s"] = time.perf_counter() - t0
-    device_ids = [system_device_id(system, d) for d in mesh.devices.flat]
-    compiled = compiled_memory(c.compiled, on_cpu=on_cpu)
+    compiled = compiled_memory(c.compiled, on_cpu=backend == "cpu")
     if memory is not None:
         compiled = dataclasses.replace(memory, compiler_bytes=compiled.total_bytes or None,
                                        compiler_source=compiled.source)
     t0 = time.perf_counter()
     plan = build_plan(module, mesh_shape=mesh.devices.shape, axis_names=mesh.axis_names)
     c.timings["read_s"] = time.perf_counter() - t0
-    report = analyze_plan(
-        plan,
-        system=system,
-        mesh_shape=mesh.devices.shape,
-        axis_names=mesh.axis_names,
-        device_ids=device_ids,
-        compiler=c.compiler,
-        memory=compiled,
-        compute_dtype=compute_dtype,
-        model_flops_per_step=model_flops_per_step,
-        tokens_per_step=tokens_per_step,
-        sequences_per_step=sequences_per_step,
-        timings={**(timings or {}), **c.timings},
-        warnings=(*warnings, *c.warnings),
-        name=name,
-        calibration=calibration,
-        host_transfer_bytes=host_transfer_bytes,
-        pipeline=pipeline,
-        cost=cost,
-    )
     inputs = AnalysisInputs(
-        hlo_text=c.hlo_text, mesh_shape=tuple(mesh.devices.shape),
-        axis_names=tuple(mesh.axis_names), device_ids=tuple(device_ids), compiler=c.compiler,
-        memory=compiled, compute_dtype=compute_dtype,
-        model_flops_per_step=model_flops_per_step, tokens_per_step=tokens_per_step,
-        sequences_per_step=sequences_per_step, warnings=(*warnings, *c.warnings), name=name,
+        hlo_text=c.hlo_text, plan=plan, mesh_shape=tuple(mesh.devices.shape),
+        axis_names=tuple(mesh.axis_names),
+        device_ids=tuple(system_device_id(system, d) for d in mesh.devices.flat),
+        compiler=compiler, compiler_note=compiler_note, memory=compiled,
+        compute_dtype=compute_dtype, model_flops_per_step=model_flops_per_step,
+        tokens_per_step=tokens_per_step, sequences_per_step=sequences_per_step,
+        warnings=(*warnings, *c.warnings), name=name,
         host_transfer_bytes=host_transfer_bytes, pipeline=pipeline,
-        fit_advice=tuple(fit_advice), plan=plan)
-    return dataclasses.replace(report, fit_advice=tuple(fit_advice), inputs=inputs)
+        fit_advice=tuple(fit_advice), timings={**(timings or {}), **c.timings})
+    return estimate(inputs, system=system, calibration=calibration, cost=cost)
 
 
 def analyze_hlo(

@@ -92,9 +92,11 @@ class DoesNotFit(ValueError):
 
 @dataclasses.dataclass
 class Compiled:
+    """A compiled program: its HLO text (after SPMD partitioning on the CPU path, else
+    the final one), the jax.stages.Compiled, stage timings and XLA's SPMD warnings."""
+
     hlo_text: str
     compiled: object  # jax.stages.Compiled
-    compiler: str
     timings: dict[str, float]
     warnings: list[str]
 
@@ -134,17 +136,12 @@ def compile_to_hlo(fn: Callable, *args, final_hlo: bool = False, fast_cpu: bool 
         timings["lower_s"] = t1 - t0
         timings["compile_s"] = t2 - t1
         files = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*.txt")))
-        if final_hlo:
-            text = compiled.as_text()
-            compiler = "the final optimised HLO"
-        elif files:
+        if files and not final_hlo:
             with open(files[-1]) as f:
                 text = f.read()
-            compiler = "XLA:CPU (after SPMD partitioning)"
         else:
             text = compiled.as_text()
-            compiler = "final optimised HLO"
-    return Compiled(text, compiled, compiler, timings, xla_warnings(err))
+    return Compiled(text, compiled, timings, xla_warnings(err))
 
 
 def compiled_memory(compiled, *, on_cpu: bool = True) -> Memory:
@@ -186,37 +183,6 @@ def gpu_compiler_installed() -> bool:
     return importlib.util.find_spec("jax_cuda12_plugin") is not None
 
 
-def resolve_backend(backend: str, system: System) -> str:
-    """The backend that will compile, or a ValueError with the way out."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    # backend -> (the systems it compiles for, is its extra installed, what to install,
-    # the other backends)
-    compilers = {"tpu": (_is_tpu, tpu_compiler_installed, f"libtpu: {TPU_EXTRA}", "cpu"),
-                 "gpu": (_is_gpu, gpu_compiler_installed, f"the CUDA plugin: {GPU_EXTRA}",
-                         "cpu or tpu")}
-    if backend == "auto":
-        return next((name for name, (kind, installed, _, _) in compilers.items()
-                     if kind(system) and installed()), "cpu")
-    if backend in compilers:
-        kind, installed, extra, others = compilers[backend]
-        if not kind(system):
-            raise ValueError(f"--backend {backend} compiles for {backend.upper()} systems; "
-                             f"{system.name} is not one; use --backend {others}")
-        if not installed():
-            raise ValueError(f"--backend {backend} needs {extra}")
-    return backend
-
-
-def available_backends(system: System) -> list[str]:
-    """The backends that can compile for `system` here: XLA:CPU always, and the system's
-    own compiler when its extra is installed."""
-    own = [name for name, kind, installed in (("tpu", _is_tpu, tpu_compiler_installed),
-                                              ("gpu", _is_gpu, gpu_compiler_installed))
-           if kind(system) and installed()]
-    return ["cpu", *own]
-
-
 def _is_tpu(system: System) -> bool:
     """A system the TPU compiler builds for (a torus family whose compiler is libtpu)."""
     return isinstance(system, TpuSystem) and system.family.compiler == "tpu"
@@ -226,6 +192,69 @@ def _is_gpu(system: System) -> bool:
     return isinstance(system, GpuSystem)
 
 
+@dataclasses.dataclass(frozen=True)
+class RealCompiler:
+    """A deviceless compiler for a kind of system: which systems it builds for, whether its
+    extra is installed, how to install it, its name in words, and its devices."""
+
+    label: str
+    builds_for: Callable[[System], bool]
+    installed: Callable[[], bool]
+    package: str
+    install: str
+    name: Callable[[System | None], str]
+    devices: Callable[[System], list]
+
+
+# backend -> its compiler (the CPU path, on fake devices, is the default and not listed).
+# `installed` looks the check up when called, so that a test can pretend an extra is absent.
+REAL_COMPILERS: dict[str, RealCompiler] = {
+    "tpu": RealCompiler(
+        "the TPU compiler", _is_tpu, lambda: tpu_compiler_installed(), "libtpu", TPU_EXTRA,
+        lambda s: "the TPU compiler (libtpu, deviceless"
+                  + (f" {topology_name(s)})" if isinstance(s, TpuSystem) else ")"),
+        lambda s: tpu_devices(s)),
+    "gpu": RealCompiler(
+        "XLA:GPU", _is_gpu, lambda: gpu_compiler_installed(), "the CUDA plugin", GPU_EXTRA,
+        lambda s: "XLA:GPU (CUDA plugin, deviceless"
+                  + (f" {s.chip.name} x {gpu_topology_name(s)})" if isinstance(s, GpuSystem)
+                     else ")"),
+        lambda s: gpu_devices(s)),
+}
+CPU_COMPILER = "XLA:CPU (after SPMD partitioning)"
+
+
+def resolve_backend(backend: str, system: System) -> str:
+    """The backend that will compile, or a ValueError with the way out."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return next((name for name, c in REAL_COMPILERS.items()
+                     if c.builds_for(system) and c.installed()), "cpu")
+    real = REAL_COMPILERS.get(backend)
+    if real is not None:
+        if not real.builds_for(system):
+            others = [b for b in ("cpu", *REAL_COMPILERS) if b != backend]
+            raise ValueError(f"backend {backend!r} compiles for {backend.upper()} systems; "
+                             f"{system.name} is not one; choose "
+                             f"{' or '.join(map(repr, others))}")
+        if not real.installed():
+            raise ValueError(f"backend {backend!r} needs {real.package}: {real.install}")
+    return backend
+
+
+def available_backends(system: System) -> list[str]:
+    """The backends that can compile for `system` here: XLA:CPU always, and the system's
+    own compiler when its extra is installed."""
+    return ["cpu", *(name for name, c in REAL_COMPILERS.items()
+                     if c.builds_for(system) and c.installed())]
+
+
+def own_compiler(system: System) -> RealCompiler | None:
+    """The system's own deviceless compiler, installed or not (None: it has none)."""
+    return next((c for c in REAL_COMPILERS.values() if c.builds_for(system)), None)
+
+
 def target_compiler_note(backend: str, system: System) -> str:
     """Why an XLA:CPU estimate of a TPU or GPU system may differ from the target compiler's
     ("" when the target compiler made the HLO)."""
@@ -233,14 +262,46 @@ def target_compiler_note(backend: str, system: System) -> str:
         return ("no deviceless compiler for this chip is here (the Neuron compiler needs "
                 "Neuron devices): XLA:CPU's program, whose partitioning is XLA's, with "
                 "kernels and fusions modelled as for other chips")
-    target = ("the TPU compiler" if _is_tpu(system) else
-              "XLA:GPU" if _is_gpu(system) else "")
-    if backend != "cpu" or not target:
+    own = own_compiler(system)
+    if backend != "cpu" or own is None:
         return ""
-    how = ("--backend all compares them" if len(available_backends(system)) > 1 else
-           f"to compare: {TPU_EXTRA if _is_tpu(system) else GPU_EXTRA}")
-    return (f"not {target}: XLA:CPU's partitioning is the same, but its fusions, layouts and "
-            f"memory-bound kernels are not, so compute time and HBM traffic may differ ({how})")
+    how = "" if own.installed() else f" (to compare: {own.install})"
+    return (f"not {own.label}: XLA:CPU's partitioning is the same, but its fusions, layouts "
+            f"and memory-bound kernels are not, so compute time and HBM traffic may differ"
+            f"{how}")
+
+
+def backend_of(device) -> str:
+    """The backend a JAX device compiles with: "cpu", "tpu" or "gpu"."""
+    platform = getattr(device, "platform", "cpu")
+    return {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+
+
+def compiler_name(backend: str, system: System | None = None) -> str:
+    """The compiler that makes a backend's HLO, in words, as reports show it: the one
+    place it is named."""
+    real = REAL_COMPILERS.get(backend)
+    return CPU_COMPILER if real is None else real.name(system)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What compiles a system's program: the backend, the devices it compiles for (None:
+    fake CPU devices), the compiler's name and why it may not be the system's own."""
+
+    backend: str
+    devices: list | None
+    compiler: str
+    note: str = ""
+
+
+def target(backend: str, system: System) -> Target:
+    """The compiler for `system` on `backend` ("auto" resolved), or a ValueError with the
+    way out."""
+    resolved = resolve_backend(backend, system)
+    real = REAL_COMPILERS.get(resolved)
+    return Target(resolved, None if real is None else real.devices(system),
+                  compiler_name(resolved, system), target_compiler_note(resolved, system))
 
 
 def gpu_target_config(system: GpuSystem) -> str:

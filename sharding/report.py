@@ -58,6 +58,32 @@ class Memory:
                 "total_bytes": self.total_bytes}
 
 
+def host_transfer_time(nbytes: float, bytes_per_s: float | None) -> float:
+    """Host transfers' time on their own link (0 when there are none or it is not timed)."""
+    return nbytes / bytes_per_s if nbytes and bytes_per_s else 0.0
+
+
+def step_time_bounds(compute_s: float, collectives, host_s: float = 0.0
+                     ) -> tuple[float, float]:
+    """Perfect overlap (compute, every link and the host link busy at once) and none."""
+    per_link: dict[str, float] = defaultdict(float)
+    for c in collectives:
+        per_link[c.link or "none"] += c.total_time_s
+    comm_s = sum(c.total_time_s for c in collectives)
+    return max([compute_s, *per_link.values(), host_s]), compute_s + comm_s + host_s
+
+
+def step_time(scheduled_s: float | None, compute_s: float, collectives,
+              host_s: float = 0.0) -> float:
+    """The simulated schedule's step held within its bounds (host transfers run on their
+    own link, overlapped with the schedule: they show only where they outlast it), or no
+    overlap at all without a schedule."""
+    lo, hi = step_time_bounds(compute_s, collectives, host_s)
+    if scheduled_s is None:
+        return hi
+    return min(max(scheduled_s, host_s, lo), hi)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Report:
     system: str
@@ -112,12 +138,8 @@ class Report:
     def step_time_s(self) -> float:
         """The simulated schedule's step (sharding.schedule) held within its bounds, or
         compute + comm without one."""
-        lo, hi = self.step_time_bounds_s
-        if self.scheduled_step_s is not None:
-            # Host transfers run on their own link, overlapped with the schedule (offload
-            # copies are asynchronous): they show only where they outlast it.
-            return min(max(self.scheduled_step_s, self.host_transfer_s, lo), hi)
-        return hi
+        return step_time(self.scheduled_step_s, self.compute_s, self.collectives,
+                         self.host_transfer_s)
 
     @property
     def pipeline_bubble_s(self) -> float | None:
@@ -128,9 +150,7 @@ class Report:
     @property
     def host_transfer_s(self) -> float:
         """Time of the host transfers on their own link (0 when not timed)."""
-        if not self.host_transfer_bytes or not self.host_bytes_per_s:
-            return 0.0
-        return self.host_transfer_bytes / self.host_bytes_per_s
+        return host_transfer_time(self.host_transfer_bytes, self.host_bytes_per_s)
 
     @property
     def exposed_comm_s(self) -> float:
@@ -141,9 +161,7 @@ class Report:
     def step_time_bounds_s(self) -> tuple[float, float]:
         """Perfect overlap (compute, every link and the host link busy at once) and none at
         all."""
-        per_link = [d["time_s"] for d in self.by_link().values()]
-        return (max([self.compute_s, *per_link, self.host_transfer_s]),
-                self.compute_s + self.comm_s + self.host_transfer_s)
+        return step_time_bounds(self.compute_s, self.collectives, self.host_transfer_s)
 
     # --- throughput ----------------------------------------------------------------
     @property
