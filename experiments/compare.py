@@ -27,9 +27,10 @@ from collections.abc import Sequence
 from experiments import config as config_mod
 from experiments import runner
 from experiments.config import ConfigError
+from experiments.ranking import ranking
 from sharding.mesh import CPU_MAX_DEVICES
 from sharding.report import Report
-from sharding.rules import MESH_AXES
+from sharding.rules import MESH_AXES, rules_preset
 from sharding.text import column_table
 from sharding.units import fmt_bytes, fmt_duration, fmt_s, fmt_watts, fmt_wh
 
@@ -103,12 +104,16 @@ class Entry:
 
 
 def fit_to_devices(raw: dict, num_devices: int) -> str:
-    """Fit the config's sharding to a system of another device count, in place: the
-    batch-sharding axis (fsdp where it is used, else data) takes the ratio, or `tensor`
-    where the batch would not split that many ways; the other axes (pipeline, experts,
-    context) stay. A TPU7x chip is two devices, so 256 chips of it run twice the ways of
-    256 GPUs. Returns what changed ("" when nothing did or nothing fits: the validator then
-    says why)."""
+    """Fit the config's sharding to a system of another device count, in place, and say
+    what changed ("" when nothing did or nothing fits: the validator then says why).
+
+    First the batch-sharding axis (fsdp where it is used, else data) takes the ratio, or
+    `tensor` where the batch would not split that many ways, the global batch kept (256
+    TPU7x chips are 512 devices, so they run twice the ways of 256 GPUs). Where the counts
+    are not multiples (72 GPUs of a rack against 64 of eight nodes), the axes that do not
+    shard the batch stay, FSDP keeps the largest share of its ways that divides what is
+    left, data takes the rest, and the global batch keeps the config's sequences per
+    data-parallel replica when it no longer splits."""
     par = raw.setdefault("parallelism", {})
     total = math.prod(int(par.get(a, 1)) for a in MESH_AXES)
     if num_devices == total:
@@ -116,7 +121,8 @@ def fit_to_devices(raw: dict, num_devices: int) -> str:
     work = raw.get("workload", {})
     micro = (int(work["global_batch"]) // int(work.get("microbatches", 1))
              if "global_batch" in work else 0)
-    batch_ways = math.prod(int(par.get(a, 1)) for a in ("data", "fsdp", "expert"))
+    batch_axes = rules_preset(par.get("rules", "default")).mesh_axes("batch")
+    batch_ways = math.prod(int(par.get(a, 1)) for a in batch_axes)
     for axis in ("fsdp" if int(par.get("fsdp", 1)) > 1 else "data", "tensor"):
         old = int(par.get(axis, 1))
         if num_devices % total == 0:
@@ -129,7 +135,32 @@ def fit_to_devices(raw: dict, num_devices: int) -> str:
         if micro % ways == 0:  # the batch still splits: else the next axis takes it
             par[axis] = new
             return f"{axis} {old} -> {new} for its {num_devices} devices"
-    return ""
+    return _refit_batch_axes(raw, par, num_devices, micro, batch_ways)
+
+
+def _refit_batch_axes(raw: dict, par: dict, num_devices: int, micro: int,
+                      batch_ways: int) -> str:
+    """`fit_to_devices` where the device counts are not multiples: data and fsdp re-split
+    what the other axes leave; the sequences per replica kept when the batch must change."""
+    other = math.prod(int(par.get(a, 1)) for a in MESH_AXES if a not in ("data", "fsdp"))
+    if num_devices % other:
+        return ""
+    left = num_devices // other
+    old = {a: int(par.get(a, 1)) for a in ("data", "fsdp")}
+    fsdp = math.gcd(old["fsdp"], left)
+    new = {"data": left // fsdp, "fsdp": fsdp}
+    par.update(new)
+    changed = [f"{a} {old[a]} -> {new[a]}" for a in ("data", "fsdp") if old[a] != new[a]]
+    new_ways = batch_ways // (old["data"] * old["fsdp"]) * left
+    work = raw.get("workload", {})
+    if micro and micro % new_ways and micro % batch_ways == 0:
+        per_replica = micro // batch_ways
+        k = int(work.get("microbatches", 1))
+        old_batch = int(work["global_batch"])
+        work["global_batch"] = per_replica * new_ways * k
+        changed.append(f"global_batch {old_batch} -> {work['global_batch']} ({per_replica} "
+                       f"sequences per data-parallel replica, as the config)")
+    return f"{', '.join(changed)} for its {num_devices} devices"
 
 
 def compare(raw: dict, systems: Sequence[str], *, calibration=None,
@@ -148,25 +179,20 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
                           "h100:64,b200:64,gb200-nvl72:64")
     compiled: dict[tuple, tuple[str, Report]] = {}
     out = []
-    devices: dict[str, int | str] = {}  # devices, or why the name is not a system
-    for name in systems:
+    devices: dict[str, int] = {}
+    for name in systems:  # a misspelt name is the user's mistake: before any compile
         try:
             devices[name] = get_system(name).num_devices
         except ValueError as e:
-            devices[name] = f"system.name: {e}"
-    known = [n for n in devices.values() if isinstance(n, int)]
-    if known:  # JAX's CPU backend fakes one device count per process: the largest
-        try:
-            sharding.ensure_cpu_devices(min(max(known), CPU_MAX_DEVICES))
-        except ValueError:
-            pass  # already started smaller (tests, notebooks): a system past it says so
+            raise ConfigError(f"--systems: {name!r}: {e}") from None
+    try:  # JAX's CPU backend fakes one device count per process: the largest
+        sharding.ensure_cpu_devices(min(max(devices.values()), CPU_MAX_DEVICES))
+    except ValueError:
+        pass  # already started smaller (tests, notebooks): a system past it says so
     for name in systems:
         r = copy.deepcopy(raw)
         r["system"] = {"name": name}
         n = devices[name]
-        if isinstance(n, str):
-            out.append(Entry(name, "refused", n))
-            continue
         note = fit_to_devices(r, n)
         if search is not None:
             r, note, why = _searched(r, name, n, search, calibration, on_result)
@@ -209,12 +235,11 @@ def _searched(r: dict, name: str, n: int, opts: dict, calibration, on_result):
 
     label = f"compare {r['name']} on {name}"
     with Store(opts["store"]) as store:
-        search_mod.run_search(r, num_devices=n, axes=opts.get("axes", ("data", "fsdp",
-                                                                       "tensor")),
+        search_mod.run_search(r, num_devices=n, axes=opts.get("axes", search_mod.DEFAULT_AXES),
                               vary=(), store=store, search=label,
                               workers=opts.get("workers"), budget=opts.get("budget"),
                               calibration=opts.get("calibration"), on_result=on_result)
-        ranked = search_mod.ranking(store.results(search=label))
+        ranked = ranking(store.results(search=label))
     if not ranked:
         return None, "", f"the search on {name} found no sharding that runs and fits"
     best = ranked[0]
@@ -315,76 +340,3 @@ def format_compare(entries: Sequence[Entry]) -> str:
                  "and NVLink switches, times the PUE (meshes/power.py); '-' where no public "
                  "power figure or price exists")
     return "\n".join(lines)
-
-
-# The bar charts of the HTML page: (title, class, value of an entry, how to print it, higher
-# is better).
-_BARS = (
-    ("Step time", "step", lambda e: e.report.step_time_s, fmt_s, False),
-    ("Tokens/s per chip", "tokens", lambda e: e.tokens_per_s_per_chip,
-     lambda v: f"{v:,.0f}", True),
-    ("MFU", "mfu", lambda e: e.report.mfu, lambda v: f"{v:.1%}", True),
-    ("Tokens/s per MW (facility)", "per-mw", lambda e: e.tokens_per_s_per_mw,
-     lambda v: f"{v:,.0f}", True),
-    ("USD per million tokens", "usd", lambda e: e.usd_per_million_tokens,
-     lambda v: f"${v:,.4g}", False),
-)
-
-
-def render_html(entries: Sequence[Entry], title: str = "compare") -> str:
-    """One page: a bar chart per figure (each system that ran, the best one marked; a
-    figure a system has no number for is left out of its chart and said) and the full
-    table of `format_compare`."""
-    import html as h
-
-    ran = [e for e in entries if e.report is not None]
-    charts = []
-    bars = list(_BARS)
-    first = next((e.scale_out for e in ran if e.scale_out), None)
-    if first and first.get("tokens") and first.get("power_budget_w"):
-        bars.append((f"{first['tokens']:.3g} tokens in a {fmt_watts(first['power_budget_w'])} "
-                     f"building", "run-in-budget",
-                     lambda e: ((e.scale_out or {}).get("run_within_budget") or {}).get(
-                         "time_s"), fmt_duration, False))
-    for name, cls, value, fmt, higher in bars:
-        vals = [(e, value(e)) for e in ran]
-        known = [(e, v) for e, v in vals if v is not None and v > 0]
-        missing = [e.system for e, v in vals if v is None or v <= 0]
-        width, left, bar, gap = 720, 190, 22, 8
-        height = 20 + len(known) * (bar + gap)
-        svg = [f'<svg class="bars {cls}" width="{width}" height="{height}" '
-               f'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="12">']
-        if known:
-            top = max(v for _, v in known)
-            best = (max if higher else min)(known, key=lambda ev: ev[1])[0]
-            for i, (e, v) in enumerate(known):
-                y = 10 + i * (bar + gap)
-                w = (width - left - 110) * v / top
-                color = "#e45756" if e is best else "#4c78a8"
-                svg.append(f'<text x="{left - 8}" y="{y + bar * 0.7:.1f}" text-anchor="end" '
-                           f'class="system">{h.escape(e.system)}</text>'
-                           f'<rect class="bar{" best" if e is best else ""}" x="{left}" '
-                           f'y="{y}" width="{w:.1f}" height="{bar}" fill="{color}">'
-                           f'<title>{h.escape(e.system)}: {fmt(v)}</title></rect>'
-                           f'<text x="{left + w + 6:.1f}" y="{y + bar * 0.7:.1f}" '
-                           f'class="value">{fmt(v)}</text>')
-        svg.append("</svg>")
-        note = (f'<p class="missing">No figure for {h.escape(", ".join(missing))}.</p>'
-                if missing else "")
-        charts.append(f"<h2>{h.escape(name)}{'' if higher else ' (lower is better)'}</h2>"
-                      f"{''.join(svg)}{note}")
-    refused = "".join(f"<li>{h.escape(e.system)}: {h.escape(e.message)}</li>"
-                      for e in entries if e.report is None)
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>shardscope compare: {h.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}
-pre{{font-size:12px;background:#f6f6f6;padding:1em;overflow-x:auto}}</style></head><body>
-<h1>Compare: {h.escape(title)}</h1>
-<p>The same model and workload on {len(entries)} systems; {len(ran)} estimated. The best
-system of each figure is red; hover a bar for its value.</p>
-{''.join(charts)}
-{f'<h2>Not run</h2><ul class="refused">{refused}</ul>' if refused else ''}
-<h2>Every figure</h2>
-<pre class="table">{h.escape(format_compare(entries))}</pre>
-</body></html>
-"""

@@ -17,7 +17,7 @@ from models.memory import offload_bytes_per_step, serving_memory, training_memor
 from models.train import build_train_program
 from sharding import compiler
 from sharding.mesh import CPU_MAX_DEVICES, placement
-from sharding.progress import stage
+from sharding.progress import notice, stage
 from sharding.report import Report
 from sharding.rules import mesh_shape_of
 from sharding.units import fmt_bytes
@@ -27,13 +27,15 @@ class Unfit(ConfigError):
     """The memory model says the step cannot fit in HBM; it was not compiled."""
 
 
-def run(exp: Experiment, *, backend: str = "auto",
+def run(exp: Experiment, *, backend: str = "cpu",
         calibration: Calibration | None = None, compile_unfit: bool = True,
         max_compile_devices: int = CPU_MAX_DEVICES) -> Report:
     """Compile the experiment's step (fake CPU devices or a deviceless real compiler) and
     estimate it on its system.
 
-    With `auto`, a program the TPU compiler refuses for lack of HBM is compiled on the CPU
+    `backend`: "cpu" (XLA:CPU on fake devices, seconds), "tpu" / "gpu" (the system's own
+    deviceless compiler), "auto" (its own when installed, else cpu). With `auto`, a
+    program the TPU compiler refuses for lack of HBM is compiled on the CPU
     path instead, and the report carries the TPU compiler's verdict. `calibration`: the
     step-time model's fitted efficiencies (meshes/calibration.py); the catalog's by default.
     `compile_unfit=False`: a step the memory model says cannot fit raises `Unfit` before
@@ -56,7 +58,8 @@ def run(exp: Experiment, *, backend: str = "auto",
                     compile_unfit=compile_unfit)
     except compiler.DoesNotFit as e:
         if backend != "auto":
-            raise ConfigError(str(e)) from None
+            raise ConfigError(f"{e} (compile with --backend cpu to see its collectives "
+                              f"anyway, or shard more / rematerialise more)") from None
         return _run(exp, backend="cpu", calibration=calibration,
                     warnings=(f"TPU compiler: {e}",))
 
@@ -78,6 +81,11 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
         if compiler.resolve_backend(backend, system) == "cpu":
             raise ConfigError(f"system.name={system.name!r}: {e}") from None
     target = compiler.target(backend, system)
+    if target.backend != "cpu" and (exp.model.param_count() >= 1e9
+                                     or system.num_devices >= 64):
+        notice(f"compiling {exp.model.name} for {system.num_devices} devices with "
+               f"{target.compiler}: this takes minutes for a model or pod this size (the "
+               f"CPU path, --backend cpu, estimates it in seconds)")
     mesh = sharding.make_mesh(system, exp.parallelism.sizes(), devices=target.devices,
                               outer=exp.parallelism.outer)
     step = build_step(exp, mesh)

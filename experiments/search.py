@@ -6,11 +6,15 @@
    ones are results with the validator's reason ("refused").
 2. Order: the most promising first, by an analytic pre-estimate of the communication each
    sharding needs (`pre_estimate`): it only orders, the ranking is the compiled estimate's.
-3. Run: a pool of worker processes (experiments/worker.py), one compile at a time each, so
-   that a compiler abort or crash is that config's error and the search goes on. Workers
-   prune what the memory model says cannot fit before compiling (unless keep_unfit).
+3. Run: a pool of worker processes (experiments/workers.py, shared with validate), one
+   compile at a time each, so that a compiler abort or crash is that config's error and
+   the search goes on. Workers prune what the memory model says cannot fit before
+   compiling (unless keep_unfit).
 4. Store: each result is committed as it arrives (experiments/store.py); a rerun skips what
    the store has, so a killed search resumes and loses at most the configs in flight.
+
+Reading the results (ranking, Pareto front, the table): experiments/ranking.py; the HTML
+page: experiments/pages.py.
 """
 
 from __future__ import annotations
@@ -21,22 +25,18 @@ import copy
 import dataclasses
 import itertools
 import json
-import math
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
 
 from experiments import config as config_mod
+from experiments import workers as workers_mod
 from experiments.config import ConfigError, Experiment, apply_override
+from experiments.ranking import pareto, ranking  # noqa: F401 -- where tests looked for them
 from experiments.store import Result, Store, config_hash, tool_version
-from sharding.mesh import CPU_MAX_DEVICES
+from meshes.calibration import Calibration
 from sharding.rules import MESH_AXES
-from sharding.units import fmt_bytes, fmt_s
 
+# The mesh axes a search spreads the devices over unless told: the batch's (data, FSDP)
+# and tensor parallelism.
 DEFAULT_AXES = ("data", "fsdp", "tensor")
 
 
@@ -134,104 +134,6 @@ def pre_estimate(exp: Experiment) -> float:
     return moved
 
 
-# --- workers ----------------------------------------------------------------------------
-class Worker:
-    """A worker process for one device count (experiments/worker.py), reused for every
-    config of that count until it dies."""
-
-    def __init__(self, devices: int):
-        self.devices = devices
-        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-        self.stderr = open(os.devnull, "w")  # noqa: SIM115 -- lives as long as the process
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "experiments.worker", str(devices)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
-            start_new_session=True)
-
-    def ask(self, request: dict, timeout_s: float) -> dict:
-        """The worker's answer, or an error answer when it died or took too long."""
-        try:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            return self._died()
-        box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()),
-                                  daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        if reader.is_alive():
-            self.kill()
-            return {"status": "error", "message": f"did not finish within {timeout_s:.0f} s"}
-        if not box or not box[0]:
-            return self._died()
-        return json.loads(box[0])
-
-    def _died(self) -> dict:
-        code = self.proc.wait()
-        how = (f"signal {signal.Signals(-code).name}" if code < 0 else f"exit {code}")
-        return {"status": "error", "message": f"the compiler process died ({how}) while "
-                                              f"compiling this config"}
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
-        self._close_pipes()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()  # end of input ends the worker
-            except BrokenPipeError:
-                pass
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._close_pipes()
-
-    def _close_pipes(self) -> None:
-        for f in (self.proc.stdin, self.proc.stdout, self.stderr):
-            try:
-                f.close()
-            except (BrokenPipeError, OSError):
-                pass
-
-
-class Pool:
-    """`size` worker slots; each thread keeps its worker for the next config of the same
-    device count and replaces it when it died."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self.local = threading.local()
-        self.workers: list[Worker] = []
-        self.lock = threading.Lock()
-
-    def ask(self, devices: int, request: dict, timeout_s: float) -> dict:
-        w = getattr(self.local, "worker", None)
-        if w is None or not w.alive or w.devices != devices:
-            if w is not None:
-                w.close()
-            w = Worker(devices)
-            with self.lock:
-                self.workers.append(w)
-            self.local.worker = w
-        return w.ask(request, timeout_s)
-
-    def close(self, *, kill: bool = False) -> None:
-        for w in self.workers:
-            w.kill() if kill else w.close()
-
-
 # --- the search -------------------------------------------------------------------------
 @dataclasses.dataclass
 class Outcome:
@@ -239,6 +141,7 @@ class Outcome:
     skipped: int  # already in the store
     compiled: int
     interrupted: bool = False
+    untried: int = 0  # left out by the budget (or started past the time budget)
 
 
 def result_of(c: Candidate, answer: dict, *, search: str, backend: str) -> Result:
@@ -260,12 +163,12 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
                vary: Sequence[tuple[str, list[str]]], store: Store, search: str,
                backend: str = "cpu", workers: int | None = None, keep_unfit: bool = False,
                budget: int | None = None, time_budget_s: float | None = None,
-               timeout_s: float = 1800.0, calibration: str | None = None,
+               timeout_s: float = 1800.0, calibration: Calibration | None = None,
                on_result: Callable[[Result, dict], None] | None = None,
                ray_address: str | None = None) -> Outcome:
     """Enumerate, order, compile what the store lacks on a worker pool (or as Ray tasks:
     `ray_address` "" for a local instance, else the cluster's address), commit each result
-    as it arrives."""
+    as it arrives. `budget`: compile at most that many (the rest are `untried`)."""
     candidates = enumerate_candidates(exp_raw, num_devices, axes, vary)
     version = tool_version()
     done = store.done(version, backend)
@@ -283,29 +186,23 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
             on_result(r, progress)
     runnable = sorted((c for c in todo if c.exp is not None),
                       key=lambda c: pre_estimate(c.exp))
+    untried = 0
     if budget is not None:
+        untried = max(0, len(runnable) - budget)
         runnable = runnable[:budget]
-    t0 = time.perf_counter()
+        progress["total"] -= untried
+    request = {"backend": backend, "keep_unfit": keep_unfit,
+               "calibration": calibration.to_dict() if calibration else None}
+    submit, shutdown, slots = workers_mod.executor(
+        workers=workers, timeout_s=timeout_s, time_budget_s=time_budget_s,
+        ray_address=ray_address)
     interrupted = False
     compiled = 0
-
-    def request(c: Candidate) -> dict:
-        return {"config": c.raw, "backend": backend, "keep_unfit": keep_unfit,
-                "calibration": calibration}
-
-    if ray_address is not None:
-        submit, shutdown = _ray_executor(ray_address, timeout_s)
-    else:
-        submit, shutdown = _pool_executor(workers or os.cpu_count() or 1, timeout_s, t0,
-                                          time_budget_s)
     futures: dict = {}
     try:
         for c in runnable:
-            # A worker fakes the devices its compile needs: past what XLA:CPU fakes, the
-            # runner compiles fewer data-parallel replicas within that limit.
-            devices = min(c.exp.system.num_devices, CPU_MAX_DEVICES)
-            futures[submit(devices, request(c))] = c
-        slots = workers or os.cpu_count() or 1
+            devices = workers_mod.devices_for(c.exp.system.num_devices)
+            futures[submit(devices, {**request, "config": c.raw})] = c
         left = len(futures)
         progress["running"] = min(slots, left)
         for f in concurrent.futures.as_completed(futures):
@@ -313,6 +210,7 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
             left -= 1
             progress["running"] = min(slots, left)
             if not answer:  # past the time budget: left for a rerun
+                untried += 1
                 continue
             r = result_of(c, answer, search=search, backend=backend)
             compiled += answer["status"] == "ok"
@@ -326,144 +224,17 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
         interrupted = True
     finally:
         shutdown(interrupted)
-    return Outcome(results, skipped, compiled, interrupted)
+    return Outcome(results, skipped, compiled, interrupted, untried)
 
 
-def _pool_executor(size: int, timeout_s: float, t0: float, time_budget_s: float | None):
-    """(submit, shutdown) over local worker processes: submit(devices, request) -> a
-    future of the worker's answer ({} once past the time budget)."""
-    pool = Pool(size)
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=size)
-
-    def one(devices: int, req: dict) -> dict:
-        if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
-            return {}
-        return pool.ask(devices, req, timeout_s)
-
-    def shutdown(interrupted: bool) -> None:
-        if interrupted:  # kill first: the threads waiting on their workers then return
-            pool.close(kill=True)
-        executor.shutdown(wait=not interrupted, cancel_futures=True)
-        if not interrupted:
-            pool.close()
-
-    return (lambda devices, req: executor.submit(one, devices, req)), shutdown
-
-
-def compile_in_worker(devices: int, req: dict, timeout_s: float) -> dict:
-    """One config in a fresh worker process (a Ray task: a crash stays in that process)."""
-    w = Worker(devices)
-    try:
-        return w.ask(req, timeout_s)
-    finally:
-        w.close()
-
-
-def _ray_executor(address: str, timeout_s: float):
-    """(submit, shutdown) over Ray: one task per config, its device count and backend in
-    the task's runtime environment; the driver gets each answer as a future."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--ray needs Ray: pip install 'shardscope[ray]'") from None
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-    task = ray.remote(num_cpus=1, max_retries=0)(compile_in_worker)
-
-    def submit(devices: int, req: dict):
-        env = {"JAX_PLATFORMS": "cpu", "SHARDSCOPE_DEVICES": str(devices),
-               "SHARDSCOPE_BACKEND": req["backend"]}
-        fault = os.environ.get("SHARDSCOPE_FAULT")
-        if fault:
-            env["SHARDSCOPE_FAULT"] = fault
-        return task.options(runtime_env={"env_vars": env}).remote(devices, req,
-                                                                   timeout_s).future()
-
-    def shutdown(interrupted: bool) -> None:
-        if started:
-            ray.shutdown()
-
-    return submit, shutdown
-
-
-# --- reading a store --------------------------------------------------------------------
-def ranking(results: Sequence[Result]) -> list[Result]:
-    """Those that ran and fit, fastest first."""
-    ok = [r for r in results if r.status == "ok" and r.step_time_s and r.fits is not False]
-    return sorted(ok, key=lambda r: r.step_time_s)
-
-
-def pareto(results: Sequence[Result]) -> list[Result]:
-    """The configs no other beats on both step time and memory per device."""
-    ok = [r for r in results if r.status == "ok" and r.step_time_s]
-    front, best_mem = [], math.inf
-    for r in sorted(ok, key=lambda r: (r.step_time_s, r.memory_per_device_bytes)):
-        if r.memory_per_device_bytes < best_mem:
-            front.append(r)
-            best_mem = r.memory_per_device_bytes
-    return front
-
-
-def why_not(r: Result, best: Result | None) -> str:
-    if r.status != "ok":
-        return f"{r.status}: {r.message}"
-    if r.fits is False:
-        return f"does not fit ({fmt_bytes(r.memory_per_device_bytes)} per device)"
-    if best is not None and r.step_time_s:
-        return f"{r.step_time_s / best.step_time_s - 1:+.0%} slower than the best"
-    return ""
-
-
-def format_results(results: Sequence[Result], top: int = 10) -> str:
-    ranked = ranking(results)
-    best = ranked[0] if ranked else None
-    w = max([len("config"), *(len(r.name) for r in ranked[:top])]) + 2
-    head = (f"{'rank':>4}  {'config':<{w}}{'step':>11}{'tok/s/dev':>11}{'MFU':>7}"
-            f"{'memory/dev':>12}  bottleneck")
-    lines = [head, "-" * len(head)]
-    for i, r in enumerate(ranked[:top], 1):
-        lines.append(f"{i:>4}  {r.name:<{w}}{fmt_s(r.step_time_s):>11}"
-                     f"{r.tokens_per_s_per_device or 0:>11,.0f}{(r.mfu or 0):>7.1%}"
-                     f"{fmt_bytes(r.memory_per_device_bytes):>12}  "
-                     f"{r.bottleneck.split(';')[0]}")
-    if not ranked:
-        lines.append("(no config ran and fit)")
-    others = [r for r in results if r not in ranked[:top]]
-    counts = {s: sum(r.status == s for r in results) for s in ("ok", "refused", "error")}
-    lines.append("")
-    lines.append(f"{len(results)} configs: {counts['ok']} estimated ({len(ranked)} fit), "
-                 f"{counts['refused']} refused, {counts['error']} failed")
-    front = pareto(results)
-    if front:
-        lines.append("pareto front (none is both faster and smaller):")
-        fw = max(len(r.name) for r in front) + 2
-        lines += [f"  {r.name:<{fw}}{fmt_s(r.step_time_s):>11}"
-                  f"{fmt_bytes(r.memory_per_device_bytes):>12}" for r in front]
-    if others:
-        lines.append("why the others lost:")
-        for r in others[:20]:
-            lines.append(f"  {r.name}: {why_not(r, best)}")
-        if len(others) > 20:
-            lines.append(f"  ... and {len(others) - 20} more (--json has them all)")
-    return "\n".join(lines)
-
-
-def to_json(results: Sequence[Result]) -> dict:
-    ranked = ranking(results)
-    return {"results": [r.summary() for r in results],
-            "best": ranked[0].summary() if ranked else None,
-            "pareto": [r.name for r in pareto(results)]}
-
-
-def reestimate(store: Store, *, system: str | None = None, calibration=None,
+def reestimate(store: Store, *, system: str | None = None,
+               calibration: Calibration | None = None,
                search: str | None = None) -> list[Result]:
     """Re-time every stored compiled program under the current model (or `calibration`),
     on its own system or on `system` (same device count), without compiling: from the
     program as read when it was compiled (sharding/plan.py), or from its HLO when the
-    store's plan is of an older format. The store's rows are updated when no other system
-    is asked for."""
+    store's plan is of an older format. The store keeps them: its rows updated in place on
+    their own system, or as re-estimates on `system` (`Store.results(system=...)`)."""
     import sharding
     from meshes import get_system
     from sharding.analysis import AnalysisInputs
@@ -494,85 +265,11 @@ def reestimate(store: Store, *, system: str | None = None, calibration=None,
                 "tokens_per_s_per_device"], mfu=d["mfu"],
             memory_per_device_bytes=d["memory_per_device_bytes"], fits=d["fits"],
             bottleneck=d["bottleneck"], report=d, inputs=rep.inputs.to_dict(), hlo_text="",
-            plan=r.plan if plan is not None else rep.inputs.plan.to_bytes())
+            plan=r.plan if plan is not None else rep.inputs.plan.to_bytes(),
+            retimed_on=system or "")
         if system is None:
             store.update_estimate(new)
+        else:
+            store.add_estimate(new, system)
         out.append(new)
     return out
-
-
-def render_html(results: Sequence[Result], title: str = "search") -> str:
-    """One page: the Pareto scatter of step time against memory per device (every config
-    that ran; the front joined; those that do not fit hollow) and the ranking."""
-    import html as h
-
-    ok = [r for r in results if r.status == "ok" and r.step_time_s and
-          r.memory_per_device_bytes]
-    front = pareto(results)
-    ranked = ranking(results)
-    width, height, left, right, top, bottom = 760, 420, 80, 30, 30, 50
-    svg = [f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
-           f'font-family="sans-serif" font-size="11" class="pareto">',
-           f'<rect x="{left}" y="{top}" width="{width - left - right}" '
-           f'height="{height - top - bottom}" fill="none" stroke="#ccc"/>']
-    if ok:
-        xs = [r.memory_per_device_bytes for r in ok]
-        ys = [r.step_time_s for r in ok]
-        x_lo, x_hi = min(xs) / 1.2, max(xs) * 1.2
-        y_lo, y_hi = min(ys) / 1.2, max(ys) * 1.2
-
-        def px(x):
-            return left + (width - left - right) * math.log(x / x_lo) / math.log(x_hi / x_lo)
-
-        def py(y):
-            return height - bottom - (height - top - bottom) * math.log(y / y_lo) / \
-                math.log(y_hi / y_lo)
-
-        for frac in (0.0, 0.25, 0.5, 0.75, 1.0):  # ticks, log-spaced
-            xv = x_lo * (x_hi / x_lo) ** frac
-            yv = y_lo * (y_hi / y_lo) ** frac
-            svg.append(f'<text x="{px(xv):.1f}" y="{height - bottom + 16}" '
-                       f'text-anchor="middle" class="xtick">{fmt_bytes(xv)}</text>'
-                       f'<text x="{left - 6}" y="{py(yv) + 4:.1f}" text-anchor="end" '
-                       f'class="ytick">{fmt_s(yv)}</text>')
-        svg.append(f'<text x="{width / 2:.0f}" y="{height - 10}" text-anchor="middle">memory '
-                   f'per device (log)</text><text x="{left}" y="{top - 10}">step time (log); '
-                   f'the Pareto front joined</text>')
-        pts = " ".join(f"{px(r.memory_per_device_bytes):.1f},{py(r.step_time_s):.1f}"
-                       for r in sorted(front, key=lambda r: r.memory_per_device_bytes))
-        svg.append(f'<polyline class="front" fill="none" stroke="#e45756" '
-                   f'stroke-width="1.5" points="{pts}"/>')
-        for r in ok:
-            fill = "#4c78a8" if r.fits is not False else "none"
-            svg.append(f'<circle class="config{" on-front" if r in front else ""}" '
-                       f'cx="{px(r.memory_per_device_bytes):.1f}" cy="{py(r.step_time_s):.1f}" '
-                       f'r="5" fill="{fill}" stroke="#4c78a8"><title>{h.escape(r.name)}: '
-                       f'{fmt_s(r.step_time_s)}, {fmt_bytes(r.memory_per_device_bytes)}'
-                       f'{"" if r.fits is not False else " (does not fit)"}</title></circle>')
-            if r in front:  # the front's configs by their sharding
-                short = r.name.removeprefix(f"{title}-")
-                svg.append(f'<text x="{px(r.memory_per_device_bytes) + 7:.1f}" '
-                           f'y="{py(r.step_time_s) - 7:.1f}" class="label">'
-                           f'{h.escape(short)}</text>')
-    svg.append("</svg>")
-    rows = "".join(
-        f"<tr><td>{i}</td><td>{h.escape(r.name)}</td><td>{fmt_s(r.step_time_s)}</td>"
-        f"<td>{(r.tokens_per_s_per_device or 0):,.0f}</td><td>{(r.mfu or 0):.1%}</td>"
-        f"<td>{fmt_bytes(r.memory_per_device_bytes)}</td>"
-        f"<td>{h.escape(r.bottleneck)}</td></tr>" for i, r in enumerate(ranked, 1))
-    lost = "".join(f"<tr><td>{h.escape(r.name)}</td><td>{h.escape(why_not(r, ranked[0] if ranked else None))}</td></tr>"  # noqa: E501
-                   for r in results if r not in ranked)
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>shardscope search: {h.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}</style></head><body>
-<h1>Search: {h.escape(title)}</h1>
-<p>{len(results)} configs; {len(ok)} estimated, {len(ranked)} fit. Hover a point for its
-config.</p>
-{''.join(svg)}
-<h2>Ranking (those that fit, fastest first)</h2>
-<table class="ranking"><tr><th>rank</th><th>config</th><th>step</th><th>tokens/s per device</th>
-<th>MFU</th><th>memory/device</th><th>bottleneck</th></tr>{rows}</table>
-<h2>The others</h2><table class="others"><tr><th>config</th><th>why</th></tr>{lost}</table>
-</body></html>
-"""

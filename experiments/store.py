@@ -5,9 +5,10 @@ A row keeps the config that ran, its status (ok / refused / error) and one-line 
 headline figures (for ranking without reading the reports), the JSON report, the timings,
 and the compiled HLO (zlib) with what the estimate was made from and the program as read
 (sharding/plan.py), so that `--reestimate` re-times it without compiling or reading the HLO
-again (a store written before plans were kept gains the column when opened). Several
-searches may write one store at once: SQLite's lock serialises the writes and the primary
-key keeps each result once.
+again (a store written before plans were kept gains the column when opened). Re-estimates
+on another system of the same size are kept per system beside it (table `estimates`).
+Several searches may write one store at once: SQLite's lock serialises the writes and the
+primary key keeps each result once.
 """
 
 from __future__ import annotations
@@ -45,6 +46,26 @@ CREATE TABLE IF NOT EXISTS results (
     created REAL NOT NULL,
     plan BLOB,
     PRIMARY KEY (config_hash, tool_version, backend)
+)
+"""
+
+# Re-estimates of a stored program on another system of the same device count (`search
+# --reestimate --system S`), one row per program and system.
+ESTIMATES = """
+CREATE TABLE IF NOT EXISTS estimates (
+    config_hash TEXT NOT NULL,
+    tool_version TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    system TEXT NOT NULL,
+    step_time_s REAL,
+    tokens_per_s_per_device REAL,
+    mfu REAL,
+    memory_per_device_bytes REAL,
+    fits INTEGER,
+    bottleneck TEXT,
+    report TEXT,
+    created REAL NOT NULL,
+    PRIMARY KEY (config_hash, tool_version, backend, system)
 )
 """
 
@@ -100,6 +121,12 @@ class Result:
     plan: bytes = b""  # sharding.plan.Plan.to_bytes()
     timings: dict = dataclasses.field(default_factory=dict)
     created: float = 0.0
+    retimed_on: str = ""  # the system of a re-estimate; "" when as compiled
+
+    @property
+    def system(self) -> str:
+        """The system the figures are for."""
+        return self.retimed_on or self.config.get("system", {}).get("name", "?")
 
     def summary(self) -> dict:
         """The fields of `search --json`'s results."""
@@ -114,12 +141,13 @@ class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if not self.path.parent.exists():
-            raise ValueError(f"--store {str(path)!r}: folder {str(self.path.parent)!r} does not "
-                             f"exist; create it or store elsewhere")
+            raise ValueError(f"results store {str(path)!r}: folder {str(self.path.parent)!r} "
+                             f"does not exist; create it or store elsewhere")
         self.db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
         self._setup("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self._setup(SCHEMA)
+        self._setup(ESTIMATES)
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(results)")}
         if "plan" not in columns:  # a store from before plans were kept
             try:
@@ -182,6 +210,15 @@ class Store:
              json.dumps(r.report, default=str), json.dumps(r.inputs, default=str),
              r.plan or None, r.config_hash, r.tool_version, r.backend))
 
+    def add_estimate(self, r: Result, system: str) -> None:
+        """Keep a re-estimate of a stored program on `system` (replacing an older one)."""
+        self.db.execute(
+            "INSERT OR REPLACE INTO estimates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (r.config_hash, r.tool_version, r.backend, system, r.step_time_s,
+             r.tokens_per_s_per_device, r.mfu, r.memory_per_device_bytes,
+             None if r.fits is None else int(r.fits), r.bottleneck,
+             json.dumps(r.report, default=str), time.time()))
+
     def hlo(self, r: Result) -> str:
         """A stored result's compiled HLO ("" when none was kept)."""
         row = self.db.execute("SELECT hlo FROM results WHERE config_hash=? AND "
@@ -190,17 +227,30 @@ class Store:
         return zlib.decompress(row[0]).decode() if row and row[0] else ""
 
     def results(self, *, search: str | None = None, with_hlo: bool = False,
-                with_plan: bool = False) -> list[Result]:
+                with_plan: bool = False, system: str | None = None) -> list[Result]:
         """Every stored result (of one search when given), oldest first; the compiled HLO
-        and the program as read only when asked for."""
-        cols = ("config_hash, tool_version, backend, search, name, config, parallelism, "
-                "varied, status, message, step_time_s, tokens_per_s_per_device, mfu, "
-                "memory_per_device_bytes, fits, bottleneck, report, inputs, timings, created, "
-                + ("hlo" if with_hlo else "NULL") + ", " + ("plan" if with_plan else "NULL"))
-        query = f"SELECT {cols} FROM results" + (" WHERE search = ?" if search else "") + \
-            " ORDER BY created"
+        and the program as read only when asked for. `system`: the re-estimates kept for
+        it instead of the figures as compiled (only the programs re-timed on it)."""
+        cols = ("r.config_hash, r.tool_version, r.backend, r.search, r.name, r.config, "
+                "r.parallelism, r.varied, r.status, r.message, "
+                + ("e" if system else "r") + ".step_time_s, "
+                + ", ".join(f"{'e' if system else 'r'}.{c}" for c in (
+                    "tokens_per_s_per_device", "mfu", "memory_per_device_bytes", "fits",
+                    "bottleneck", "report"))
+                + ", r.inputs, r.timings, r.created, "
+                + ("r.hlo" if with_hlo else "NULL") + ", " + ("r.plan" if with_plan else "NULL"))
+        query = f"SELECT {cols} FROM results r"
+        args: list = []
+        if system:
+            query += (" JOIN estimates e ON e.config_hash = r.config_hash AND "
+                      "e.tool_version = r.tool_version AND e.backend = r.backend AND "
+                      "e.system = ?")
+            args.append(system)
+        if search:
+            query += " WHERE r.search = ?"
+            args.append(search)
         out = []
-        for row in self.db.execute(query, (search,) if search else ()):
+        for row in self.db.execute(query + " ORDER BY r.created", args):
             (h, version, backend, name_s, name, config, par, varied, status, message, step,
              tps, mfu, mem, fits, bottleneck, report, inputs, timings, created) = row[:20]
             out.append(Result(
@@ -213,5 +263,5 @@ class Store:
                 inputs=json.loads(inputs) if inputs else None,
                 hlo_text=zlib.decompress(row[20]).decode() if with_hlo and row[20] else "",
                 plan=row[21] or b"",
-                timings=json.loads(timings), created=created))
+                timings=json.loads(timings), created=created, retimed_on=system or ""))
         return out

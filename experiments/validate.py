@@ -1,8 +1,9 @@
 """`shardscope validate`: every config of a directory that carries a [measured] table, run and
 compared with its published step time.
 
-Each case compiles in its own process (a fresh JAX with the device count it needs), a few
-at a time; a compiler crash or a refusal is that case's row, never the end of the run. The
+Each case compiles in a worker process (experiments/workers.py, as a search's configs do: a
+JAX with the device count it needs), a few at a time; a compiler crash or a refusal is
+that case's row, never the end of the run. The
 summary gives the median and 90th percentile of |error| overall and per family (system
 family and matmul precision), the figures a step-time model is judged by.
 
@@ -11,17 +12,12 @@ Errors are (estimate - measured) / measured: positive means the estimate is too 
 
 from __future__ import annotations
 
-import argparse
-import concurrent.futures
 import dataclasses
-import json
 import math
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from meshes.calibration import Calibration
 
 VALIDATION_DIR = Path(__file__).resolve().parent / "validation"
 _PRECISION = {"bfloat16": "bf16", "float32": "f32", "float8": "fp8", "float4": "fp4"}
@@ -113,76 +109,40 @@ def load_case(path: str | Path):
     return exp
 
 
-def run_case(path: str | Path, *, backend: str = "cpu", calibration: str | None = None) -> Row:
-    """Load, compile and estimate one case in this process (`calibration`: a calibration
-    file; the catalog's by default)."""
-    from experiments import runner
-    from experiments.config import load_calibration
-
-    exp = load_case(path)
+def _row(path: Path, exp, answer: dict) -> Row:
+    """A case's row from its worker's answer (experiments/workers.py)."""
     base = dict(name=exp.name, path=str(path), family=family_of(exp),
-                measured_s=exp.measured.step_time_s)
-    t0 = time.perf_counter()
-    try:
-        report = runner.run(exp, backend=backend, calibration=load_calibration(calibration)
-                            if calibration else None)
-    except ValueError as e:
-        return Row(**base, status="refused", message=_first_line(e),
-                   wall_s=time.perf_counter() - t0)
-    return Row(**base, status="ok", estimate_s=report.step_time_s, mfu=report.mfu,
-               bottleneck=report.time_bottleneck(), compiler=report.compiler, fits=report.fits,
-               timings=dict(report.timings), wall_s=time.perf_counter() - t0,
-               features=report.calibration_features())
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _run_in_subprocess(path: Path, backend: str, timeout_s: float,
-                       calibration: str | None) -> Row:
-    """Run one case in a fresh interpreter; a crash or a timeout becomes an error row."""
-    cmd = [sys.executable, "-m", "experiments.validate", "--case", str(path),
-           "--backend", backend] + (["--calibration", str(calibration)] if calibration else [])
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        return _error_row(path, f"did not finish within {timeout_s:.0f} s", t0)
-    if p.returncode != 0:
-        lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
-        return _error_row(path, f"exit {p.returncode}: {lines[-1] if lines else 'no output'}", t0)
-    return Row(**json.loads(p.stdout.strip().splitlines()[-1]))
-
-
-def _error_row(path: Path, message: str, t0: float) -> Row:
-    from experiments import config
-
-    try:
-        exp = config.load(path)
-        base = dict(name=exp.name, family=family_of(exp), measured_s=exp.measured.step_time_s)
-    except (ValueError, AttributeError):
-        base = dict(name=path.stem, family="?", measured_s=float("nan"))
-    return Row(**base, path=str(path), status="error", message=message,
-               wall_s=time.perf_counter() - t0)
+                measured_s=exp.measured.step_time_s, wall_s=answer.get("wall_s", 0.0))
+    if answer["status"] != "ok":
+        return Row(**base, status=answer["status"], message=answer.get("message", ""))
+    rep = answer["report"]
+    return Row(**base, status="ok", estimate_s=rep["step_time_s"], mfu=rep["mfu"],
+               bottleneck=rep["time_bottleneck"], compiler=rep["compiler"], fits=rep["fits"],
+               timings=dict(rep["timings"]), features=answer["features"])
 
 
 def validate(directory: str | Path | Sequence[str | Path] | None = None, *,
-             backend: str = "cpu",
-             workers: int | None = None, timeout_s: float = 1800.0,
-             calibration: str | None = None) -> list[Row]:
+             backend: str = "cpu", workers: int | None = None, timeout_s: float = 1800.0,
+             calibration: Calibration | None = None) -> list[Row]:
     """Every case of `directory`, `workers` at a time (the core count by default), each
     with its leave-one-out estimate: the step under a calibration fitted on the other
-    cases (experiments/calibrate.py)."""
+    cases (experiments/calibrate.py). `calibration`: the efficiencies to estimate with
+    (the catalog's by default)."""
+    from experiments import config
+    from experiments import workers as workers_mod
+
     paths = find_cases(VALIDATION_DIR if not directory else directory)
-    for path in paths:  # config mistakes are the user's: one line, before any compile
-        load_case(path)
-    workers = workers or os.cpu_count() or 1
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        rows = list(pool.map(lambda p: _run_in_subprocess(p, backend, timeout_s, calibration),
-                             paths))
+    cases = [(path, load_case(path)) for path in paths]  # config mistakes: before compiling
+    submit, shutdown, _ = workers_mod.executor(workers=workers, timeout_s=timeout_s)
+    request = {"backend": backend, "keep_unfit": True,
+               "calibration": calibration.to_dict() if calibration else None}
+    try:
+        futures = [submit(workers_mod.devices_for(exp.system.num_devices),
+                          {**request, "config": config.load_raw(path)})
+                   for path, exp in cases]
+        rows = [_row(path, exp, f.result()) for (path, exp), f in zip(cases, futures, strict=True)]
+    finally:
+        shutdown(False)
     return _with_leave_one_out(rows)
 
 
@@ -270,19 +230,3 @@ def timing_lines(rows: list[Row], wall_s: float) -> list[str]:
     return [f"wall {wall_s:.1f} s for {len(rows)} cases; per case: compile "
             f"{sum(compile_s) / len(ran):.1f} s mean, after compile (parse + estimate) "
             f"{sum(after) / len(ran):.3f} s mean, {max(after):.3f} s max"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m experiments.validate --case PATH`: one case, its row as JSON on stdout."""
-    p = argparse.ArgumentParser()
-    p.add_argument("--case", required=True)
-    p.add_argument("--backend", default="cpu")
-    p.add_argument("--calibration", default=None)
-    args = p.parse_args(argv)
-    row = run_case(args.case, backend=args.backend, calibration=args.calibration)
-    print(json.dumps(dataclasses.asdict(row)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,15 +1,12 @@
-"""A search worker: one process that compiles configs of one device count, one at a time.
+"""A compile worker: one process that compiles configs of one device count, one at a time.
 
     python -m experiments.worker DEVICES
 
 It starts JAX once with DEVICES fake CPU devices (set before JAX starts, as a worker of any
-other size could not), then reads one JSON request per line on stdin -- `{"config": the
-config's tables, "backend": ..., "keep_unfit": bool, "calibration": path or null}` -- and
-answers each with one JSON line on stdout: the status (ok / refused / error), the message,
-the report, what the estimate was made from, the HLO and the program as read
-(sharding/plan.py, base64). A compiler that aborts or
-crashes takes the process with it: the parent (experiments/search.py) records that config's
-error from the exit signal and starts a new worker. End of input ends the worker.
+other size could not), then reads one JSON request per line on stdin and answers each with
+one JSON line on stdout (the protocol: experiments/workers.py). A compiler that aborts or
+crashes takes the process with it: the parent records that config's error from the exit
+signal and starts a new worker. End of input ends the worker.
 
 For testing the parent's recovery, SHARDSCOPE_FAULT=abort:TEXT makes the worker abort
 (SIGABRT, as a failing compiler does) on a config whose name contains TEXT.
@@ -32,7 +29,8 @@ def _serve(devices: int) -> None:
 
     from experiments import config as config_mod
     from experiments import runner
-    from experiments.config import ConfigError, load_calibration
+    from experiments.config import ConfigError
+    from meshes.calibration import calibration_from_dict
 
     fault = os.environ.get("SHARDSCOPE_FAULT", "")
     out = os.fdopen(os.dup(1), "w")  # compiles capture fd 2; keep stdout for answers only
@@ -47,11 +45,14 @@ def _serve(devices: int) -> None:
             exp = config_mod.from_dict(req["config"])
             if fault.startswith("abort:") and fault[6:] in exp.name:
                 os.abort()
-            cal = load_calibration(req["calibration"]) if req.get("calibration") else None
-            report = runner.run(exp, backend=req.get("backend", "cpu"), calibration=cal,
+            cal = req.get("calibration")
+            report = runner.run(exp, backend=req.get("backend", "cpu"),
+                                calibration=calibration_from_dict(cal, "the request")
+                                if cal else None,
                                 compile_unfit=req.get("keep_unfit", False))
             plan = report.inputs.plan.to_bytes() if report.inputs.plan else b""
             answer.update(status="ok", message="", report=report.to_dict(groups=False),
+                          features=report.calibration_features(),
                           inputs=report.inputs.to_dict(), hlo=report.inputs.hlo_text,
                           plan=base64.b64encode(plan).decode())
         except ConfigError as e:

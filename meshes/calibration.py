@@ -81,6 +81,13 @@ class Calibration:
     def values(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in PARAMETERS}
 
+    def to_dict(self) -> dict:
+        """The calibration file's tables (`calibration_from_dict` reads them back): how a
+        calibration travels to a compile in another process."""
+        return {"parameters": self.values(), "provenance": {"summary": self.source},
+                "best_measured_mfu": {f: {"mfu": m, "run": run}
+                                      for f, (m, run) in self.best_mfu.items()}}
+
 
 IDENTITY = Calibration()
 

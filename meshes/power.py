@@ -284,27 +284,6 @@ def describe(family: str, chip) -> list[tuple[str, str]]:
              else "no public list price: set [cost] usd_per_chip_hour")]
 
 
-_UNITS = {"w": 1.0, "kw": 1e3, "mw": 1e6, "gw": 1e9}
-
-
-def parse_power(text: str) -> float:
-    """"100MW", "250 kW", "1.5e8" (watts) -> watts.
-
-    Raises:
-        ValueError: not a positive power with a unit of W, kW, MW or GW.
-    """
-    t = text.strip().lower().replace(" ", "")
-    unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if t.endswith(u)), "")
-    try:
-        value = float(t[:len(t) - len(unit)]) * _UNITS.get(unit, 1.0)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or math.isinf(value):
-        raise ValueError(f"--power-budget {text!r}: give a power like 100MW, 250kW or 1.5e8 "
-                         f"(watts)")
-    return value
-
-
 def estimate(*, family: str, chip, num_devices: int, step_s: float, compute_s: float,
              tokens_per_step: float | None, cost: Cost | None = None) -> Energy | None:
     """The step's power, energy and cost on `num_devices` devices of `chip` in a system of

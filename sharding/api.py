@@ -94,7 +94,7 @@ def _windowed_einsum_note(counts: dict[str, int], per_comp) -> tuple[str, ...]:
     return (f"the compiler made {len(bodies)} windowed-einsum loops (collective matmuls): "
             f"{fmt_bytes(nbytes)} of HBM traffic and {fmt_s(mem_s)} of memory-bound "
             f"kernels per step, mostly partial products accumulated in HBM; XLA:CPU gathers "
-            f"the operand instead, so --backend cpu does not see this cost",)
+            f"the operand instead, so the CPU path does not see this cost",)
 
 
 def estimate(inputs: AnalysisInputs, *, system: System,
@@ -275,7 +275,8 @@ def analyze(
     system = get_system(system) if isinstance(system, str) else system
     backend = backend_of(mesh.devices.flat[0])
     compiler = compiler or compiler_name(backend, system)
-    stage(f"lowering and compiling with {compiler} for {mesh.devices.size} devices")
+    stage(f"lowering and compiling with {compiler.split(' (')[0]} for {mesh.devices.size} "
+          f"devices")
     with jax.set_mesh(mesh):
         c = compile_to_hlo(fn, *args, final_hlo=backend != "cpu")
     stage("reading the HLO and estimating")

@@ -6,6 +6,9 @@
 - a roofline of the step's operations: arithmetic intensity against attained FLOP/s, under
   the matmul rate and HBM bandwidth the step model times with (achieved, with the nominal
   figures beside them), and the operations behind it in a table.
+
+`page` is the shell and `bar_chart` the bar chart every HTML page of shardscope uses (the
+search and compare pages in experiments/pages.py too).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
-from pathlib import Path
+from collections.abc import Sequence
 
 from meshes.calibration import Calibration
 from meshes.chips import Chip, best_size_factor
@@ -26,18 +29,42 @@ _COLORS = {"matmul": "#4c78a8", "memory-bound": "#72b7b2", "exposed communicatio
 _W = 760
 
 
-def _bar_rows(rows: list[tuple[str, float, str]], fmt, width: int = _W) -> str:
-    """Horizontal bars, one per (label, value, color)."""
+def page(title: str, body: str, *, width: int = 1000, style: str = "") -> str:
+    """A whole HTML page: the one shell every page of shardscope shares (no scripts, no
+    network)."""
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>shardscope: {html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:{width}px}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}
+pre{{background:#f6f6f6;padding:1em;font-size:12px;white-space:pre-wrap;overflow-x:auto}}
+h2{{margin-top:1.6em}}.nofit{{color:#b00}}{style}</style></head><body>
+{body}
+</body></html>
+"""
+
+
+def bar_chart(rows: Sequence[tuple[str, float, str]], fmt, *, cls: str = "",
+              best: int | None = None, width: int = _W, left: int = 220) -> str:
+    """Horizontal bars, one per (label, value, colour), labels left of them and values at
+    their ends; `best`: the row to mark (class "best", red); each bar's tooltip is its
+    label and value."""
     top = max((v for _, v, _ in rows), default=0) or 1.0
-    h = 26
-    parts = [f'<svg width="{width}" height="{h * len(rows) + 10}" '
-             f'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="12">']
+    h, gap = 22, 8
+    parts = [f'<svg class="bars{" " + cls if cls else ""}" width="{width}" '
+             f'height="{10 + len(rows) * (h + gap)}" xmlns="http://www.w3.org/2000/svg" '
+             f'font-family="sans-serif" font-size="12">']
     for i, (label, v, color) in enumerate(rows):
-        w = (width - 330) * v / top
-        y = i * h + 4
-        parts.append(f'<text x="0" y="{y + 15}">{html.escape(label)}</text>'
-                     f'<rect x="220" y="{y}" width="{w:.1f}" height="{h - 8}" fill="{color}"/>'
-                     f'<text x="{226 + w:.1f}" y="{y + 15}">{html.escape(fmt(v))}</text>')
+        w = (width - left - 110) * v / top
+        y = 4 + i * (h + gap)
+        mark = i == best
+        text = html.escape(fmt(v))
+        parts.append(f'<text x="{left - 8}" y="{y + h * 0.7:.1f}" text-anchor="end" '
+                     f'class="label">{html.escape(label)}</text>'
+                     f'<rect class="bar{" best" if mark else ""}" x="{left}" y="{y}" '
+                     f'width="{w:.1f}" height="{h}" fill="{"#e45756" if mark else color}">'
+                     f'<title>{html.escape(label)}: {text}</title></rect>'
+                     f'<text x="{left + w + 6:.1f}" y="{y + h * 0.7:.1f}" class="value">'
+                     f'{text}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -48,12 +75,12 @@ def step_plot(r: Report) -> str:
             ("exposed communication", r.exposed_comm_s, _COLORS["exposed communication"])]
     rows += [(f"{link} collectives (overlapped or not)", d["time_s"], _COLORS.get(link, "#999"))
              for link, d in r.by_link().items()]
-    return _bar_rows(rows, fmt_s)
+    return bar_chart(rows, fmt_s, cls="step")
 
 
 def link_bytes_plot(r: Report) -> str:
     rows = [(link, d["bytes"], _COLORS.get(link, "#999")) for link, d in r.by_link().items()]
-    return _bar_rows(rows, fmt_bytes) if rows else "<p>(no collectives)</p>"
+    return bar_chart(rows, fmt_bytes, cls="links") if rows else "<p>(no collectives)</p>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +204,10 @@ def _op_table(r: Report) -> str:
             f"<th>TFLOP/s</th><th>FLOP/byte</th></tr>{rows}</table>")
 
 
-def render_html(r: Report, *, roofs: Roofs) -> str:
+def render_html(r: Report, *, chip: Chip, compute_dtype: str = "bfloat16") -> str:
+    """The report's page: where the step goes, bytes per link, the roofline, the
+    collectives and the text summary."""
+    roofs = Roofs.of(r, chip, compute_dtype)
     rows = "".join(
         f"<tr><td>{g['kind']}</td><td>{','.join(g['mesh_axes']) or '-'}</td><td>{g['link']}</td>"
         f"<td>{html.escape(g['algorithm'])}</td><td>{fmt_bytes(g['bytes'])}</td>"
@@ -186,15 +216,10 @@ def render_html(r: Report, *, roofs: Roofs) -> str:
         for g in r.rows()
     )
     summary = html.escape(r.format_table().split("\n\n")[-1])
-    title = html.escape(r.name or "report")
+    title = r.name or "report"
     verdict = "" if r.fits else (f"<p class=\"nofit\"><b>Does not fit</b>: "
                                  f"{html.escape(r.bottleneck())}; times are as if it fit.</p>")
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>shardscope: {title}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1000px}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}pre{{background:#f6f6f6;padding:1em;
-white-space:pre-wrap}}h2{{margin-top:1.6em}}.nofit{{color:#b00}}</style></head><body>
-<h1>{title} on {html.escape(r.system)}</h1>{verdict}
+    return page(title, f"""<h1>{html.escape(title)} on {html.escape(r.system)}</h1>{verdict}
 <p>{r.num_devices} devices; HLO from {html.escape(r.compiler)}. Step
 {fmt_s(r.step_time_s)} (between {fmt_s(r.step_time_bounds_s[0])} with perfect overlap and
 {fmt_s(r.step_time_bounds_s[1])} with none). Bottleneck: {html.escape(r.bottleneck())}.</p>
@@ -209,14 +234,4 @@ below lists the largest.</p>
 <h2>Collectives</h2>
 <table><tr><th>kind</th><th>mesh axes</th><th>link</th><th>algorithm</th><th>bytes/step</th>
 <th>count</th><th>time/step</th><th>operations</th></tr>{rows}</table>
-<h2>Summary</h2><pre>{summary}</pre>
-</body></html>
-"""
-
-
-def write_html(r: Report, path: str, *, chip: Chip, compute_dtype: str = "bfloat16") -> None:
-    out = Path(path)
-    if not out.parent.exists():
-        raise ValueError(f"--html {path!r}: folder {str(out.parent)!r} does not exist; create "
-                         f"it or write elsewhere")
-    out.write_text(render_html(r, roofs=Roofs.of(r, chip, compute_dtype)))
+<h2>Summary</h2><pre>{summary}</pre>""")

@@ -26,8 +26,8 @@ def ensure_cpu_devices(n: int) -> None:
     if n > CPU_MAX_DEVICES:
         raise ValueError(
             f"{n} devices: XLA:CPU handles at most {CPU_MAX_DEVICES} fake devices in one "
-            f"process (4096 failed here); compile a smaller slice of the system or use "
-            f"--backend tpu"
+            f"process (4096 failed here); compile a smaller slice of the system or with the "
+            f"TPU compiler"
         )
     try:
         # never fewer than asked for before (a search worker asks for its largest first)

@@ -8,12 +8,13 @@ import contextlib
 import contextvars
 from collections.abc import Callable
 
-_SINK: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+# A sink takes (message, notice=False): a stage line, or a notice when `notice`.
+_SINK: contextvars.ContextVar[Callable[..., None] | None] = contextvars.ContextVar(
     "shardscope_progress", default=None)
 
 
 @contextlib.contextmanager
-def reporting(sink: Callable[[str], None] | None):
+def reporting(sink: Callable[..., None] | None):
     """Send the stages named inside this block to `sink` (None: keep quiet)."""
     token = _SINK.set(sink)
     try:
@@ -27,3 +28,11 @@ def stage(message: str) -> None:
     sink = _SINK.get()
     if sink is not None:
         sink(message)
+
+
+def notice(message: str) -> None:
+    """Something the user should read before a long wait, e.g. that a compile will take
+    minutes and what is quicker; shown even where stage lines are not (not a terminal)."""
+    sink = _SINK.get()
+    if sink is not None:
+        sink(message, notice=True)

@@ -1,0 +1,131 @@
+"""`shardscope`: run experiments, inspect HLO dumps, list systems and model presets.
+
+Mistakes in what the user wrote end in one line on stderr and exit status 2.
+
+Rooms: `flags.py` declares every flag once (parent parsers and value types); `commands.py`
+the commands about one config (run, inspect, systems, models, configs); `studies.py` those
+over many (validate, calibrate, search, results, compare); `output.py` files, tables and
+progress.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+
+# Before JAX is imported: compile on fake CPU devices, never probe for accelerators. XLA's
+# C++ log lines are captured around each compile (sharding.compiler.capture_stderr) and the
+# useful ones shown in the report.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from experiments.cli import commands, studies  # noqa: E402
+from experiments.cli.flags import Parser, backend_flag, names, parents  # noqa: E402
+from experiments.config import ConfigError  # noqa: E402
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> Parser:
+    from experiments.search import DEFAULT_AXES
+
+    f = parents(DEFAULT_AXES)
+    p = Parser(prog="shardscope", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    def command(name: str, help: str, fn, *shared: str, backend: str = "",
+                **kwargs) -> Parser:
+        flags = [f[s] for s in shared]
+        if backend:
+            flags.append(backend_flag(every=backend == "every"))
+        c = sub.add_parser(name, help=help, parents=flags, **kwargs)
+        c.set_defaults(fn=fn)
+        return c
+
+    command("run", "compile and estimate an experiment config", commands.cmd_run,
+            "config", "json", "groups", "html", "calibration", "scale_out", "quiet",
+            backend="every")
+    i = command("inspect", "collectives and estimate of any HLO text dump",
+                commands.cmd_inspect, "json", "groups")
+    i.add_argument("hlo")
+    i.add_argument("--system", required=True)
+    i.add_argument("--mesh", help="mesh axes of the program, e.g. data=2,fsdp=4,tensor=2")
+
+    for name, help, fn in (
+            ("validate", "run configs with a [measured] table and compare",
+             studies.cmd_validate),
+            ("calibrate", "fit the step-time model's efficiencies on measured runs",
+             studies.cmd_calibrate)):
+        shared = ("workers", "json", "calibration") if name == "validate" else ("workers",)
+        v = command(name, help, fn, *shared, backend="one")
+        v.add_argument("dir", nargs="*", default=None,
+                       help="folders or .toml files of configs with [measured] tables "
+                            "(default: the bundled validation set, experiments/validation)")
+    c = sub.choices["calibrate"]
+    c.add_argument("--out", required=True, metavar="CAL.toml")
+    c.add_argument("--features", metavar="OUT.json",
+                   help="also write each run's step decomposition (what the fit used)")
+
+    se = command("search", "every sharding of a config's model on its system, compiled and "
+                 "ranked", studies.cmd_search, "config", "axes", "store", "workers", "budget",
+                 "calibration", "top", "json", "html", "quiet", backend="one")
+    se.add_argument("--vary", action="append", metavar="KEY=V1,V2",
+                    help="also try these values of a key, e.g. train.remat=full,minimal")
+    se.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                    help="run each compile as a Ray task: a local Ray instance, or the "
+                         "cluster at ADDRESS (e.g. ray://head:10001); the ray extra")
+    se.add_argument("--keep-unfit", action="store_true",
+                    help="compile configs the memory model says cannot fit")
+    se.add_argument("--time-budget", type=float, default=None, metavar="S",
+                    help="start no compile after S seconds")
+    se.add_argument("--timeout", type=float, default=1800.0, metavar="S",
+                    help="per-config compile limit")
+    se.add_argument("--reestimate", action="store_true",
+                    help="re-time the stored programs without compiling")
+    se.add_argument("--system", help="with --reestimate: time them on this system (same "
+                                     "device count); kept in the store per system")
+
+    rs = command("results", "the ranking in a search's results store", studies.cmd_results,
+                 "top", "json", "html")
+    rs.add_argument("store")
+    rs.add_argument("--search", help="one search of the store (its config's name)")
+    rs.add_argument("--system", help="the re-estimates kept for this system (search "
+                                     "--reestimate --system); default: as compiled")
+
+    cp = command("compare", "one config on several systems, side by side",
+                 studies.cmd_compare, "config", "scale_out", "axes", "store", "workers",
+                 "budget", "calibration", "json", "html", "quiet")
+    cp.add_argument("--systems", required=True, type=names, metavar="A,B,C",
+                    help="systems to compare, e.g. h100:64,b200:64,gb200-nvl72:64")
+    cp.add_argument("--price-per-device-hour", type=float, default=None, metavar="USD",
+                    help="what a device-hour costs you, for $ per million tokens")
+    cp.add_argument("--search", action="store_true",
+                    help="each system with the fastest sharding that fits from a search on it "
+                         "(instead of the config's; --axes, --store, --workers, --budget "
+                         "shape the search)")
+
+    command("systems", "the system catalog", commands.cmd_systems)
+    command("models", "the model presets", commands.cmd_models)
+    command("configs", "the bundled experiment configs (run them by name)",
+            commands.cmd_configs)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, tomllib.TOMLDecodeError) as e:
+        print(f"shardscope: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as e:
+        # Parse errors in HLO, unknown systems and other bad input: one line, no traceback.
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"shardscope: error: {first}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # output piped into `head` and closed early
+        sys.stderr.close()
+        return 0
+    except OSError as e:
+        print(f"shardscope: error: {e}", file=sys.stderr)
+        return EXIT_USAGE

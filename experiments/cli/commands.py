@@ -1,0 +1,177 @@
+"""The commands about one config or one thing: run, inspect, systems, models, configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.cli.output import format_columns, progress_sink, write_json, write_text
+from experiments.config import ConfigError
+from sharding import progress
+
+
+def calibration_of(args):
+    """The --calibration file's values, or None for the catalog's."""
+    if not getattr(args, "calibration", None):
+        return None
+    from experiments.config import load_calibration
+
+    return load_calibration(args.calibration)
+
+
+def cmd_run(args) -> int:
+    from experiments import config as config_mod
+    from experiments import runner
+    from experiments.store import tool_version
+
+    exp = config_mod.load(args.config, args.set or [])
+    config = {**exp.to_dict(), "backend": args.backend, "tool_version": tool_version()}
+    if args.backend == "all":
+        return _run_all_backends(args, exp, config)
+    with progress.reporting(progress_sink(args)):
+        report = runner.run(exp, backend=args.backend, calibration=calibration_of(args))
+    print(report.format_table())
+    scale_out = None
+    if args.power_budget is not None or args.tokens is not None:
+        from sharding.text import format_scale_out
+
+        scale_out = report.energy.scale_out(power_budget_w=args.power_budget,
+                                            tokens=args.tokens)
+        print("\n".join(format_scale_out(report, scale_out)))
+    if args.json:
+        write_json(args.json, {**report.to_dict(groups=args.groups), "scale_out": scale_out,
+                               "config": config})
+    if args.html:
+        from sharding.html import render_html
+
+        write_text(args.html, render_html(report, chip=exp.system.chip,
+                                          compute_dtype=exp.precision.compute))
+    return 0
+
+
+def _run_all_backends(args, exp, config) -> int:
+    """The step on every compiler that can compile for the system here, side by side."""
+    from experiments import runner
+    from sharding.compiler import available_backends, own_compiler
+    from sharding.text import format_side_by_side
+
+    if args.html:
+        raise ConfigError("--html takes one backend; run --backend all without --html, or "
+                          "--html with --backend cpu|tpu|gpu")
+    backends = available_backends(exp.system)
+    reports = []
+    with progress.reporting(progress_sink(args)):
+        for b in backends:
+            reports.append((b, runner.run(exp, backend=b, calibration=calibration_of(args))))
+    print(f"{exp.name}  on {reports[0][1].system}: the same step from each compiler\n")
+    print(format_side_by_side(reports))
+    own = own_compiler(exp.system)
+    if len(backends) == 1:
+        print(f"\nonly XLA:CPU can compile for {exp.system.name} here"
+              + (f"; for its own compiler: {own.install}" if own else ""))
+    if args.json:
+        write_json(args.json, {"backends": [{**r.to_dict(groups=args.groups), "backend": b}
+                                            for b, r in reports], "config": config})
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    import sharding
+
+    path = Path(args.hlo)
+    if not path.is_file():
+        raise ConfigError(f"HLO file {args.hlo!r} not found; give a text dump such as XLA's "
+                          f"*after_optimizations.txt")
+    mesh_shape, axis_names = (), ()
+    if args.mesh:
+        pairs = [p.split("=") for p in args.mesh.split(",")]
+        if any(len(p) != 2 or not p[1].isdigit() for p in pairs):
+            raise ConfigError(f"--mesh {args.mesh!r}: expected name=size,... e.g. "
+                              f"--mesh data=2,fsdp=4,tensor=2")
+        axis_names = tuple(p[0] for p in pairs)
+        mesh_shape = tuple(int(p[1]) for p in pairs)
+    module = sharding.parse_hlo(path.read_text(errors="replace"))
+    devices = 1
+    for s in mesh_shape:
+        devices *= s
+    if mesh_shape and devices != module.num_partitions:
+        raise ConfigError(f"--mesh {args.mesh} has {devices} devices but the program runs on "
+                          f"{module.num_partitions} (num_partitions); give sizes whose "
+                          f"product is {module.num_partitions}")
+    from meshes import get_system
+
+    report = sharding.analyze_module(module, system=get_system(args.system),
+                                     mesh_shape=mesh_shape, axis_names=axis_names,
+                                     compiler="HLO text", name=path.name)
+    print(report.format_table())
+    if args.json:
+        write_json(args.json, report.to_dict(groups=args.groups))
+    return 0
+
+
+def cmd_systems(args) -> int:
+    from meshes import get_system, system_names
+    from meshes.calibration import PARAMETERS, catalog_calibration
+    from meshes.power import describe as power_of
+
+    for name in system_names():
+        s = get_system(name)
+        print(name)
+        for field, value in [*s.describe(), *power_of(s.family.name, s.chip)]:
+            print(f"  {field:<11}{value}")
+    print("\nSizes: GPUs by count (NVL72: up to 72, or whole racks); TPUs by torus shape, "
+          "'*N' for N slices over DCN.\nA TPU7x chip shows as two JAX devices; "
+          "parallelism sizes count devices.")
+    cal = catalog_calibration()
+    print(f"\nCalibration (meshes/calibration.toml): {cal.source}")
+    for name, value in cal.values().items():
+        print(f"  {name:<28}{value:<10.4g}(uncalibrated {PARAMETERS[name][2]:g}; "
+              f"{PARAMETERS[name][3]})")
+    return 0
+
+
+def cmd_models(args) -> int:
+    from models import PRESETS
+
+    header = ("preset", "layers", "d_model", "heads", "kv", "d_ff", "vocab", "mlp", "experts",
+              "params", "active")
+    rows = []
+    for name, make in PRESETS.items():
+        c = make()
+        experts = (f"{c.n_experts} top-{c.experts_per_token}"
+                   + (f" +{c.n_shared_experts} shared" if c.n_shared_experts else "")
+                   if c.n_experts > 1 else "-")
+        rows.append((name, c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_ff, c.vocab,
+                     c.mlp, experts, f"{c.param_count() / 1e9:.2f}B",
+                     f"{c.active_param_count() / 1e9:.2f}B"))
+    print(format_columns(header, rows))
+    print("\nparams: all parameters with the embedding; active: the non-embedding parameters "
+          "a token's matmuls touch (what MFU's 6 x N counts, with attention on top)")
+    return 0
+
+
+def cmd_configs(args) -> int:
+    from experiments.config import BUNDLED, bundled_names, read_toml
+
+    rows = []
+    for name in bundled_names():
+        raw = read_toml(BUNDLED / f"{name}.toml", what="config file", example="")
+        first = _first_sentence(BUNDLED / f"{name}.toml")
+        rows.append((name, raw.get("system", {}).get("name", "?"),
+                     raw.get("workload", {}).get("kind", "train"), first))
+    print(format_columns(("config", "system", "kind", "what it is"), rows))
+    print("\nRun one by name: shardscope run llama3-8b-nvl72 (files in experiments/configs/)")
+    return 0
+
+
+def _first_sentence(path: Path, width: int = 72) -> str:
+    """The first sentence of a config's leading comment, shortened at a word."""
+    lines = []
+    for ln in path.read_text().splitlines():
+        if not ln.startswith("#"):
+            break
+        lines.append(ln.lstrip("#").strip())
+    text = " ".join(lines)
+    text = text.split(". ")[0].rstrip(".")
+    if len(text) > width:
+        text = text[:width].rsplit(" ", 1)[0] + " ..."
+    return text

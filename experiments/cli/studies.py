@@ -1,0 +1,183 @@
+"""The commands over many configs: validate, calibrate, search, results, compare."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from experiments.cli.commands import calibration_of
+from experiments.cli.output import (
+    SearchProgress,
+    progress_sink,
+    write_json,
+    write_text,
+)
+from experiments.config import ConfigError
+from sharding import progress
+
+
+def cmd_validate(args) -> int:
+    from experiments import validate
+
+    calibration = calibration_of(args)  # a bad file is one line before anything compiles
+    t0 = time.perf_counter()
+    rows = validate.validate(args.dir, backend=args.backend, workers=args.workers,
+                             calibration=calibration)
+    stats = validate.summary(rows)
+    print(validate.format_table(rows, stats))
+    for line in validate.timing_lines(rows, time.perf_counter() - t0):
+        print(line)
+    if args.json:
+        write_json(args.json, {"cases": [r.to_dict() for r in rows], "summary": stats})
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    import json
+
+    from experiments import calibrate, validate
+
+    out = Path(args.out)
+    if not out.parent.exists():
+        raise ConfigError(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist")
+    t0 = time.perf_counter()
+    rows = validate.validate(args.dir, backend=args.backend, workers=args.workers)
+    failed = [r for r in rows if r.status != "ok"]
+    for r in failed:
+        print(f"skipped {r.name}: {r.status}: {r.message}")
+    cases = [(r.name, r.features, r.measured_s) for r in rows if r.status == "ok"]
+    if len(cases) < 2:
+        raise ConfigError(f"{len(cases)} run(s) compiled; calibrating needs at least 2 runs "
+                          f"with a [measured] table")
+    result = calibrate.calibrate(cases)
+    fitted_on = " ".join(args.dir) if args.dir else "experiments/validation"
+    calibrate.write_calibration(result, out, fitted_on=fitted_on,
+                                best=calibrate.best_mfu(rows))
+    print(calibrate.format_fit(result))
+    if args.features:
+        Path(args.features).write_text(json.dumps(
+            {"fitted_on": fitted_on, "cases": [{"name": n, "features": f, "measured_s": m}
+                                               for n, f, m in cases]}, indent=1) + "\n")
+        print(f"wrote {args.features}")
+    print(f"wrote {out} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+def _store(path: str):
+    from experiments.store import Store
+
+    if not Path(path).parent.exists():
+        raise ConfigError(f"--store {path!r}: folder {str(Path(path).parent)!r} does not "
+                          f"exist; create it or store elsewhere")
+    return Store(path)
+
+
+def cmd_search(args) -> int:
+    from experiments import config as config_mod
+    from experiments import search as search_mod
+
+    raw = config_mod.load_raw(args.config, args.set or [])
+    exp = config_mod.from_dict(raw)
+    axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())
+    vary = search_mod.parse_vary(args.vary or [])
+    calibration = calibration_of(args)
+    with _store(args.store) as store:
+        if args.reestimate:
+            if args.system:
+                from meshes import get_system
+
+                get_system(args.system)  # a typo is one line, before anything is read
+            results = search_mod.reestimate(store, system=args.system,
+                                            calibration=calibration, search=exp.name)
+            how = f"on {args.system}" if args.system else "under the current model"
+            print(f"re-estimated {sum(r.status == 'ok' for r in results)} stored programs "
+                  f"{how}, no compile (kept in {args.store}: `shardscope results "
+                  f"{args.store}{' --system ' + args.system if args.system else ''}`)\n")
+            title = f"{exp.name} re-timed {how}"
+        else:
+            with SearchProgress(args) as sink:
+                outcome = search_mod.run_search(
+                    raw, num_devices=exp.system.num_devices, axes=axes, vary=vary,
+                    store=store, search=exp.name, backend=args.backend,
+                    workers=args.workers, keep_unfit=args.keep_unfit, budget=args.budget,
+                    time_budget_s=args.time_budget, timeout_s=args.timeout,
+                    calibration=calibration, on_result=sink, ray_address=args.ray)
+            if outcome.interrupted:
+                print(f"stopped: {len(outcome.results)} results committed to {args.store}; "
+                      f"the same command resumes", file=sys.stderr)
+                return 130
+            results = store.results(search=exp.name)
+            untried = (f", {outcome.untried} not tried (the budget; the same command with "
+                       f"a larger --budget goes on)" if outcome.untried else "")
+            print(f"{exp.name} on {exp.system.label}: {len(results)} configs in "
+                  f"{args.store} ({outcome.skipped} already there, {outcome.compiled} "
+                  f"compiled now{untried})\n")
+            title = exp.name
+    _ranking_outputs(args, results, title)
+    return 0
+
+
+def _ranking_outputs(args, results, title: str) -> None:
+    from experiments import ranking
+
+    print(ranking.format_results(results, top=args.top))
+    if args.json:
+        write_json(args.json, ranking.to_json(results))
+    if args.html:
+        from experiments import pages
+
+        write_text(args.html, pages.search_page(results, title))
+
+
+def cmd_results(args) -> int:
+    if not Path(args.store).is_file():
+        raise ConfigError(f"store {args.store!r} not found; `shardscope search CONFIG --store "
+                          f"{args.store}` makes one")
+    with _store(args.store) as store:
+        if args.system:
+            results = store.results(search=args.search, system=args.system)
+        else:
+            results = store.results(search=args.search)
+        systems = sorted({r.system for r in results})
+    if args.system and not results:
+        raise ConfigError(f"--system {args.system}: {args.store} has no re-estimates on it; "
+                          f"`shardscope search CONFIG --store {args.store} --reestimate "
+                          f"--system {args.system}` makes them")
+    what = args.search or Path(args.store).name
+    where = (f"re-timed on {args.system}" if args.system
+             else f"on {', '.join(systems) or 'no system'} (as compiled)")
+    print(f"{what} {where}: {len(results)} configs\n")
+    _ranking_outputs(args, results, what)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from experiments import compare as compare_mod
+    from experiments import config as config_mod
+
+    raw = config_mod.load_raw(args.config, args.set or [])
+    config_mod.from_dict(raw)  # the config itself is valid
+    if args.price_per_device_hour is not None and args.price_per_device_hour <= 0:
+        raise ConfigError(f"--price-per-device-hour {args.price_per_device_hour}: give the "
+                          f"price you pay per device and hour, above 0")
+    search = None
+    if args.search:
+        axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())
+        search = {"store": args.store, "axes": axes, "workers": args.workers,
+                  "budget": args.budget, "calibration": calibration_of(args)}
+    with progress.reporting(progress_sink(args)):
+        entries = compare_mod.compare(raw, args.systems, calibration=calibration_of(args),
+                                      price_per_device_hour=args.price_per_device_hour,
+                                      search=search)
+    entries = compare_mod.with_scale_out(entries, power_budget_w=args.power_budget,
+                                         tokens=args.tokens)
+    print(f"{raw['name']}: the same model and workload on {len(args.systems)} systems\n")
+    print(compare_mod.format_compare(entries))
+    if args.json:
+        write_json(args.json, {"systems": [e.to_dict() for e in entries]})
+    if args.html:
+        from experiments import pages
+
+        write_text(args.html, pages.compare_page(entries, raw["name"]))
+    return 0
