@@ -25,7 +25,7 @@ from meshes.power import Cost
 from models.config import PRESETS, ModelConfig, preset
 from models.context import MODES as CONTEXT_MODES
 from models.pipeline import SCHEDULES, Pipeline
-from models.program import Precision, Train, Workload
+from models.program import Precision, Train, Workload, described
 from sharding.rules import MESH_AXES, RULE_PRESETS, AxisRules, divisors, rules_preset
 
 
@@ -33,50 +33,59 @@ class ConfigError(ValueError):
     """A mistake in an experiment config."""
 
 
-def _sizes(self) -> dict[str, int]:
-    return {a: getattr(self, a) for a in MESH_AXES}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Parallelism:
+    """`[parallelism]`: the sizes of the mesh axes (one field per sharding.rules.MESH_AXES;
+    their product is the number of devices) and how the step uses them."""
 
+    pipeline: int = described("pipeline stages (the layers split into consecutive stages)",
+                              1)
+    data: int = described("data-parallel replicas (the batch split, parameters replicated)",
+                          1)
+    fsdp: int = described("fully sharded data parallelism (the batch split, parameters, "
+                          "gradients and optimizer state sharded and gathered per layer)", 1)
+    expert: int = described("expert parallelism (a mixture of experts' experts split; the "
+                            "batch split too)", 1)
+    sequence: int = described("context parallelism (each sequence's positions split)", 1)
+    tensor: int = described("tensor parallelism (heads and the MLP's hidden width split)", 1)
+    rules: str = described("the rule preset mapping logical axes to these mesh axes "
+                           "(sharding.rules.RULE_PRESETS)", "default")
+    virtual_stages: int = described("interleaved pipeline: model chunks per stage (Megatron's "
+                                    "virtual pipeline)", 1)
+    pipeline_schedule: str = described('the pipeline\'s schedule: "1f1b" or "gpipe"', "1f1b")
+    context_mode: str = described('how attention reaches the other context-parallel ranks: '
+                                  '"ring" (K/V passed around) or "allgather"', "ring")
+    sequence_parallel: bool = described("Megatron's sequence parallelism: the residual "
+                                        "stream split over tensor between its regions", False)
+    outer: str = described("the mesh axis placed outermost on the machine (its members "
+                           "farthest apart: across pods, slices, racks); \"\" keeps the mesh "
+                           "axes' order", "")
 
-# The sizes of the mesh axes (their product is the number of devices), one field per axis
-# of sharding.rules.MESH_AXES, and the rule preset that maps logical axes onto them.
-Parallelism = dataclasses.make_dataclass(
-    "Parallelism",
-    [(axis, "int", dataclasses.field(default=1)) for axis in MESH_AXES]
-    + [("rules", "str", dataclasses.field(default="default")),
-       ("virtual_stages", "int", dataclasses.field(default=1)),
-       ("pipeline_schedule", "str", dataclasses.field(default="1f1b")),
-       ("context_mode", "str", dataclasses.field(default="ring")),
-       ("sequence_parallel", "bool", dataclasses.field(default=False)),
-       ("outer", "str", dataclasses.field(default=""))],
-    namespace={
-        "sizes": _sizes,
-        "num_devices": property(lambda self: math.prod(_sizes(self).values())),
-        "axis_rules": lambda self: (rules_preset(self.rules).with_sequence_parallel()
-                                    if self.sequence_parallel else rules_preset(self.rules)),
-        "__doc__": "Mesh axis sizes (one field per sharding.rules.MESH_AXES), the rule "
-                   "preset (sharding.rules.RULE_PRESETS), and the pipeline's virtual stages "
-                   "per device and schedule (models.pipeline.SCHEDULES), and how attention "
-                   "reaches the other context-parallel ranks (models.context.MODES); "
-                   "sequence_parallel: Megatron's split of the residual stream over tensor; "
-                   "outer: the mesh axis placed outermost on the machine (its members "
-                   "farthest apart: across pods, slices, racks); '' keeps MESH_AXES order.",
-    },
-    frozen=True, kw_only=True,
-)
+    def sizes(self) -> dict[str, int]:
+        return {a: getattr(self, a) for a in MESH_AXES}
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(self.sizes().values())
+
+    def axis_rules(self) -> AxisRules:
+        rules = rules_preset(self.rules)
+        return rules.with_sequence_parallel() if self.sequence_parallel else rules
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Measured:
-    """A published measurement of the run (validation configs only, experiments/validation):
-    the step time, where it comes from and how it was obtained (calibration.md's labels:
-    MEASURED-LOG, MEASURED-TABLE, DERIVED), and the published throughput when given
-    (0 when not published)."""
+    """`[measured]`: a published measurement of the run (validation configs,
+    experiments/validation)."""
 
-    step_time_s: float
-    source: str = ""
-    evidence: str = ""
-    tflops_per_chip: float = 0.0
-    mfu: float = 0.0
+    step_time_s: float = described("the measured step time, seconds")
+    source: str = described("where it was published (repository and path, or URL)", "")
+    evidence: str = described('how it was obtained: "MEASURED-LOG" (a training log), '
+                              '"MEASURED-TABLE" (a published table), with "DERIVED" for '
+                              'what was computed from them', "")
+    tflops_per_chip: float = described("the published TFLOP/s per chip (0: not published)",
+                                       0.0)
+    mfu: float = described("the published MFU (0: not published)", 0.0)
 
     def __post_init__(self):
         if self.step_time_s <= 0:

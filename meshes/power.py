@@ -128,9 +128,14 @@ TDP_SOURCES: dict[str, str] = {
 class Cost:
     """`[cost]` of a config: None takes the catalog's default for the chip."""
 
-    usd_per_chip_hour: float | None = None
-    pue: float = DEFAULT_PUE
-    usd_per_kwh: float = DEFAULT_USD_PER_KWH
+    usd_per_chip_hour: float | None = dataclasses.field(default=None, metadata={
+        "help": "what a chip-hour costs, USD (default: the catalog's dated list price, "
+                "where one is public)"})
+    pue: float = dataclasses.field(default=DEFAULT_PUE, metadata={
+        "help": "the facility's power over its IT power (default: Uptime Institute's 2024 "
+                "average)"})
+    usd_per_kwh: float = dataclasses.field(default=DEFAULT_USD_PER_KWH, metadata={
+        "help": "the price of energy, USD per kWh (0: the chip-hour price includes it)"})
 
     def __post_init__(self):
         if self.usd_per_chip_hour is not None and not self.usd_per_chip_hour > 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from models.program import check_choice
+from models.program import check_choice, described
 
 MLP_KINDS = ("swiglu", "gelu", "relu")
 NORM_KINDS = ("rmsnorm", "layernorm")
@@ -19,53 +19,42 @@ ATTENTION_KINDS = ("flash", "dense")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """A decoder-only Transformer.
+    """`[model]`: a decoder-only Transformer (a preset's shape, or every dimension
+    given)."""
 
-    Attributes:
-        name: preset name or "custom".
-        n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab: the shape.
-        mlp: "swiglu" (gate, up, down) or "gelu"/"relu" (in, out).
-        norm: "rmsnorm" or "layernorm".
-        positions: "rope" or "learned" (learned needs max_seq_len).
-        tie_embeddings: the output projection reuses the embedding table.
-        max_seq_len: length of the learned position table.
-        rope_theta: RoPE base.
-        n_experts, experts_per_token: mixture of experts (1 = dense); d_ff is then each
-            expert's hidden size (models/moe.py).
-        capacity_factor: expert slots per group = ceil(factor x group x k / n_experts);
-            assignments beyond it are dropped.
-        dropless: every expert has a slot for every token of its group, so nothing is
-            dropped (capacity_factor is then unused).
-        moe_group_size: tokens routed together (a group never spans sequences).
-        n_shared_experts: always-on experts of d_ff each, run for every token (DeepSeek).
-        attention: "flash" (block-wise, scores never in HBM, as every production stack
-            trains) or "dense" (scores materialised).
-        vocab_multiple: the embedding is padded to a multiple of this, as Megatron does
-            (`--make-vocab-size-divisible-by 128`) so that it shards evenly.
-    """
-
-    name: str = "custom"
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    d_ff: int
-    vocab: int
-    mlp: str = "swiglu"
-    norm: str = "rmsnorm"
-    positions: str = "rope"
-    tie_embeddings: bool = False
-    max_seq_len: int = 8192
-    rope_theta: float = 500_000.0
-    n_experts: int = 1
-    experts_per_token: int = 1
-    capacity_factor: float = 1.25
-    dropless: bool = False
-    moe_group_size: int = 4096
-    n_shared_experts: int = 0
-    vocab_multiple: int = 128
-    attention: str = "flash"
+    name: str = described('the preset\'s name, or "custom"', "custom")
+    n_layers: int = described("decoder layers")
+    d_model: int = described("width of the residual stream")
+    n_heads: int = described("query heads")
+    n_kv_heads: int = described("key/value heads (grouped-query attention: divides n_heads)")
+    head_dim: int = described("width of each head")
+    d_ff: int = described("hidden width of the MLP (of each expert with n_experts > 1)")
+    vocab: int = described("vocabulary size (padded to vocab_multiple)")
+    mlp: str = described('"swiglu" (gate, up, down) or "gelu" / "relu" (in, out)', "swiglu")
+    norm: str = described('"rmsnorm" or "layernorm"', "rmsnorm")
+    positions: str = described('"rope", or "learned" (a table of max_seq_len positions)',
+                               "rope")
+    tie_embeddings: bool = described("the output projection reuses the embedding table",
+                                     False)
+    max_seq_len: int = described("length of the learned position table", 8192)
+    rope_theta: float = described("RoPE's base", 500_000.0)
+    n_experts: int = described("routed experts of a mixture of experts (1: a dense MLP)", 1)
+    experts_per_token: int = described("experts each token is routed to (top-k)", 1)
+    capacity_factor: float = described(
+        "expert slots per routing group = ceil(factor x group x k / n_experts); tokens "
+        "routed past them are dropped", 1.25)
+    dropless: bool = described("every expert has a slot for every token of its group "
+                               "(nothing dropped; capacity_factor unused)", False)
+    moe_group_size: int = described("tokens routed together (a group never spans "
+                                     "sequences)", 4096)
+    n_shared_experts: int = described("always-on experts of d_ff each, run for every token "
+                                      "(DeepSeek)", 0)
+    vocab_multiple: int = described(
+        "the embedding is padded to a multiple of this so that it shards evenly, as "
+        "Megatron's --make-vocab-size-divisible-by", 128)
+    attention: str = described('"flash" (block-wise, scores never in HBM, as every '
+                               'production stack trains) or "dense" (scores materialised)',
+                               "flash")
 
     def __post_init__(self):
         for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab",

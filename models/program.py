@@ -55,6 +55,12 @@ def remat_policy(remat: str, save=(), offload=()):
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+def described(help: str, default=dataclasses.MISSING, **kwargs):
+    """A config field with its description: the config reference (`shardscope keys`,
+    docs/config.md) is generated from these, so it cannot drift from the code."""
+    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+
+
 def check_choice(key: str, value, valid) -> None:
     """A ValueError naming the key, the value and the valid choices."""
     if value not in valid:
@@ -63,14 +69,15 @@ def check_choice(key: str, value, valid) -> None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Workload:
-    """kind: "train" | "prefill" | "decode". seq_len: tokens per sequence (prefill: the
-    prompt; decode: the tokens already in the KV cache). global_batch: sequences per step.
-    microbatches: gradient-accumulation steps (also the pipeline's microbatches)."""
+    """`[workload]`: what one step runs."""
 
-    kind: str = "train"
-    seq_len: int
-    global_batch: int
-    microbatches: int = 1
+    kind: str = described('"train", "prefill" (a forward pass over the prompt) or "decode" '
+                          '(one new token per sequence with a KV cache)', "train")
+    seq_len: int = described("tokens per sequence (prefill: the prompt; decode: the tokens "
+                             "already in the KV cache)")
+    global_batch: int = described("sequences per step (per optimizer step when training)")
+    microbatches: int = described("gradient-accumulation steps per optimizer step, run one "
+                                  "after another (also the pipeline's microbatches)", 1)
 
     def __post_init__(self):
         check_choice("workload.kind", self.kind, WORKLOAD_KINDS)
@@ -91,15 +98,18 @@ class Workload:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Precision:
-    """params: the parameters' dtype. compute: the matmuls' ("float8" / "float4": low
-    precision weight matmuls). weights, kv_cache (serving): "int8" | "float8" | "int4"
-    store them quantised with scales (models/quant.py); "" (or "bfloat16" for weights)
-    keeps the parameters' / activations' dtype."""
+    """`[precision]`: the dtypes of the parameters, the matmuls and (serving) the stored
+    weights and KV cache."""
 
-    params: str = "float32"
-    compute: str = "bfloat16"
-    weights: str = ""
-    kv_cache: str = ""
+    params: str = described('the parameters\' dtype: "float32" or "bfloat16"', "float32")
+    compute: str = described('the matmuls\' format: "bfloat16", "float32", "float8" (FP8 '
+                             'weight matmuls, activations bf16 between them) or "float4" '
+                             '(block-scaled FP4, Blackwell)', "bfloat16")
+    weights: str = described('serving: store the weight matrices quantised with scales, '
+                             '"int8", "float8" or "int4" ("" or "bfloat16": the parameters\' '
+                             'dtype)', "")
+    kv_cache: str = described('serving: store the KV cache quantised, "int8", "float8" or '
+                              '"int4" ("": the activations\' dtype)', "")
 
     def __post_init__(self):
         check_choice("precision.params", self.params, PARAM_DTYPES)
@@ -137,17 +147,19 @@ class Precision:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Train:
-    """remat: the decoder layer's checkpointing policy (REMAT_POLICIES). With "custom",
-    `save` names the tensors kept in HBM and `offload` those moved to host memory between
-    the forward and backward pass (CHECKPOINT_NAMES); everything else is recomputed.
-    optimizer: AdamW with `learning_rate` and `weight_decay`."""
+    """`[train]`: the training recipe (ignored when serving)."""
 
-    remat: str = "full"
-    save: tuple[str, ...] = ()
-    offload: tuple[str, ...] = ()
-    optimizer: str = "adamw"
-    learning_rate: float = 3e-4
-    weight_decay: float = 0.1
+    remat: str = described('what each decoder layer keeps for its backward pass: "full" '
+                           '(only its input), "minimal" (matmul outputs), "none" '
+                           '(everything), "custom" (the names in save / offload)', "full")
+    save: tuple[str, ...] = described('with remat = "custom": tensors kept in HBM, by '
+                                      'MaxText\'s names: ' + ", ".join(CHECKPOINT_NAMES), ())
+    offload: tuple[str, ...] = described('with remat = "custom": tensors moved to host memory '
+                                         'between the forward and backward pass (same names)',
+                                         ())
+    optimizer: str = described('"adamw"', "adamw")
+    learning_rate: float = described("AdamW's learning rate", 3e-4)
+    weight_decay: float = described("AdamW's weight decay", 0.1)
 
     def __post_init__(self):
         check_choice("train.remat", self.remat, tuple(REMAT_POLICIES))

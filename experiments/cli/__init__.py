@@ -108,6 +108,10 @@ def build_parser() -> Parser:
     command("models", "the model presets", commands.cmd_models)
     command("configs", "the bundled experiment configs (run them by name)",
             commands.cmd_configs)
+    k = command("keys", "every config key: its table, default and meaning",
+                commands.cmd_keys)
+    k.add_argument("table", nargs="?", help="one table (model, system, parallelism, ...)")
+    k.add_argument("--markdown", action="store_true", help="as docs/config.md")
     return p
 
 

@@ -163,6 +163,16 @@ def cmd_configs(args) -> int:
     return 0
 
 
+def cmd_keys(args) -> int:
+    from experiments import reference
+
+    if args.table and args.table not in reference.TABLES:
+        raise ConfigError(f"keys {args.table!r}: not a config table; choose one of "
+                          f"{', '.join(reference.TABLES)}")
+    print(reference.markdown() if args.markdown else reference.text(args.table))
+    return 0
+
+
 def _first_sentence(path: Path, width: int = 72) -> str:
     """The first sentence of a config's leading comment, shortened at a word."""
     lines = []

@@ -92,7 +92,8 @@ def parents(default_axes: tuple[str, ...]) -> dict[str, Parser]:
             (("config",), {"help": "a TOML experiment, or a bundled config's name "
                                     "(`shardscope configs` lists them)"}),
             (("--set",), {"action": "append", "metavar": "KEY=VALUE",
-                          "help": "override a config key, e.g. --set parallelism.fsdp=8"})),
+                          "help": "override a config key, e.g. --set parallelism.fsdp=8 "
+                                  "(`shardscope keys` lists them)"})),
         "calibration": _parent((("--calibration",), {
             "metavar": "CAL.toml", "help": "fitted efficiencies from `shardscope calibrate` "
                                            "(default: the catalog's, meshes/calibration.toml)"})),
