@@ -237,10 +237,12 @@ def _reduced_system_name(system, devices: int) -> str | None:
     if chips % per_slice == 0:
         return name(shape, chips // per_slice)
     inner = math.prod(shape[:-1])
-    if chips % inner == 0 and chips // inner <= shape[-1]:
-        return name((*shape[:-1], chips // inner))
+    shorter = (*shape[:-1], chips // inner)
+    if chips % inner == 0 and chips // inner <= shape[-1] and \
+            system.family.shape_error(shorter) is None:
+        return name(shorter)
     for dims in itertools.product(*(range(1, m + 1) for m in system.family.max_shape)):
-        if math.prod(dims) == chips:
+        if math.prod(dims) == chips and system.family.shape_error(dims) is None:
             return name(dims)
     return None
 

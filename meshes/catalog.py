@@ -147,9 +147,10 @@ def _tpu_system(f: TpuFamily, name: str, size: str, overrides: dict) -> TpuSyste
     if len(shape) != f.ndim:
         raise ValueError(f"system {name!r}: {f.name} slices are {f.ndim}D; give {f.ndim} "
                          f"dimensions like {f.name}:{example}")
-    if any(s < 1 for s in shape) or any(s > mx for s, mx in zip(shape, f.max_shape)) or slices < 1:
-        raise ValueError(f"system {name!r}: shape {size} exceeds the largest {f.name} slice "
-                         f"{'x'.join(map(str, f.max_shape))} or is empty")
+    why = f.shape_error(shape) or ("a system has at least one slice" if slices < 1 else None)
+    if why:
+        raise ValueError(f"system {name!r}: {why} ({m.group(1)} is not); e.g. "
+                         f"{f.name}:{'x'.join(map(str, f.example_shape))}")
     dcn = overrides.get("dcn_gbps")
     if dcn and slices == 1:
         raise ValueError(f"system override dcn_gbps applies to several slices over DCN; "

@@ -109,13 +109,19 @@ class System(abc.ABC):
 
     def describe(self) -> list[tuple[str, str]]:
         """(field, value with source) rows for `shardscope systems`."""
-        c = self.chip
-        rows = [
-            ("devices", f"{self.num_devices} ({c.devices_per_chip} per chip)"),
-            ("chip", f"{c.name}: {c.peak_flops_per_s['bfloat16'] / 1e12:.0f} TFLOP/s bf16, "
-                     f"{c.hbm_bytes / 1e9:.0f} GB HBM at {c.hbm_bytes_per_s / 1e12:.2f} TB/s "
-                     f"[{c.source}]"),
-        ]
+        c, k = self.chip, self.chip.devices_per_chip
+
+        def figures(n: int) -> str:
+            return (f"{n * c.peak_flops_per_s['bfloat16'] / 1e12:.0f} TFLOP/s bf16, "
+                    f"{n * c.hbm_bytes / 1e9:.0f} GB HBM at {n * c.hbm_bytes_per_s / 1e12:.2f} "
+                    f"TB/s")
+
+        rows = [("devices", f"{self.num_devices} ({k} per chip)")]
+        if k == 1:
+            rows.append(("chip", f"{c.name}: {figures(1)} [{c.source}]"))
+        else:  # a JAX device is part of a chip: say which figures are whose
+            rows += [("chip", f"{c.name}: {figures(k)} ({k} devices)"),
+                     ("device", f"{figures(1)} [{c.source}]")]
         for link in self.links.values():
             rows.append((link.name, f"{link.bytes_per_s / 1e9:.1f} GB/s per device per "
                                      f"direction [{link.source}]"))

@@ -40,6 +40,19 @@ class TpuFamily:
     def axis_bytes_per_s(self, axis: int) -> float:
         return self.ici_bytes_per_s * (self.axis_scale[axis] if self.axis_scale else 1.0)
 
+    def shape_error(self, shape: tuple[int, ...]) -> str | None:
+        """Why a slice cannot have this shape, or None. A TPU slice is made of hosts of
+        2 x 2 chips (a smaller slice is part of one): each of its first two dimensions is
+        1 or even (libtpu refuses the others, e.g. v5e:3x3)."""
+        if len(shape) != self.ndim or any(s < 1 for s in shape):
+            return f"{self.name} slices are {self.ndim}D"
+        if any(s > m for s, m in zip(shape, self.max_shape, strict=True)):
+            return f"the largest {self.name} slice is {'x'.join(map(str, self.max_shape))}"
+        if self.compiler == "tpu" and any(s != 1 and s % 2 for s in shape[:2]):
+            return (f"a {self.name} slice is made of hosts of 2x2 chips, so each of its first "
+                    f"two dimensions is 1 or even")
+        return None
+
 
 TPU_FAMILIES: dict[str, TpuFamily] = {
     "tpu-v4": TpuFamily(name="tpu-v4", chip="tpu-v4", ndim=3, max_shape=(16, 16, 16),

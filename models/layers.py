@@ -68,9 +68,15 @@ def project(spec: str, x, w, *, precision: Precision):
 def mlp_hidden(mlp, spec: str, x):
     """The MLP's hidden activation: silu(x W_gate) * x W_up (SwiGLU), gelu or relu of x W_up;
     `mlp` holds the weights (w_up, w_gate), `kind` and `precision`."""
-    up = checkpoint_name(project(spec, x, mlp.w_up, precision=mlp.precision), "mlpwi")
+    # Each projection under its own name, so that a report's row per model operation is
+    # one weight (the gate and up matmuls under one name read as one matrix of twice the
+    # bytes, as if it were gathered in f32).
+    with jax.named_scope("up_proj"):
+        up = checkpoint_name(project(spec, x, mlp.w_up, precision=mlp.precision), "mlpwi")
     if mlp.kind == "swiglu":
-        gate = checkpoint_name(project(spec, x, mlp.w_gate, precision=mlp.precision), "mlpwi")
+        with jax.named_scope("gate_proj"):
+            gate = checkpoint_name(project(spec, x, mlp.w_gate, precision=mlp.precision),
+                                   "mlpwi")
         return jax.nn.silu(gate) * up
     return jax.nn.gelu(up) if mlp.kind == "gelu" else jax.nn.relu(up)
 
@@ -86,9 +92,7 @@ class Mlp(nnx.Module):
         self.w_down = new_weight(rngs, (f, d), ("mlp", "embed"), precision=precision)
 
     def __call__(self, x_BLD):
-        with jax.named_scope("up_proj"):
-            h_BLF = mlp_hidden(self, "bld,df->blf", x_BLD)
-            h_BLF = constrain(h_BLF, ("batch", "seq", "mlp"))
+        h_BLF = constrain(mlp_hidden(self, "bld,df->blf", x_BLD), ("batch", "seq", "mlp"))
         with jax.named_scope("down_proj"):
             out_BLD = project("blf,fd->bld", h_BLF, self.w_down, precision=self.precision)
             return checkpoint_name(constrain(out_BLD, ("batch", "residual_seq", "embed")), "mlpwo")

@@ -84,14 +84,18 @@ class Attention(nnx.Module):
         for prefill, the new position's for decode), as (B, L, K, E).
         """
         cfg = self.cfg
-        with jax.named_scope("qkv_proj"):
+        # One named scope per projection (MaxText's names), so that a report's row per
+        # model operation is one weight.
+        with jax.named_scope("query_proj"):
             q_BLHE = project("bld,dhe->blhe", x_BLD, self.wq, precision=self.precision)
-            k_BLKE = project("bld,dke->blke", x_BLD, self.wk, precision=self.precision)
-            v_BLKE = project("bld,dke->blke", x_BLD, self.wv, precision=self.precision)
             q_BLHE = checkpoint_name(
                 constrain(q_BLHE, ("batch", "seq", "heads", "head_dim")), "query_proj")
+        with jax.named_scope("key_proj"):
+            k_BLKE = project("bld,dke->blke", x_BLD, self.wk, precision=self.precision)
             k_BLKE = checkpoint_name(
                 constrain(k_BLKE, ("batch", "seq", "kv_heads", "head_dim")), "key_proj")
+        with jax.named_scope("value_proj"):
+            v_BLKE = project("bld,dke->blke", x_BLD, self.wv, precision=self.precision)
             v_BLKE = checkpoint_name(
                 constrain(v_BLKE, ("batch", "seq", "kv_heads", "head_dim")), "value_proj")
         if cfg.positions == "rope":

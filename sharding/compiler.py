@@ -77,8 +77,12 @@ def xla_warnings(lines: Sequence[str]) -> list[str]:
         m = _REMAT.search(line)
         if m:
             src, dst, op, shape = m.groups()
-            msg = (f"involuntary full rematerialization of {op} {shape.split('{')[0]}: XLA "
-                   f"replicates it to go from sharding {src} to {dst}")
+            what = (f"{op}, XLA's name for an operand of a computation it partitions"
+                    if op.startswith("fake_parameter") else op)
+            msg = (f"XLA's SPMD partitioner reshards {shape.split('{')[0]} ({what}) the "
+                   f"expensive way, an 'involuntary full rematerialization': every device "
+                   f"gathers the whole tensor, then keeps its part (from sharding {src} to "
+                   f"{dst}); those bytes are among the collectives above")
         else:
             msg = re.sub(r"^.*?\] ", "", line).strip()
         if msg not in out:
