@@ -1,4 +1,4 @@
-"""System names: `<family>:<size>` (design.md) -> a System.
+"""System names: `<family>:<size>` -> a System.
 
 `gb200-nvl72:72`, `h100:64`, `tpu-v5e:16x16`, `tpu-v6e:16x16*2` (two slices over DCN). The
 families are the tables of `meshes/gpu.py` and `meshes/tpu.py`; adding a row there adds a

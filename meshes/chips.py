@@ -1,10 +1,9 @@
 """Accelerator chips: peak rates, HBM, and achieved efficiencies, each with its source.
 
 Every number here comes from a spec sheet, the scaling book ("How to Scale Your Model",
-jax-ml, 2025-2026) or a published microbenchmark, as collected in
-`shared/reference/hardware.md` and `shared/reference/collectives.md`. Peak FLOP/s are dense
-(no sparsity). Figures are per JAX device: a TPU7x chip shows as two devices, so its entry
-is per TensorCore.
+jax-ml, 2025-2026) or a published microbenchmark, named next to it (in a comment or the
+entry's `source`). Peak FLOP/s are dense (no sparsity). Figures are per JAX device: a TPU7x
+chip shows as two devices, so its entry is per TensorCore.
 """
 
 from __future__ import annotations
@@ -76,10 +75,11 @@ class Chip:
         return self.peak_flops_per_s["bfloat16"]
 
 
-# Measured GEMM efficiency against size (cube-equivalent dimension), from
-# shared/reference/collectives.md: H100 FP8 cuBLASLt (Azure ND H100 v5) for GPUs; TPU7x bf16
-# per TensorCore (tpu-recipes ironwood) for TPUs. Only the curve's shape is used: relative
-# to its value at 8192, where each chip's own efficiency was measured.
+# Measured GEMM efficiency against size (cube-equivalent dimension): H100 FP8 cuBLASLt on
+# Azure ND H100 v5 (Azure/AI-benchmarking-guide, Azure_Results/ND_H100_v5_results.md) for
+# GPUs; TPU7x bf16 per TensorCore (AI-Hypercomputer/tpu-recipes ironwood microbenchmarks)
+# for TPUs. Only the curve's shape is used: relative to its value at 8192, where each chip's
+# own efficiency was measured.
 MATMUL_SIZE_CURVES = {
     "gpu": ((1024, 274 / 1979), (4096, 1217 / 1979), (8192, 1290 / 1979), (16384, 1377 / 1979)),
     "tpu": ((4096, 893 / 1150), (16384, 950 / 1150)),
@@ -107,9 +107,10 @@ def _dtype_class(dtype: str) -> str:
     return "int8" if dtype in ("int8", "uint8") else dtype
 
 
-# Measured low-precision GEMMs (shared/reference/collectives.md): H100 FP8 cuBLASLt 1290
-# TFLOP/s at 8192^3 (Azure ND H100 v5); GB200 FP8 2877 and FP4 7536 TFLOP/s at 8192^3
-# (Azure ND GB200 v6). B200 and GB300 share GB200's Blackwell tensor cores: same ratios.
+# Measured low-precision GEMMs (Azure/AI-benchmarking-guide, Azure_Results/): H100 FP8
+# cuBLASLt 1290 TFLOP/s at 8192^3 (ND_H100_v5_results.md); GB200 FP8 2877 and FP4 7536
+# TFLOP/s at 8192^3 (ND_GB200_v6_results.md). B200 and GB300 share GB200's Blackwell tensor
+# cores: same ratios.
 _H100_LOW = {"float8": 1290 / 1979}
 _BLACKWELL_LOW = {"float8": 2877 / 5000, "float4": 7536 / 10000}
 
@@ -304,7 +305,8 @@ class GpuTarget:
 _HOPPER_SMEM = dict(shared_memory_per_sm=233472, shared_memory_per_block_optin=232448)
 _HOPPER_SOURCE = ("NVIDIA H100 Tensor Core GPU Architecture whitepaper (132 SMs on SXM5, "
                   "50 MB L2, 228 KB shared memory per SM, compute capability 9.0); "
-                  "shared/reference/gpu-target-h100.txtpb (a config that compiled here)")
+                  "XLA's H100 GpuTargetConfig, openxla/xla "
+                  "xla/backends/gpu/target_config/specs/h100_sxm.txtpb")
 _BLACKWELL_SMEM = dict(shared_memory_per_sm=233472, shared_memory_per_block_optin=232448)
 
 GPU_TARGETS: dict[str, GpuTarget] = {
@@ -324,7 +326,7 @@ GPU_TARGETS: dict[str, GpuTarget] = {
                       clock_ghz=1.965, l2_bytes=126 * 2**20, **_BLACKWELL_SMEM,
                       source="NVIDIA Blackwell architecture technical brief (two dies, 148 "
                              "SMs, compute capability 10.0); the L2 size and clock are not "
-                             "from a datasheet in reference/: they steer only XLA's tiling "
+                             "from a datasheet: they steer only XLA's tiling "
                              "heuristics, not which collectives it emits"),
     "gb200": GpuTarget(description="NVIDIA GB200", sm_count=148, compute_capability=(10, 0),
                        clock_ghz=1.965, l2_bytes=126 * 2**20, **_BLACKWELL_SMEM,

@@ -318,11 +318,11 @@ class GpuSystem(System):
                                     "hierarchical all-to-all")
         # Across domains NCCL runs flat rings, one channel per NIC: every rank moves
         # S x bus factor, at the slower of the NVLink ring inside a domain and the domain's
-        # NICs (m per domain used by the group): busbw = m x NIC (collectives.md: 4 nodes x 8
-        # NICs measure 366 GB/s). On 2 domains a tree (NVLSTree) sends each byte across once,
-        # so it beats the network bottleneck up to 2x; beyond, NCCL's tree runs at 0.9 of the
-        # ring's bandwidth (tuning.cc). LL, LL128 or Simple, with NCCL's own latencies: the
-        # fastest wins.
+        # NICs (m per domain used by the group): busbw = m x NIC (NVIDIA/nccl-tests #309:
+        # 4 nodes x 8 NICs measure 366 GB/s). On 2 domains a tree (NVLSTree) sends each byte
+        # across once, so it beats the network bottleneck up to 2x; beyond, NCCL's tree runs
+        # at 0.9 of the ring's bandwidth (tuning.cc). LL, LL128 or Simple, with NCCL's own
+        # latencies: the fastest wins.
         nvlink_bw = self._domain_busbw(kind, nbytes, m_most)[0] if m_most > 1 else math.inf
         ring_bw = min(nvlink_bw, m * nic_bw)
         t_ring = nbytes * bus_factor(kind, n) / ring_bw

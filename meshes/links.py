@@ -1,9 +1,9 @@
 """Link classes and the measured bandwidth curves that time collectives on them.
 
 A collective's achieved bus bandwidth depends on its size: small buffers are latency-bound,
-large ones approach the link rate. Where a measured nccl-tests table exists
-(`shared/reference/collectives.md`), the curve *is* that table, interpolated in log(size);
-nothing is fitted to end-to-end step times.
+large ones approach the link rate. Where a published nccl-tests table exists (each curve's
+`source` names it), the curve *is* that table, interpolated in log(size); nothing is fitted
+to end-to-end step times.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ _MiB = 2**20
 H100_NVLS_ALL_REDUCE = BusBandwidthCurve(
     (1e6, 16e6, 67e6, 268e6, 1e9, 8e9),
     (43.7e9, 234.5e9, 361.8e9, 423.4e9, 466.4e9, 478.9e9),
-    "nccl-tests all-reduce, 8x H100 NVLS, Azure ND H100 v5 (collectives.md)",
+    "nccl-tests all-reduce, 8x H100 NVLS, Azure ND H100 v5 "
+    "(Azure/AI-benchmarking-guide, Azure_Results/ND_H100_v5_results.md)",
 )
 # Ring (no NVLS) on the same node class levels off at 365-370 GB/s (NVIDIA/nccl#1455,
 # nccl-tests#212): all-gather, reduce-scatter and non-NVLS all-reduce use this cap.
@@ -75,18 +76,21 @@ H100_RING_BUSBW_CAP = 367e9
 GB200_4GPU_RING = BusBandwidthCurve(
     (1e6, 16e6, 67e6, 1e9, 8e9),
     (80.5e9, 331.1e9, 550.7e9, 646.9e9, 679.6e9),
-    "nccl-tests all-reduce, 4x GB200 ring, Azure ND GB200 v6 (collectives.md)",
+    "nccl-tests all-reduce, 4x GB200 ring, Azure ND GB200 v6 "
+    "(Azure/AI-benchmarking-guide, Azure_Results/ND_GB200_v6_results.md)",
 )
 # One full GB200 NVL72 rack, 72 GPUs, NCCL 2.26.2, out-of-place busbw.
 GB200_72GPU = BusBandwidthCurve(
     (512 * _MiB, 1024 * _MiB, 2048 * _MiB, 4096 * _MiB, 8192 * _MiB),
     (586.1e9, 681.2e9, 757.8e9, 839.2e9, 834.6e9),
-    "nccl-tests all-reduce, 72x GB200 NVL72 rack, NCCL 2.26.2 (collectives.md)",
+    "nccl-tests all-reduce, 72x GB200 NVL72 rack, NCCL 2.26.2 "
+    "(coreweave/nccl-tests PR #43, 2025-02-20)",
 )
 
-# Ring all-reduce bus bandwidth measured across 3 or more nodes (collectives.md, "Measured
-# across nodes"): NCCL runs flat rings, one channel per NIC, so busbw = NICs per node x the
-# per-NIC rate. (nodes, NICs per node, NIC line rate B/s, measured busbw B/s, source.)
+# Ring all-reduce bus bandwidth measured across 3 or more nodes, user runs in public NCCL
+# threads (each point names its issue): NCCL runs flat rings, one channel per NIC, so busbw =
+# NICs per node x the per-NIC rate.
+# (nodes, NICs per node, NIC line rate B/s, measured busbw B/s, source.)
 SCALE_OUT_RING_POINTS = (
     (4, 8, 50e9, 365.84e9, "NVIDIA/nccl-tests #309: 4 nodes x 8 GPUs, one 400G NIC per GPU"),
     (248, 8, 50e9, 350e9, "NVIDIA/nccl-tests #283: 248 nodes x 8 H200, 8 HCAs, 512 MiB"),
@@ -94,7 +98,7 @@ SCALE_OUT_RING_POINTS = (
 )
 
 
-# The smallest all-reduce across nodes, measured (collectives.md, "alpha across nodes"): what
+# The smallest all-reduce across nodes, measured (public NCCL issues, named per point): what
 # NCCL's per-step constants leave out is a fixed cost per collective across the network
 # (proxy thread, NIC doorbells, completion), fitted on these (meshes/gpu.py).
 # (nodes, GPUs per node, measured seconds, source.)

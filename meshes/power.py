@@ -66,8 +66,7 @@ NODE_RATINGS: dict[str, NodeRating] = {
     "b200": NodeRating(8, 14300.0, "NVIDIA DGX B200 user guide, power specifications "
                                    "(2025): 14.3 kW max; read 2026-12-03"),
     "gb200-nvl72": NodeRating(72, 120000.0, "GB200 NVL72 rack ~120 kW (NVIDIA at GTC, "
-                                            "2024-03, via ServeTheHome; hardware.md: "
-                                            "120-132 kW); read 2026-12-03"),
+                                            "2024-03, via ServeTheHome); read 2026-12-03"),
 }
 
 # By system family, where the chip has no public TDP but a whole pod's draw is published:

@@ -103,8 +103,9 @@ class System(abc.ABC):
     def collective_time_s(
         self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]
     ) -> float:
-        """Seconds for one collective of `kind` with buffer `nbytes` (design.md byte
-        convention) over replica `groups` of device ids running at the same time."""
+        """Seconds for one collective of `kind` with buffer `nbytes` (the per-device buffer S
+        of nccl-tests: algorithm bandwidth = S / time) over replica `groups` of device ids
+        running at the same time."""
         return self.collective_timing(kind, nbytes, groups).time_s
 
     def describe(self) -> list[tuple[str, str]]:

@@ -1,7 +1,8 @@
 """Model configuration and presets of real models.
 
 Presets are plain functions of no arguments; override fields with `dataclasses.replace`.
-Dimensions come from the public model cards (shared/reference/workloads.md).
+Dimensions come from each model's public model card and released config (GPT-3: the paper,
+Brown et al. 2020, Table 2.1).
 """
 
 from __future__ import annotations

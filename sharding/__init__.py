@@ -14,7 +14,7 @@ Rooms, in the order data flows through them:
 - `hlo.py`: the HLO text parser (shapes, instructions, computations, call graph) and the
   model operation behind an op_name; `replica_groups.py`: every replica-group form;
   `loops.py`: trip counts and how often each computation runs.
-- `collectives.py`: collectives, their bytes (design.md convention), counts and mesh axes.
+- `collectives.py`: collectives, their bytes (nccl-tests buffer size S), counts and mesh axes.
 - `flops.py`, `dequant.py`, `dataflow.py`, `traffic.py`: FLOPs of matmuls, fused
   dequantisation, shared dataflow questions, HBM traffic of memory-bound kernels;
   `compute.py` turns them into per-instruction times and step totals.

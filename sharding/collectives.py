@@ -1,4 +1,11 @@
-"""Collectives of a parsed HLO module: kind, bytes (design.md convention), count, groups.
+"""Collectives of a parsed HLO module: kind, bytes, count, groups.
+
+Bytes follow nccl-tests: the buffer size S per device (algorithm bandwidth = S / time), i.e.
+the gathered output of an all-gather, the input of a reduce-scatter, the buffer of an
+all-reduce or all-to-all, what each device sends in a collective-permute; in the element type
+the program asked for (a bf16 reduction that XLA:CPU promoted to f32 still counts 2 bytes).
+`wire_bytes` is what one device sends: S (n-1)/n, 2 S (n-1)/n for all-reduce, S for a
+permute or broadcast.
 
 Async pairs are counted once, at `-start`. An all-reduce inside a TPU computation named
 `all-reduce-scatter*` is the TPU compiler's fused reduce-scatter and is reported as one.
@@ -33,7 +40,7 @@ class Collective:
         name: the HLO instruction name.
         dtype: element type the program asked for ("bfloat16", ...).
         shape: shape of the buffer counted in `bytes`.
-        bytes: buffer size S per device, nccl-tests sense (design.md byte convention).
+        bytes: buffer size S per device, nccl-tests sense (see the module docstring).
         wire_bytes: bytes one device sends per execution.
         count: executions per step, with every enclosing loop's trip count applied.
         group_size: devices per replica group (2 for collective-permute pairs).
@@ -75,7 +82,8 @@ class Collective:
 
 
 def wire_bytes(kind: str, nbytes: float, n: int) -> float:
-    """What one device sends for one execution (design.md)."""
+    """What one device sends for one execution: S x the nccl-tests bus factor (S for a
+    permute or broadcast)."""
     if kind in ("collective-permute", "collective-broadcast"):
         return float(nbytes)
     return nbytes * bus_factor(kind, n)

@@ -23,7 +23,8 @@ import numpy as np
 from sharding.collectives import Collective, wire_bytes
 from sharding.plan import Plan
 
-# Kinds whose per-device buffer is the same whatever the group size (design.md's S).
+# Kinds whose per-device buffer is the same whatever the group size (S, the nccl-tests
+# buffer size of sharding/collectives.py).
 _SIZE_FREE = ("all-reduce",)
 
 
