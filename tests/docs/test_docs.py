@@ -12,6 +12,7 @@ with the commands, and run there unless a later command of the group runs them.
 """
 
 import importlib.util
+import re
 import subprocess
 import sys
 
@@ -87,6 +88,25 @@ def test_the_readme_is_a_front_door():
             assert f"](docs/{page}.md)" in readme, page
     written = {p.stem for p in (REPO / "docs").glob("*.md")}
     assert written == set(PAGES) - {"README"}, "a page of docs/ without a template"
+
+
+def test_the_links_between_pages_resolve():
+    # Relative links of the pages and ARCHITECTURE.md, and their #anchors (GitHub's: a
+    # heading lowercased, without punctuation, spaces as hyphens).
+    def anchors(path):
+        text = build.FENCE.sub("", path.read_text())
+        return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+    broken = []
+    for page in [*map(build.output, PAGES), REPO / "ARCHITECTURE.md"]:
+        for link in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path) if path else page
+            if "://" not in link and not (target.exists() and (
+                    not anchor or target.suffix != ".md" or anchor in anchors(target))):
+                broken.append(f"{page.name}: {link}")
+    assert not broken, broken
 
 
 def test_the_readme_shows_commands_of_every_kind():
