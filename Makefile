@@ -8,7 +8,7 @@ DEFAULT_EXPERIMENT := experiments/configs/llama3-8b-nvl72.toml
 GPU_VENV  := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed-stamp
 
-.PHONY: run test test-fast test-gpu bench validate clean browser readme
+.PHONY: run test test-fast test-gpu bench validate clean browser readme docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,13 @@ browser:
 	    echo "no chromium and not root: the HTML report's browser test will be skipped"; \
 	  fi; }
 
+# README.md and docs/*.md from their templates in docs/src, running every command they show
+# (tests/docs runs them again). One page: $(PY) docs/build.py cli
 readme: $(STAMP)
-	$(PY) docs/build_readme.py
+	$(PY) docs/build.py README
+
+docs: $(STAMP)
+	$(PY) docs/build.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
