@@ -39,6 +39,9 @@ SRC = REPO / "docs" / "src"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 GROUP = re.compile(r"^<!-- group: ([\w.-]+) -->$", re.M)
 DIRECTIVE = re.compile(r"^<<(all|none|head (\d+)|lines ([\d,\-]+))>>$")
+# A region written from the code: `<!-- generated: COMMAND -->`, the command's output as
+# markdown, `<!-- end generated -->` (the config reference, from the fields' descriptions).
+GENERATED = re.compile(r"^<!-- generated: (.+?) -->\n.*?^<!-- end generated -->$", re.M | re.S)
 
 
 def pages() -> list[str]:
@@ -204,6 +207,20 @@ class Timer:
         return "\n".join([f"{self.page}: {total:.1f} CPU-s", *lines])
 
 
+def without_generated(text: str) -> str:
+    """The text with each generated region's content left out (its markers kept)."""
+    return GENERATED.sub(lambda m: f"<!-- generated: {m.group(1)} -->\n<!-- end generated -->",
+                         text)
+
+
+def fill_generated(text: str) -> str:
+    """Each generated region filled with its command's output."""
+    def fill(m):
+        out = run(Step("sh", m.group(1)), REPO)
+        return "\n".join([f"<!-- generated: {m.group(1)} -->", *out, "<!-- end generated -->"])
+    return GENERATED.sub(fill, text)
+
+
 def build(template: str, page: str = "page") -> tuple[str, Timer]:
     timer = Timer(page)
     scripts = iter([s for g in groups(template) for s in g.steps if s.kind == "python"])
@@ -243,7 +260,7 @@ def build(template: str, page: str = "page") -> tuple[str, Timer]:
     finally:
         tmp.cleanup()
     pieces.append(template[pos:])
-    return "".join(pieces), timer
+    return fill_generated("".join(pieces)), timer
 
 
 def main(argv: list[str]) -> None:

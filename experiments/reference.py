@@ -5,6 +5,7 @@ from it (a test checks they agree), so neither can drift from the code."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from experiments.config import Measured, Parallelism
 from meshes.catalog import OVERRIDES
@@ -15,15 +16,20 @@ from models.program import Precision, Train, Workload
 # table -> (its dataclass, what the table is for); [system] is the catalog's.
 TABLES = {
     "model": (ModelConfig, "the model: `preset = NAME` (`shardscope models` lists them) "
-                           "and any field below to change it, or every dimension given"),
-    "system": (None, "the machine: `name = \"<family>:<size>\"` (`shardscope systems` lists "
-                     "them) and overrides of its real network"),
-    "parallelism": (Parallelism, ""),
-    "workload": (Workload, ""),
-    "precision": (Precision, ""),
-    "train": (Train, ""),
-    "cost": (Cost, ""),
-    "measured": (Measured, "validation configs only"),
+                           "and any key below to change it, or every dimension given"),
+    "system": (None, "the machine: `name` (`shardscope systems` lists them) and where a "
+                     "cluster differs from the catalog's: [real cluster networks]"
+                     "(scale.md#real-cluster-networks)"),
+    "parallelism": (Parallelism, "the mesh: the sizes of its axes (their product is the "
+                                 "number of devices) and how the step uses them"),
+    "workload": (Workload, "what one step runs"),
+    "precision": (Precision, "the dtypes of the parameters, the matmuls and what serving "
+                             "stores"),
+    "train": (Train, "the training recipe (ignored when serving)"),
+    "cost": (Cost, "prices and the facility, for energy and cost: [power, energy and cost]"
+                   "(power.md)"),
+    "measured": (Measured, "a published measurement, in validation configs only "
+                           "([validation](validation.md))"),
 }
 
 
@@ -50,9 +56,10 @@ def entries(table: str) -> list[tuple[str, str, str]]:
             for k, (kind, _, help) in OVERRIDES.items()]
     out = [(f"{table}.preset", "none", "a preset's name")] if table == "model" else []
     for f in dataclasses.fields(cls):
-        if table == "model" and f.name == "name":
-            continue
-        out.append((f"{table}.{f.name}", _default(f), f.metadata.get("help", "")))
+        default = _default(f)
+        if table == "model" and default == "required":
+            default = "required without a preset"
+        out.append((f"{table}.{f.name}", default, f.metadata.get("help", "")))
     return out
 
 
@@ -62,19 +69,15 @@ def missing_descriptions() -> list[str]:
 
 
 def markdown() -> str:
-    """docs/config.md's text."""
-    lines = ["# Config reference", "",
-             "An experiment is a TOML file of these tables (`shardscope configs` lists the "
-             "bundled ones). Any key can be overridden on the command line with "
-             "`--set table.key=value`. Generated from the code by `shardscope keys "
-             "--markdown` (`make docs`).", ""]
+    """The tables of docs/config.md (`shardscope keys --markdown`)."""
+    lines = []
     for table, (_, what) in TABLES.items():
-        lines += [f"## `[{table}]`", ""]
-        if what:
-            lines += [what[0].upper() + what[1:] + ".", ""]
-        lines += [f"- `{key}` ({default}): {help}" for key, default, help in entries(table)]
+        lines += [f"## `[{table}]`", "", what[0].upper() + what[1:] + ".", "",
+                  "| key | default | meaning |", "|---|---|---|"]
+        lines += [f"| `{key}` | {default} | {help.replace('|', '/')} |"
+                  for key, default, help in entries(table)]
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def text(only: str | None = None) -> str:
@@ -83,7 +86,8 @@ def text(only: str | None = None) -> str:
     for table in [only] if only else TABLES:
         rows = entries(table)
         width = max(len(k) for k, _, _ in rows) + 2
-        lines.append(f"[{table}]" + (f"  {TABLES[table][1]}" if TABLES[table][1] else ""))
+        what = re.sub(r"\[([^]]+)\]\([^)]+\)", r"\1", TABLES[table][1])  # links: words
+        lines.append(f"[{table}]  {what}")
         lines += [f"  {key:<{width}}{help} (default {default})" for key, default, help in rows]
         lines.append("")
     return "\n".join(lines).rstrip()
