@@ -8,9 +8,11 @@ import math
 import time
 
 import sharding
+from experiments import fit
 from experiments.config import ConfigError, Experiment
-from experiments.fit import fit_advice
 from meshes.calibration import Calibration
+from meshes.gpu import GpuSystem
+from meshes.reserves import JAX_GPU_MEM_FRACTION, runtime_reserve
 from meshes.tpu import TpuSystem
 from models.inference import build_serve_program
 from models.memory import offload_bytes_per_step, serving_memory, training_memory
@@ -29,7 +31,7 @@ class Unfit(ConfigError):
 
 def run(exp: Experiment, *, backend: str = "cpu",
         calibration: Calibration | None = None, compile_unfit: bool = True,
-        max_compile_devices: int = CPU_MAX_DEVICES) -> Report:
+        max_compile_devices: int = CPU_MAX_DEVICES, advise: bool = True) -> Report:
     """Compile the experiment's step (fake CPU devices or a deviceless real compiler) and
     estimate it on its system.
 
@@ -41,7 +43,8 @@ def run(exp: Experiment, *, backend: str = "cpu",
     `compile_unfit=False`: a step the memory model says cannot fit raises `Unfit` before
     compiling (a search prunes with it). On the CPU path a run on more than
     `max_compile_devices` devices is compiled with fewer data-parallel replicas and read as
-    the full run (`_extrapolated`).
+    the full run (`_extrapolated`). `advise`: a step that does not fit gets the changes
+    that make it fit (experiments/fit.py: a search that compiles a few candidates).
     """
     try:
         resolved = compiler.resolve_backend(backend, exp.system)
@@ -52,21 +55,23 @@ def run(exp: Experiment, *, backend: str = "cpu",
         # `auto` does not hand a TPU pod past it to libtpu (minutes to hours at that size):
         # the CPU path reads it from fewer replicas; `--backend tpu` compiles it whole.
         return _extrapolated(exp, max_compile_devices, calibration=calibration,
-                             compile_unfit=compile_unfit)
+                             compile_unfit=compile_unfit, advise=advise)
     try:
         return _run(exp, backend=backend, calibration=calibration,
-                    compile_unfit=compile_unfit)
+                    compile_unfit=compile_unfit, advise=advise)
     except compiler.DoesNotFit as e:
         if backend != "auto":
             raise ConfigError(f"{e} (compile with --backend cpu to see its collectives "
                               f"anyway, or shard more / rematerialise more)") from None
-        return _run(exp, backend="cpu", calibration=calibration,
+        return _run(exp, backend="cpu", calibration=calibration, advise=advise,
                     warnings=(f"TPU compiler: {e}",))
 
 
 def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
          warnings: tuple[str, ...] = (), compile_unfit: bool = True,
-         advice_parallelism=None) -> Report:
+         full: Experiment | None = None, advise: bool = True) -> Report:
+    """Compile `exp` and estimate it; `full`: the run it stands for when `exp` is a reduced
+    compile of it (its memory and advice are the full run's)."""
     system = exp.system
     t0 = time.perf_counter()
     try:
@@ -89,18 +94,25 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
     mesh = sharding.make_mesh(system, exp.parallelism.sizes(), devices=target.devices,
                               outer=exp.parallelism.outer)
     step = build_step(exp, mesh)
-    advice = () if step.serving else fit_advice(exp, step, par=advice_parallelism)
-    if not compile_unfit and step.memory.total_bytes > system.chip.hbm_bytes:
-        raise Unfit(f"does not fit: needs {fmt_bytes(step.memory.total_bytes)} of HBM per "
-                    f"device, has {fmt_bytes(system.chip.hbm_bytes)}"
-                    + (f"; {advice[0]}" if advice else ""))
+    memory = step.memory if full is None else fit.memory_of(full)
+    need, cap = memory.total_bytes, system.chip.hbm_bytes
+    if not compile_unfit and need > cap:
+        raise Unfit(f"does not fit: needs {fmt_bytes(need)} of HBM per device, has "
+                    f"{fmt_bytes(cap)} (`shardscope fit` finds what makes it fit)")
+    advice = ()
+    if advise and need > cap:
+        stage("searching for the changes that make it fit")
+        found = fit.search(full or exp, calibration=calibration)
+        advice = tuple(s.describe() for s in found) or (
+            f"no change the search tries is enough ({need / cap:.1f}x the HBM): shard over "
+            f"more devices",)
     program = step.program
     return sharding.analyze(
         program.step, *program.args, mesh=mesh, system=system,
         model_flops_per_step=program.model_flops_per_step,
         tokens_per_step=program.tokens_per_step,
         sequences_per_step=exp.workload.global_batch if step.serving else None,
-        memory=step.memory, timings={"build_s": time.perf_counter() - t0},
+        memory=memory, timings={"build_s": time.perf_counter() - t0},
         warnings=warnings, name=exp.name, compiler=target.compiler,
         compiler_note=_with_compare_hint(target.note, system), calibration=calibration,
         host_transfer_bytes=step.host_transfer_bytes, pipeline=step.pipeline,
@@ -128,18 +140,21 @@ class Step:
     host_transfer_bytes: float = 0.0
 
 
-def build_step(exp: Experiment, mesh) -> Step:
-    """The experiment's train or serve program on `mesh`, with its memory model."""
+def build_step(exp: Experiment, mesh, *, quiet: bool = False) -> Step:
+    """The experiment's train or serve program on `mesh` (a Mesh, or an AbstractMesh for
+    its memory alone), with its memory model."""
     rules = exp.parallelism.axis_rules()
     mesh_shape = mesh_shape_of(mesh)
-    stage(f"building the {exp.workload.kind} step of {exp.model.name} on {exp.system.label}")
+    if not quiet:
+        stage(f"building the {exp.workload.kind} step of {exp.model.name} on "
+              f"{exp.system.label}")
     try:
         if exp.workload.kind != "train":
             program = build_serve_program(exp.model, mesh, rules, workload=exp.workload,
                                           precision=exp.precision)
             memory = serving_memory(exp.model, program, workload=exp.workload,
                                     precision=exp.precision, mesh_shape=mesh_shape, rules=rules)
-            return Step(program, memory, True, mesh_shape, rules)
+            return Step(program, with_reserve(memory, exp), True, mesh_shape, rules)
         program = build_train_program(exp.model, mesh, rules, workload=exp.workload,
                                       precision=exp.precision, train=exp.train,
                                       virtual_stages=exp.parallelism.virtual_stages,
@@ -152,12 +167,29 @@ def build_step(exp: Experiment, mesh) -> Step:
                                       train=exp.train, mesh_shape=mesh_shape, rules=rules)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return Step(program, memory, False, mesh_shape, rules,
+    return Step(program, with_reserve(memory, exp), False, mesh_shape, rules,
                 program.pipeline.summary() if program.pipeline else None, host)
 
 
+def with_reserve(memory: sharding.Memory, exp: Experiment) -> sharding.Memory:
+    """The program's memory with what the runtime keeps on the device beside it
+    (meshes/reserves.py), and on GPUs the share of HBM JAX must be let to take."""
+    communicators = sum(s > 1 for s in exp.parallelism.sizes().values())
+    reserves = runtime_reserve(exp.system, communicators)
+    notes = ()
+    share = memory.program_bytes / exp.system.chip.hbm_bytes
+    if isinstance(exp.system, GpuSystem) and JAX_GPU_MEM_FRACTION < share < 0.99:
+        notes = (f"on JAX the program needs {share:.0%} of HBM, more than the "
+                 f"{JAX_GPU_MEM_FRACTION:.0%} JAX preallocates by default: run with "
+                 f"XLA_PYTHON_CLIENT_MEM_FRACTION={min(0.99, share + 0.005):.2f} or more",)
+    return dataclasses.replace(
+        memory, reserved=tuple((r.what, r.bytes) for r in reserves),
+        source=memory.source + ("; runtime reserve (meshes/reserves.py)" if reserves else ""),
+        notes=(*memory.notes, *notes))
+
+
 def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | None,
-                  compile_unfit: bool) -> Report:
+                  compile_unfit: bool, advise: bool = True) -> Report:
     """A run past what XLA:CPU compiles: the same run on fewer data-parallel replicas (each
     device's program is then the same: its batch, its shards, every buffer), compiled, and
     read as the full run -- the replica groups rebuilt on the full mesh
@@ -189,7 +221,7 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
     raw["workload"]["global_batch"] = gb * replicas // data
     small_exp = config_mod.from_dict(raw)
     small = _run(small_exp, backend="cpu", calibration=calibration,
-                 compile_unfit=compile_unfit, advice_parallelism=par)
+                 compile_unfit=compile_unfit, full=exp, advise=advise)
     inputs = small.inputs
     full_shape = tuple(par.sizes()[a] for a in inputs.axis_names)
     try:

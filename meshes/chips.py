@@ -15,6 +15,7 @@ from meshes.interpolate import log_interp
 TERA = 1e12
 PETA = 1e15
 GB = 1e9
+GiB = 2**30
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -138,7 +139,9 @@ CHIPS: dict[str, Chip] = {
         name="h100",
         low_precision_efficiency=_H100_LOW,
         peak_flops_per_s={"bfloat16": 989 * TERA, "float8": 1979 * TERA, "int8": 1979 * TERA},
-        hbm_bytes=80 * GB,
+        # 80 GiB of HBM3, of which the driver exposes 79.22 GiB (torch's total_gpu_memory on
+        # an H100-80G: vllm-project/vllm#10511); the datasheet's "80GB" read as 80e9 was low.
+        hbm_bytes=79.22 * GiB,
         hbm_bytes_per_s=3.35e12,
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
@@ -212,7 +215,7 @@ CHIPS: dict[str, Chip] = {
         name="tpu-v4",
         size_curve="tpu",
         peak_flops_per_s={"bfloat16": 2.75e14, "int8": 2.75e14},
-        hbm_bytes=32 * GB,
+        hbm_bytes=32 * GiB,  # XLA reports HBM in GiB (meshes/reserves.py)
         hbm_bytes_per_s=1.2e12,
         matmul_efficiency=0.90,  # v6e measured 827/920; same MXU design family.
         hbm_efficiency=1.36 / 1.6,  # v6e HBM copy 1.36 of 1.6 TB/s (tpu-recipes).
@@ -223,7 +226,7 @@ CHIPS: dict[str, Chip] = {
         name="tpu-v5e",
         size_curve="tpu",
         peak_flops_per_s={"bfloat16": 1.97e14, "int8": 3.94e14, "float8": 3.94e14},
-        hbm_bytes=16 * GB,
+        hbm_bytes=16 * GiB,
         hbm_bytes_per_s=8.2e11,
         matmul_efficiency=0.90,
         hbm_efficiency=1.36 / 1.6,
@@ -234,7 +237,7 @@ CHIPS: dict[str, Chip] = {
         name="tpu-v5p",
         size_curve="tpu",
         peak_flops_per_s={"bfloat16": 4.59e14, "int8": 9.18e14, "float8": 9.18e14},
-        hbm_bytes=96 * GB,
+        hbm_bytes=96 * GiB,
         hbm_bytes_per_s=2.8e12,
         matmul_efficiency=0.90,
         hbm_efficiency=1.36 / 1.6,
@@ -245,7 +248,7 @@ CHIPS: dict[str, Chip] = {
         name="tpu-v6e",
         size_curve="tpu",
         peak_flops_per_s={"bfloat16": 9.20e14, "int8": 1.84e15, "float8": 1.84e15},
-        hbm_bytes=32 * GB,
+        hbm_bytes=32 * GiB,
         hbm_bytes_per_s=1.6e12,
         matmul_efficiency=827 / 920,  # bf16 8192^3 matmul, tpu-recipes microbenchmarks.
         hbm_efficiency=1.36 / 1.6,  # HBM copy of 32 MiB, tpu-recipes microbenchmarks.
@@ -258,7 +261,7 @@ CHIPS: dict[str, Chip] = {
         # Per TensorCore (one JAX device): the chip's 2.30e15 bf16 / 4.61e15 fp8, 192 GB and
         # 7.4e12 B/s are split over its two TensorCores.
         peak_flops_per_s={"bfloat16": 2.30e15 / 2, "float8": 4.61e15 / 2, "int8": 4.61e15 / 2},
-        hbm_bytes=192 * GB / 2,
+        hbm_bytes=192 * GiB / 2,
         hbm_bytes_per_s=7.4e12 / 2,
         matmul_efficiency=950 / 1150,  # bf16 GEMM per core 16384^3 (tpu-recipes ironwood).
         hbm_efficiency=3.2 / 3.7,  # HBM copy >= 128 MiB per core (tpu-recipes ironwood).

@@ -11,8 +11,10 @@ Rooms:
   mesh axis of the `layers` dimension; `context.py`: context-parallel (ring / all-gather)
   attention over the axis that splits the sequence.
 - `fp8.py`: FP8 and block-scaled FP4 matmuls; `quant.py`: quantised weights and KV cache.
-- `train.py`: the train step and its sharded arguments; `inference.py`: prefill and
-  decode with a KV cache.
+- `train.py`: the train step (loss with vocabulary tiling, gradient accumulation,
+  per-replica gradients) and its sharded arguments; `optimizer.py`: master weights, the
+  gradients' dtype and the distributed optimizer; `inference.py`: prefill and decode with
+  a KV cache.
 - `memory.py`: memory per device, analytically, as the report's `sharding.Memory`.
 
 Model code names logical axes only, never mesh axes (sharding/rules.py maps them).
@@ -32,13 +34,13 @@ a digit is a dimension of that size (B1: one position per sequence).
 """
 
 from models.config import PRESETS, ModelConfig, preset
+from models.optimizer import make_optimizer
 from models.program import REMAT_POLICIES, Precision, Program, Train, Workload
 from models.train import (
     TrainProgram,
     build_train_program,
     loss_fn,
     make_model,
-    make_optimizer,
     make_train_step,
     per_device_bytes,
 )

@@ -174,7 +174,7 @@ def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Worklo
     components = [
         ("parameters", float(program.param_bytes_per_device)),
         ("optimizer state", float(program.optimizer_bytes_per_device)),
-        ("gradients", float(program.param_bytes_per_device)),
+        ("gradients", float(program.gradient_bytes_per_device)),
         ("batch", float(program.batch_bytes_per_device)),
         *activations,
     ]

@@ -110,6 +110,15 @@ class Precision:
                              'dtype)', "")
     kv_cache: str = described('serving: store the KV cache quantised, "int8", "float8" or '
                               '"int4" ("": the activations\' dtype)', "")
+    master_weights: str = described(
+        'training: "float32" keeps an fp32 master copy of bfloat16 parameters in the '
+        'optimizer, which updates it and casts it back (Megatron --bf16, MaxText '
+        'weight_dtype bfloat16 with an fp32 copy); "" updates the parameters themselves',
+        "")
+    grad_reduce: str = described(
+        'training: the dtype gradients are accumulated over microbatches and summed over the '
+        'data-parallel ranks in, "float32" (Megatron\'s main_grad, its default) or '
+        '"bfloat16"', "float32")
 
     def __post_init__(self):
         check_choice("precision.params", self.params, PARAM_DTYPES)
@@ -118,6 +127,19 @@ class Precision:
             check_choice("precision.weights", self.weights, (*STORAGE_DTYPES, "bfloat16"))
         if self.kv_cache:
             check_choice("precision.kv_cache", self.kv_cache, (*STORAGE_DTYPES, "bfloat16"))
+        check_choice("precision.master_weights", self.master_weights, ("", "float32"))
+        check_choice("precision.grad_reduce", self.grad_reduce, ("float32", "bfloat16"))
+        if self.master_weights and self.params != "bfloat16":
+            raise ValueError(f"precision.master_weights={self.master_weights!r} keeps an fp32 "
+                             f"copy of bfloat16 parameters; precision.params="
+                             f"{self.params!r} is already its own master: set params = "
+                             f"\"bfloat16\" or master_weights = \"\"")
+
+    @property
+    def gradient_dtype(self) -> str:
+        """What gradients are accumulated and reduced in: `grad_reduce`, never narrower than
+        the parameters."""
+        return "float32" if self.params == "float32" else self.grad_reduce
 
     @property
     def low_precision_matmuls(self) -> str | None:
@@ -157,6 +179,15 @@ class Train:
     offload: tuple[str, ...] = described('with remat = "custom": tensors moved to host memory '
                                          'between the forward and backward pass (same names)',
                                          ())
+    shard_optimizer_over_data: bool = described(
+        "the optimizer state and master weights sharded over the data-parallel (and "
+        "context-parallel) ranks, MaxText's name for Megatron's distributed optimizer "
+        "(ZeRO-1): gradients reduce-scattered to each rank's shard, the updated parameters "
+        "all-gathered", False)
+    num_vocab_tiling: int = described(
+        "the loss computed over this many tiles of the tokens (MaxText's vocabulary "
+        "tiling): one tile's logits and their gradient live at a time, recomputed in the "
+        "backward pass", 1)
     optimizer: str = described('"adamw"', "adamw")
     learning_rate: float = described("AdamW's learning rate", 3e-4)
     weight_decay: float = described("AdamW's weight decay", 0.1)
@@ -164,6 +195,13 @@ class Train:
     def __post_init__(self):
         check_choice("train.remat", self.remat, tuple(REMAT_POLICIES))
         check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
+        if not isinstance(self.shard_optimizer_over_data, bool):
+            raise ValueError(f"train.shard_optimizer_over_data="
+                             f"{self.shard_optimizer_over_data!r} must be true or false")
+        if not isinstance(self.num_vocab_tiling, int) or isinstance(self.num_vocab_tiling, bool) \
+                or self.num_vocab_tiling < 1:
+            raise ValueError(f"train.num_vocab_tiling={self.num_vocab_tiling!r} must be a whole "
+                             f"number of at least 1 (1: the whole logits at once)")
         for key in ("save", "offload"):
             names = getattr(self, key)
             if isinstance(names, str) or not all(isinstance(n, str) for n in names):

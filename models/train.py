@@ -13,13 +13,19 @@ import math
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
+from models.optimizer import (
+    apply_gradients,
+    init_state,
+    make_optimizer,
+    state_shardings,
+    state_specs,
+)
 from models.pipeline import Pipeline
-from models.program import Precision, Program, Train, Workload
+from models.program import DTYPES, Precision, Program, Train, Workload
 from models.transformer import Transformer, logical_axes
 from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
 
@@ -30,6 +36,9 @@ class TrainProgram(Program):
 
     optimizer_bytes_per_device: int
     batch_bytes_per_device: int
+    # the gradients, in the dtype they are accumulated and reduced in, sharded like the
+    # parameters (the distributed optimizer splits the state, not this buffer: ZeRO-1)
+    gradient_bytes_per_device: int = 0
     pipeline: Pipeline | None = None
 
     @property
@@ -48,22 +57,46 @@ def make_model(cfg: ModelConfig, precision: Precision, *, remat: str = "none",
                        offload=offload, pipeline=pipeline, context_mode=context_mode)
 
 
-def loss_fn(model: Transformer, inputs_BL, targets_BL):
-    logits_BLV = model(inputs_BL)
+def loss_fn(model: Transformer, inputs_BL, targets_BL, vocab_tiles: int = 1):
+    """Mean next-token cross-entropy. `vocab_tiles` > 1: MaxText's vocabulary tiling, the
+    logits and their loss computed tile by tile over the positions, each tile's logits
+    recomputed in the backward pass, so that one tile's logits (not the whole batch's) are
+    ever held."""
+    x_BLD = model.features(inputs_BL)
     targets_BL = model.in_model_order(targets_BL)
+    if vocab_tiles == 1:
+        return _mean_nll(model.head(x_BLD), targets_BL)
+    b, seq, d = x_BLD.shape
+    if seq % vocab_tiles:
+        raise ValueError(f"train.num_vocab_tiling={vocab_tiles} does not divide "
+                         f"workload.seq_len={seq}; choose a divisor of it")
+    # Tile j takes every vocab_tiles-th position from j: the positions' own split over the
+    # devices (context parallelism) stays as it is.
+    x_TBlD = jnp.moveaxis(x_BLD.reshape(b, seq // vocab_tiles, vocab_tiles, d), 2, 0)
+    t_TBl = jnp.moveaxis(targets_BL.reshape(b, seq // vocab_tiles, vocab_tiles), 2, 0)
+
+    @jax.checkpoint
+    def tile_loss(x_BlD, t_Bl):
+        return _mean_nll(model.head(x_BlD), t_Bl)
+
+    def add_tile(total, xs):
+        return total + tile_loss(*xs), None
+
+    total, _ = jax.lax.scan(add_tile, jnp.zeros((), jnp.float32), (x_TBlD, t_TBl))
+    return total / vocab_tiles
+
+
+def _mean_nll(logits_BLV, targets_BL):
     with jax.named_scope("loss"):
         logp_BLV = jax.nn.log_softmax(logits_BLV, axis=-1)
         nll_BL = -jnp.take_along_axis(logp_BLV, targets_BL[..., None], axis=-1)[..., 0]
         return jnp.mean(nll_BL)
 
 
-def make_optimizer(train: Train) -> optax.GradientTransformation:
-    return optax.adamw(train.learning_rate, weight_decay=train.weight_decay)
-
-
 def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | None = None,
                     mesh: Mesh | None = None, replicas: tuple[str, ...] = (),
-                    param_specs=None):
+                    param_specs=None, precision: Precision | None = None,
+                    state_specs=None, vocab_tiles: int = 1):
     """step(params, opt_state, batch) -> (params, opt_state, loss); params a pure dict.
 
     `microbatches` > 1: gradient accumulation over that many sequential micro-steps (with
@@ -71,11 +104,21 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
     `replicas`: data-parallel mesh axes over which the gradients are summed once per step
     (Megatron's DDP) rather than at every micro-step or pipeline tick: each replica keeps
     its own gradient until then (`_replica_grads`); needs the rules, the mesh and the
-    parameters' PartitionSpecs (`param_specs`)."""
+    parameters' PartitionSpecs (`param_specs`). `precision`: master weights and the
+    gradients' dtype (models/optimizer.py); `state_specs`: the optimizer state's
+    PartitionSpecs when the distributed optimizer splits it further than the parameters.
+    `vocab_tiles`: the loss's vocabulary tiling (`loss_fn`)."""
+    precision = precision or Precision()
+    grad_dtype = DTYPES[precision.gradient_dtype]
+    reduced_specs = state_specs if state_specs is not None else param_specs
+
+    def pin(x, spec):
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     def grads_of(params, inputs_BL, targets_BL):
         return jax.value_and_grad(
-            lambda p: loss_fn(nnx.merge(graphdef, p), inputs_BL, targets_BL))(params)
+            lambda p: loss_fn(nnx.merge(graphdef, p), inputs_BL, targets_BL,
+                              vocab_tiles))(params)
 
     def step(params, opt_state, batch):
         inputs_BL, targets_BL = batch["inputs"], batch["targets"]
@@ -83,9 +126,11 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
         if replicas:
             loss, grads = _replica_grads(graphdef, params, inputs_BL, targets_BL, k=k,
                                          rules=rules, mesh=mesh, replicas=replicas,
-                                         param_specs=param_specs)
+                                         param_specs=param_specs, grad_dtype=grad_dtype,
+                                         out_specs=reduced_specs, vocab_tiles=vocab_tiles)
         elif k == 1:
             loss, grads = grads_of(params, inputs_BL, targets_BL)
+            grads = jax.tree.map(lambda g: g.astype(grad_dtype), grads)
         else:
             b = inputs_BL.shape[0] // k
             # (k, b, L): the micro-batch index leads, so each micro-batch stays sharded
@@ -95,15 +140,21 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
             def add_microbatch(carry, mb):
                 loss_sum, grad_sum = carry
                 loss, grads = grads_of(params, *mb)
-                return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+                grads = jax.tree.map(lambda s, g: s + g.astype(grad_dtype), grad_sum, grads)
+                return (loss_sum + loss, grads), None
 
-            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, grad_dtype), params)
             init = (jnp.zeros((), jnp.float32), zeros)
             (loss, grads), _ = jax.lax.scan(add_microbatch, init, micro)
             loss, grads = loss / k, jax.tree.map(lambda g: g / k, grads)
+        if mesh is not None and reduced_specs is not None:
+            grads = jax.tree.map(pin, grads, reduced_specs)  # a reduce-scatter when split
         with jax.named_scope("optimizer"):
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, loss
+            params, opt_state = apply_gradients(
+                tx, params, opt_state, grads, precision=precision,
+                pin=pin if mesh is not None else None, param_specs=param_specs,
+                state_specs=state_specs)
+            return params, opt_state, loss
 
     if rules is None:
         return step
@@ -116,7 +167,8 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
 
 
 def _replica_grads(graphdef, params, inputs_BL, targets_BL, *, k: int, rules: AxisRules,
-                   mesh: Mesh, replicas: tuple[str, ...], param_specs):
+                   mesh: Mesh, replicas: tuple[str, ...], param_specs, grad_dtype=jnp.float32,
+                   out_specs=None, vocab_tiles: int = 1):
     """(loss, gradients) with the data-parallel sum deferred to the end of the step.
 
     Under SPMD a gradient that a micro-step adds to a replicated accumulator is summed over
@@ -124,8 +176,10 @@ def _replica_grads(graphdef, params, inputs_BL, targets_BL, *, k: int, rules: Ax
     once per step. Here every replica gets its own copy of the parameters along a leading
     dimension R sharded over `replicas` (no memory: each device holds the copy it would
     anyway) and runs the model on its own rows under `jax.vmap(spmd_axis_name=replicas)`;
-    the gradients with respect to the copies stay per replica through every micro-step,
-    and one sum over R -- one all-reduce -- ends the step. Suffix R: the replicas."""
+    the gradients with respect to the copies stay per replica through every micro-step
+    (in `grad_dtype`), and one sum over R ends the step: an all-reduce, or a reduce-scatter
+    where `out_specs` split the result over the replicas (the distributed optimizer).
+    Suffix R: the replicas."""
     r = math.prod(dict(mesh.shape)[a] for a in replicas)
     inner = rules.without(replicas)
 
@@ -134,7 +188,7 @@ def _replica_grads(graphdef, params, inputs_BL, targets_BL, *, k: int, rules: Ax
 
     def per_replica(p, inputs_bL, targets_bL):
         with use_rules(inner, mesh):
-            return loss_fn(nnx.merge(graphdef, p), inputs_bL, targets_bL)
+            return loss_fn(nnx.merge(graphdef, p), inputs_bL, targets_bL, vocab_tiles)
 
     def mean_loss(params_R, inputs_RbL, targets_RbL):
         losses_R = jax.vmap(per_replica, spmd_axis_name=replicas)(params_R, inputs_RbL,
@@ -159,16 +213,17 @@ def _replica_grads(graphdef, params, inputs_BL, targets_BL, *, k: int, rules: Ax
         def add_microbatch(carry, mb):
             loss_sum, grad_sum = carry
             loss, grads = jax.value_and_grad(mean_loss)(params_R, *mb)
-            return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+            grads = jax.tree.map(lambda s, g: s + g.astype(grad_dtype), grad_sum, grads)
+            return (loss_sum + loss, grads), None
 
-        zeros = jax.tree.map(lambda p, spec: replicated(jnp.zeros(p.shape), spec, jnp.float32),
+        zeros = jax.tree.map(lambda p, spec: replicated(jnp.zeros(p.shape), spec, grad_dtype),
                              params, param_specs)
         (loss, grads_R), _ = jax.lax.scan(add_microbatch, (jnp.zeros((), jnp.float32), zeros),
                                           micro)
         loss, grads_R = loss / k, jax.tree.map(lambda g: g / k, grads_R)
     with jax.named_scope("gradient_sum"):
-        grads = jax.tree.map(lambda g, p, spec: pin(jnp.sum(g, axis=0).astype(p.dtype), spec),
-                             grads_R, params, param_specs)
+        grads = jax.tree.map(lambda g, spec: pin(jnp.sum(g.astype(grad_dtype), axis=0), spec),
+                             grads_R, out_specs if out_specs is not None else param_specs)
     return loss, grads
 
 
@@ -257,15 +312,20 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
                                                 pipeline=pipeline, context_mode=context_mode)
 
     # Gradients summed over the data-parallel replicas once per step when the step has
-    # several micro-steps or pipeline ticks (one micro-step sums once anyway).
-    replicas = replica_axes(rules, mesh_shape) if (pipeline or k > 1) else ()
+    # several micro-steps or pipeline ticks (one micro-step sums once anyway), or when they
+    # are summed in a wider dtype than the parameters' (Megatron's fp32 main_grad).
+    wider = precision.gradient_dtype != precision.params
+    replicas = replica_axes(rules, mesh_shape) if (pipeline or k > 1 or wider) else ()
     tx = make_optimizer(train)
-    opt_abstract = jax.eval_shape(tx.init, params)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    opt_shard = optax.tree_map_params(
-        tx, lambda _, s: s, opt_abstract, p_shard, transform_non_params=lambda _: replicated)
+    param_specs = jax.tree.map(lambda s: s.spec, p_shard)
+    specs = state_specs(param_specs, params, rules, mesh_shape, train)
+    opt_abstract = jax.eval_shape(lambda p: init_state(tx, p, precision), params)
+    opt_shard = state_shardings(tx, opt_abstract,
+                                jax.tree.map(lambda s: NamedSharding(mesh, s), specs), mesh,
+                                precision)
     opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                              opt_abstract, opt_shard)
+    replicated = NamedSharding(mesh, PartitionSpec())
 
     resolve(("batch", "seq"), (workload.micro_batch, workload.seq_len), rules.activations,
             mesh_shape, what=f"micro-batch of {workload.micro_batch} sequences "
@@ -279,8 +339,9 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
 
     step = jax.jit(
         make_train_step(graphdef, tx, microbatches=1 if pipeline else k, rules=rules,
-                        mesh=mesh, replicas=replicas,
-                        param_specs=jax.tree.map(lambda s: s.spec, p_shard)),
+                        mesh=mesh, replicas=replicas, param_specs=param_specs,
+                        precision=precision, vocab_tiles=train.num_vocab_tiling,
+                        state_specs=specs if train.shard_optimizer_over_data else None),
         in_shardings=(p_shard, opt_shard, {"inputs": batch_sharding, "targets": batch_sharding}),
         out_shardings=(p_shard, opt_shard, replicated),
         donate_argnums=(0, 1),
@@ -296,4 +357,7 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
         param_bytes_per_device=per_device_bytes(params),
         optimizer_bytes_per_device=per_device_bytes(opt_state),
         batch_bytes_per_device=per_device_bytes(batch),
+        gradient_bytes_per_device=per_device_bytes(jax.tree.map(
+            lambda p: jax.ShapeDtypeStruct(p.shape, DTYPES[precision.gradient_dtype],
+                                           sharding=p.sharding), params)),
     )

@@ -242,6 +242,11 @@ class Transformer(nnx.Module):
     def __call__(self, tokens_BL):
         """Training forward: logits for every position, in `in_model_order` (the zigzag
         order of context parallelism when the rules split the sequence)."""
+        return self.head(self.features(tokens_BL))
+
+    def features(self, tokens_BL):
+        """The last layer's output for every position (before the final norm and the
+        output projection), in `in_model_order`."""
         b, seq = tokens_BL.shape
         ranks = context_ranks()
         order = jnp.arange(seq) if ranks == 1 else jnp.asarray(zigzag_order(seq, ranks))
@@ -250,7 +255,7 @@ class Transformer(nnx.Module):
         context = self.context_mode if ranks > 1 else None
         x_BLD, _ = self._layers(self._embed(tokens_BL, positions_BL), positions_BL,
                                 context=context)
-        return self._head(x_BLD)
+        return x_BLD
 
     def in_model_order(self, x_BL):
         """Per-position values (tokens, targets) in the order training runs its positions:
@@ -272,7 +277,7 @@ class Transformer(nnx.Module):
             with jax.named_scope("kv_cache_quantize"):
                 k_NBKLE = quantize(k_NBKLE, quantized, (-1,))
                 v_NBKLE = quantize(v_NBKLE, quantized, (-1,))
-        return self._head(x_BLD[:, -1:])[:, 0], (k_NBKLE, v_NBKLE)
+        return self.head(x_BLD[:, -1:])[:, 0], (k_NBKLE, v_NBKLE)
 
     def decode(self, tokens_B1, cache, index):
         """One new token per sequence at position `index` over a KV cache of (N, B, K, S, E)
@@ -287,7 +292,7 @@ class Transformer(nnx.Module):
             quantized = self.precision.quantized_kv_cache
             k_NBKSE = _write_cache(k_NBKSE, jnp.swapaxes(k_NB1KE, 2, 3), index, quantized)
             v_NBKSE = _write_cache(v_NBKSE, jnp.swapaxes(v_NB1KE, 2, 3), index, quantized)
-        return self._head(x_BLD)[:, 0], (k_NBKSE, v_NBKSE)
+        return self.head(x_BLD)[:, 0], (k_NBKSE, v_NBKSE)
 
     def _embed(self, tokens_BL, positions_BL):
         cfg, dt = self.cfg, self.compute_dtype
@@ -342,7 +347,8 @@ class Transformer(nnx.Module):
                             mesh=mesh, axis=axes[0], batch_axes=rules.mesh_axes("batch"),
                             seq_axes=rules.mesh_axes("residual_seq"))
 
-    def _head(self, x_BLD):
+    def head(self, x_BLD):
+        """Logits (B, L, V) in float32 of the last layer's output."""
         cfg = self.cfg
         with jax.named_scope("lm_head"):
             x_BLD = self.final_norm(x_BLD)

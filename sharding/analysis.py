@@ -73,7 +73,8 @@ class AnalysisInputs:
         m = self.memory
         d["memory"] = None if m is None else {
             "components": [list(c) for c in m.components], "source": m.source,
-            "compiler_bytes": m.compiler_bytes, "compiler_source": m.compiler_source}
+            "compiler_bytes": m.compiler_bytes, "compiler_source": m.compiler_source,
+            "notes": list(m.notes), "reserved": [list(r) for r in m.reserved]}
         return d
 
     @classmethod
@@ -81,7 +82,9 @@ class AnalysisInputs:
         m = d.get("memory")
         memory = None if m is None else Memory(
             components=tuple((w, b) for w, b in m["components"]), source=m["source"],
-            compiler_bytes=m["compiler_bytes"], compiler_source=m["compiler_source"])
+            compiler_bytes=m["compiler_bytes"], compiler_source=m["compiler_source"],
+            notes=tuple(m.get("notes", ())),
+            reserved=tuple((w, b) for w, b in m.get("reserved", ())))
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(hlo_text=hlo_text, memory=memory, plan=plan,
                    **{k: v for k, v in d.items() if k != "memory" and k in known})

@@ -97,6 +97,24 @@ def _windowed_einsum_note(counts: dict[str, int], per_comp) -> tuple[str, ...]:
             f"the operand instead, so the CPU path does not see this cost",)
 
 
+def verdict_memory(model: Memory | None, compiled: Memory, *, real_compiler: bool) -> Memory:
+    """The memory a report judges fitting by. The target's own compiler (deviceless TPU or
+    GPU) knows its buffers: its assignment is the verdict, with the runtime's reserve from
+    the caller's model, and the model's figure noted. XLA:CPU's upcasts bf16 temporaries to
+    f32: the caller's model is the verdict, with XLA:CPU's figure for reference."""
+    if model is None:
+        return compiled
+    if real_compiler and compiled.known:
+        return dataclasses.replace(
+            compiled, reserved=model.reserved, compiler_bytes=compiled.program_bytes,
+            compiler_source=compiled.source, notes=(
+                *compiled.notes, *model.notes,
+                f"the memory model's figure: {fmt_bytes(model.total_bytes)} "
+                f"({model.source})"))
+    return dataclasses.replace(model, compiler_bytes=compiled.program_bytes or None,
+                               compiler_source=compiled.source)
+
+
 def estimate(inputs: AnalysisInputs, *, system: System,
              calibration: Calibration | None = None, cost: Cost | None = None) -> Report:
     """The Report of `inputs` timed on `system`, built once: the collectives placed on its
@@ -283,10 +301,8 @@ def analyze(
     t0 = time.perf_counter()
     module = parse_hlo(c.hlo_text)
     c.timings["parse_s"] = time.perf_counter() - t0
-    compiled = compiled_memory(c.compiled, on_cpu=backend == "cpu")
-    if memory is not None:
-        compiled = dataclasses.replace(memory, compiler_bytes=compiled.total_bytes or None,
-                                       compiler_source=compiled.source)
+    compiled = verdict_memory(memory, compiled_memory(c.compiled, on_cpu=backend == "cpu"),
+                              real_compiler=backend != "cpu")
     t0 = time.perf_counter()
     plan = build_plan(module, mesh_shape=mesh.devices.shape, axis_names=mesh.axis_names)
     c.timings["read_s"] = time.perf_counter() - t0

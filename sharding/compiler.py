@@ -149,14 +149,17 @@ def compile_to_hlo(fn: Callable, *args, final_hlo: bool = False, fast_cpu: bool 
 
 def compiled_memory(compiled, *, on_cpu: bool = True) -> Memory:
     """Memory per device from the compiler's buffer assignment (arguments, outputs that do
-    not alias them, temporaries). On XLA:CPU the temporaries are an upper bound for a bf16
-    program: the CPU upcasts bf16 to f32."""
+    not alias them, temporaries): what MaxText's ahead-of-time check sums. On XLA:CPU the
+    temporaries are an upper bound for a bf16 program: the CPU upcasts bf16 to f32. What
+    the program keeps in host memory (offloaded activations) is not HBM: it is noted."""
     try:
         ma = compiled.memory_analysis()
     except Exception:  # noqa: BLE001 -- backends without it raise assorted errors
         ma = None
     if ma is None:
         return Memory(components=(), source="no compiler memory analysis")
+    host = sum(getattr(ma, f"host_{k}_size_in_bytes", 0) or 0
+               for k in ("argument", "output", "temp"))
     return Memory(
         components=(
             ("arguments", float(ma.argument_size_in_bytes)),
@@ -166,6 +169,7 @@ def compiled_memory(compiled, *, on_cpu: bool = True) -> Memory:
         ),
         source="XLA:CPU buffer assignment (bf16 temporaries upcast to f32: an upper bound)"
         if on_cpu else "the target compiler's buffer assignment",
+        notes=(f"in host memory, not HBM: {host / 1e9:.2f} GB (offloaded)",) if host else (),
     )
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from meshes import System
 from sharding.rules import MESH_AXES
@@ -64,6 +64,18 @@ def placement(shape: Sequence[int], names: Sequence[str], outer: str = "") -> np
     order = [names.index(outer)] + [i for i in range(len(names)) if names[i] != outer]
     ids = np.arange(n).reshape([shape[i] for i in order])
     return ids.transpose(np.argsort(order))
+
+
+def abstract_mesh(system: System, axis_sizes: Mapping[str, int]) -> AbstractMesh:
+    """The mesh's shape and axis names without devices (any size): enough for shardings'
+    shard shapes, so for the memory of a step on a system larger than XLA:CPU fakes."""
+    names = tuple(a for a in MESH_AXES if a in axis_sizes)
+    shape = tuple(int(axis_sizes[a]) for a in names)
+    if math.prod(shape) != system.num_devices:
+        raise ValueError(f"parallelism sizes {dict(zip(names, shape))} make "
+                         f"{math.prod(shape)} devices, but {system.name} has "
+                         f"{system.num_devices}")
+    return AbstractMesh(shape, names, axis_types=(AxisType.Auto,) * len(names))
 
 
 def make_mesh(

@@ -39,9 +39,18 @@ class Memory:
     source: str
     compiler_bytes: float | None = None
     compiler_source: str = ""
+    # What else a reader of the verdict needs (e.g. the JAX memory fraction a GPU run needs).
+    notes: tuple[str, ...] = ()
+    # What the runtime keeps on the device beside the program (meshes/reserves.py).
+    reserved: tuple[tuple[str, float], ...] = ()
 
     @property
     def total_bytes(self) -> float:
+        """The program's bytes and the runtime's reserve."""
+        return sum(b for _, b in (*self.components, *self.reserved))
+
+    @property
+    def program_bytes(self) -> float:
         return sum(b for _, b in self.components)
 
     @property
@@ -50,12 +59,13 @@ class Memory:
         return bool(self.components)
 
     def largest(self, n: int = 4) -> list[tuple[str, float]]:
-        return sorted(self.components, key=lambda c: -c[1])[:n]
+        return sorted((*self.components, *self.reserved), key=lambda c: -c[1])[:n]
 
     def to_dict(self) -> dict:
         return {"components": dict(self.components), "source": self.source,
                 "compiler_bytes": self.compiler_bytes, "compiler_source": self.compiler_source,
-                "total_bytes": self.total_bytes}
+                "total_bytes": self.total_bytes, "notes": list(self.notes),
+                "reserved": dict(self.reserved)}
 
 
 def host_transfer_time(nbytes: float, bytes_per_s: float | None) -> float:

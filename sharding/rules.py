@@ -239,8 +239,9 @@ def no_rules():
         _ACTIVE.reset(token)
 
 
-def mesh_shape_of(mesh: Mesh) -> dict[str, int]:
-    return dict(zip(mesh.axis_names, mesh.devices.shape))
+def mesh_shape_of(mesh) -> dict[str, int]:
+    """Mesh axis -> size, of a Mesh or an AbstractMesh."""
+    return dict(mesh.shape)
 
 
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:

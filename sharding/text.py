@@ -213,6 +213,8 @@ def _summary_lines(r: Report) -> list[str]:
     if m.compiler_bytes is not None:
         lines.append(f"  (compiler's own figure: {fmt_bytes(m.compiler_bytes)}, from "
                      f"{m.compiler_source})")
+    for note in m.notes:
+        lines.append(f"  {note}")
     for advice in r.fit_advice:
         lines.append(f"  to fit: {advice}")
     lines.extend(_energy_lines(r))

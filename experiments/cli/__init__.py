@@ -2,10 +2,10 @@
 
 Mistakes in what the user wrote end in one line on stderr and exit status 2.
 
-Rooms: `flags.py` declares every flag once (parent parsers and value types); `commands.py`
-the commands about one config (run, inspect, systems, models, configs); `studies.py` those
-over many (validate, calibrate, search, results, compare); `output.py` files, tables and
-progress.
+Rooms: `flags.py` declares every flag once (parent parsers and value types);
+`commands.py` the commands about one config (run, fit, inspect, systems, models, configs,
+keys); `studies.py` those over many (validate, calibrate, search, results, compare);
+`output.py` files, tables and progress.
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ import tomllib
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from experiments.cli import commands, studies  # noqa: E402
-from experiments.cli.flags import Parser, backend_flag, names, parents  # noqa: E402
+from experiments.cli.flags import (  # noqa: E402
+    Parser,
+    backend_flag,
+    names,
+    parents,
+    positive_int,
+)
 from experiments.config import ConfigError  # noqa: E402
 
 EXIT_USAGE = 2
@@ -45,6 +51,13 @@ def build_parser() -> Parser:
     command("run", "compile and estimate an experiment config", commands.cmd_run,
             "config", "json", "groups", "html", "calibration", "scale_out", "quiet",
             backend="every")
+    ft = command("fit", "will it fit: the memory verdict and the changes that make it fit",
+                 commands.cmd_fit, "config", "json", "calibration", "quiet", backend="one")
+    ft.add_argument("--top", type=positive_int, default=3,
+                    help="changes shown, each compiled and estimated (default 3)")
+    ft.add_argument("--no-compile", action="store_true",
+                    help="size the changes with the memory model only (no compile, no step "
+                         "time)")
     i = command("inspect", "collectives and estimate of any HLO text dump",
                 commands.cmd_inspect, "json", "groups")
     i.add_argument("hlo")

@@ -48,6 +48,20 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_fit(args) -> int:
+    from experiments import config as config_mod
+    from experiments import fit
+
+    exp = config_mod.load(args.config, args.set or [])
+    with progress.reporting(progress_sink(args)):
+        verdict = fit.fit(exp, backend=args.backend, calibration=calibration_of(args),
+                          limit=args.top, compile=not args.no_compile)
+    print(verdict.format())
+    if args.json:
+        write_json(args.json, verdict.to_dict())
+    return 0
+
+
 def _run_all_backends(args, exp, config) -> int:
     """The step on every compiler that can compile for the system here, side by side."""
     from experiments import runner

@@ -89,9 +89,9 @@ def test_systems_says_which_figures_are_a_chips_and_which_a_devices(capsys):
     assert cli.main(["systems"]) == 0
     out = capsys.readouterr().out
     block = out[out.index("\ntpu7x:"):].split("\n\n")[0].split("\ntrn2")[0]
-    # a TPU7x chip is two JAX devices of 1150 TFLOP/s and 96 GB each
-    assert "chip       tpu7x: 2300 TFLOP/s bf16, 192 GB HBM" in block
-    assert "device     1150 TFLOP/s bf16, 96 GB HBM" in block
+    # a TPU7x chip is two JAX devices of 1150 TFLOP/s and 96 GiB (103 GB) each
+    assert "chip       tpu7x: 2300 TFLOP/s bf16, 206 GB HBM" in block
+    assert "device     1150 TFLOP/s bf16, 103 GB HBM" in block
     h100 = out[out.index("\nh100:"):].split("\n\n")[0]
     assert "device " not in h100.split("\n", 3)[2]  # one device per chip: no device row
 
