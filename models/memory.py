@@ -120,6 +120,7 @@ def activation_components(
     rules: AxisRules,
     layers: int | None = None,
     save: tuple[str, ...] = (),
+    vocab_tiles: int = 1,
 ) -> list[tuple[str, float]]:
     """(name, bytes per device) of the activation memory of one micro-batch over `layers`
     layers (all of them by default; a pipeline stage's share with pipeline parallelism).
@@ -148,7 +149,9 @@ def activation_components(
         (f"saved activations ({remat} remat, {layers} layers)",
          layers * tokens * per_layer),
         ("one layer's backward working set", 2 * tokens * everything),
-        ("logits and their gradient (f32)", 2 * tokens * vocab * _F32),
+        ("logits and their gradient (f32" + (f", one of {vocab_tiles} tiles)" if vocab_tiles > 1
+                                             else ")"),
+         2 * tokens / vocab_tiles * vocab * _F32),
     ]
 
 
@@ -161,14 +164,14 @@ def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Worklo
         activations = activation_components(
             cfg, micro_batch=workload.micro_batch, seq_len=workload.seq_len,
             precision=precision, remat=train.remat, mesh_shape=mesh_shape, rules=rules,
-            save=train.save)
+            save=train.save, vocab_tiles=train.num_vocab_tiling)
     else:
         # A stage holds the activations of its own layer slots for the microbatches its
         # schedule keeps in flight (models/pipeline.py: Pipeline.in_flight).
         saved, *rest = activation_components(
             cfg, micro_batch=workload.micro_batch, seq_len=workload.seq_len,
             precision=precision, remat=train.remat, mesh_shape=mesh_shape, rules=rules,
-            layers=plan.slots_per_stage, save=train.save)
+            layers=plan.slots_per_stage, save=train.save, vocab_tiles=train.num_vocab_tiling)
         activations = [(f"{saved[0][:-1]}, {plan.in_flight:g} microbatches in flight)",
                         saved[1] * plan.in_flight), *rest]
     components = [
