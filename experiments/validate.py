@@ -38,6 +38,8 @@ class Row:
     bottleneck: str = ""
     compiler: str = ""
     fits: bool | None = None
+    memory_per_device_bytes: float | None = None
+    hbm_capacity_bytes: float | None = None
     timings: dict = dataclasses.field(default_factory=dict)
     wall_s: float = 0.0
     features: dict = dataclasses.field(default_factory=dict)  # Report.calibration_features
@@ -118,6 +120,8 @@ def _row(path: Path, exp, answer: dict) -> Row:
     rep = answer["report"]
     return Row(**base, status="ok", estimate_s=rep["step_time_s"], mfu=rep["mfu"],
                bottleneck=rep["time_bottleneck"], compiler=rep["compiler"], fits=rep["fits"],
+               memory_per_device_bytes=rep["memory_per_device_bytes"],
+               hbm_capacity_bytes=rep["hbm_capacity_bytes"],
                timings=dict(rep["timings"]), features=answer["features"])
 
 
@@ -187,19 +191,18 @@ def format_table(rows: list[Row], stats: dict) -> str:
     """One row per case (error with the calibration used, and under leave-one-out), then
     the summary overall and per family."""
     lines = [f"{'case':<36}{'family':<18}{'measured':>10}{'estimate':>10}{'error':>8}"
-             f"{'LOO':>7}{'MFU meas':>10}{'MFU est':>9}  bottleneck"]
-    lines.append("-" * 136)
+             f"{'LOO':>7}{'MFU meas':>10}{'MFU est':>9}{'memory':>17}  bottleneck"]
+    lines.append("-" * 153)
     for r in rows:
         if r.status != "ok":
             lines.append(f"{r.name[:35]:<36}{r.family:<18}{r.measured_s:>9.3f}s"
                          f"{r.status:>10}  {r.message[:80]}")
             continue
-        fits = "" if r.fits else " (does not fit in HBM)"
         loo = "" if r.loo_error is None else f"{r.loo_error:+.0%}"
         lines.append(f"{r.name[:35]:<36}{r.family:<18}{r.measured_s:>9.3f}s{r.estimate_s:>9.3f}s"
-                     f"{r.error:>+8.0%}{loo:>7}{r.measured_mfu:>10.1%}{r.mfu:>9.1%}  "
-                     f"{r.bottleneck.split(':')[0]}{fits}")
-    lines.append("-" * 136)
+                     f"{r.error:>+8.0%}{loo:>7}{r.measured_mfu:>10.1%}{r.mfu:>9.1%}"
+                     f"{memory_cell(r):>17}  {r.bottleneck.split(':')[0]}")
+    lines.append("-" * 153)
     o = stats["overall"]
     def pct(v, width=0):
         return f"{'-':>{width}}" if v is None or math.isnan(v) else f"{v:>{width}.0%}"
@@ -217,6 +220,20 @@ def format_table(rows: list[Row], stats: dict) -> str:
     compilers = sorted({r.compiler for r in rows if r.compiler})
     lines.append(f"HLO from: {'; '.join(compilers) or '-'}")
     return "\n".join(lines)
+
+
+def memory_cell(r: Row) -> str:
+    """The memory verdict: "fits 71/85 GB", or "NO FIT 120/85 GB"."""
+    if r.memory_per_device_bytes is None or not r.hbm_capacity_bytes:
+        return "-"
+    word = "fits" if r.fits else "NO FIT"
+    return (f"{word} {r.memory_per_device_bytes / 1e9:.0f}/"
+            f"{r.hbm_capacity_bytes / 1e9:.0f} GB")
+
+
+def unfit(rows: list[Row]) -> list[Row]:
+    """Published runs the memory model says cannot fit, though they ran."""
+    return [r for r in rows if r.status == "ok" and r.fits is False]
 
 
 def timing_lines(rows: list[Row], wall_s: float) -> list[str]:

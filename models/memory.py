@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from models.config import ModelConfig
 from models.inference import serving_rules
 from models.moe import capacity, routing_group_size
-from models.program import Precision, Train, Workload, expand_names
+from models.program import OFFLOAD_ALL, Precision, Train, Workload, expand_names
 from models.train import TrainProgram
 from sharding.report import Memory
 from sharding.rules import AxisRules
@@ -100,13 +100,19 @@ def offload_bytes_per_step(cfg: ModelConfig, *, workload: Workload, precision: P
     """Bytes per device and step between HBM and host memory under a "custom" remat policy:
     every offloaded tensor of every layer goes out in the forward pass and comes back in the
     backward pass, for each micro-batch."""
-    if not train.offload:
+    if not train.offload and not train.offload_layers:
         return 0.0
     tokens = local_tokens(workload, rules, mesh_shape)
-    per_token = named_bytes_per_token(cfg, train.offload, precision=precision,
-                                      mesh_shape=mesh_shape, rules=rules, local_tokens=tokens)
+
+    def per_token(names):
+        return named_bytes_per_token(cfg, names, precision=precision, mesh_shape=mesh_shape,
+                                     rules=rules, local_tokens=tokens) if names else 0.0
+
     layers = cfg.n_layers / rules.ways("layers", mesh_shape, params=True)  # this stage's
-    return 2 * per_token * tokens * layers * workload.microbatches
+    # the first offload_layers layers offload every name; the others, train.offload
+    moved = (train.offload_layers * per_token(OFFLOAD_ALL)
+             + (layers - train.offload_layers) * per_token(train.offload))
+    return 2 * moved * tokens * workload.microbatches
 
 
 def activation_components(
@@ -121,6 +127,7 @@ def activation_components(
     layers: int | None = None,
     save: tuple[str, ...] = (),
     vocab_tiles: int = 1,
+    offloaded_layers: int = 0,
 ) -> list[tuple[str, float]]:
     """(name, bytes per device) of the activation memory of one micro-batch over `layers`
     layers (all of them by default; a pipeline stage's share with pipeline parallelism).
@@ -138,20 +145,40 @@ def activation_components(
     x = dr * c
     # MoE: the expert buffers hold r slots per token (dispatched input, hidden, output).
     moe = 2 * r * d * c if cfg.n_experts > 1 else 0
+    # What a layer's backward pass needs, per token: the inputs of its two norms (x, x +
+    # attention) and of its matmuls (the norms' outputs, the attention output, the MLP's
+    # activation), q, k, v after RoPE, the attention output with its f32 log-sum-exp (flash
+    # attention's residuals), the MLP's gate and up outputs. Nothing else: a residual sum's
+    # gradient needs no input, a matmul's output is no residual of it. FP8 matmuls keep
+    # their inputs quantised (1 byte; models/fp8.py, as Transformer Engine does), and the
+    # attention output then once more beside its bf16 copy.
+    q8 = 1 if precision.low_precision_matmuls == "float8" else c
+    everything = ((2 * dr + (h + 2 * k) * e + h * e + r * mlp_in) * c + h * _F32 + moe
+                  + (2 * dr + r * f) * q8 + (h * e * q8 if q8 != c else 0))
+    # Saved by jax's dots_with_no_batch_dims_saveable: every weight matmul's output and the
+    # scanned layer's input.
     minimal = x + (h + 2 * k) * e * c + dr * c + r * mlp_in * c + dr * c + moe
-    everything = minimal + 2 * dr * c + h * e * c + h * _F32 + r * f * c + 2 * dr * c
     custom = named_bytes_per_token(cfg, save, precision=precision, mesh_shape=mesh_shape,
                                    rules=rules, local_tokens=tokens)
     per_layer = {"full": x, "minimal": minimal, "none": everything, "custom": custom}[remat]
+    # A layer's backward holds what it recomputes of those (none with nothing to recompute)
+    # and its gradients in flight: the MLP's, the largest (its hidden's, gate's and up's,
+    # and the layer's input and output gradients).
+    # (a layer offloaded whole recomputes all it did not offload)
+    recomputed = everything - (0 if offloaded_layers else per_layer) if remat != "none" \
+        or offloaded_layers else 0.0
+    recomputed = max(0.0, recomputed)
+    in_flight = (r * (f + mlp_in) + 2 * dr) * c
     vocab = cfg.padded_vocab / ways["vocab"]
     layers = cfg.n_layers if layers is None else layers
+    tiles = f", one of {vocab_tiles} tiles" if vocab_tiles > 1 else ""
     return [
         (f"saved activations ({remat} remat, {layers} layers)",
          layers * tokens * per_layer),
-        ("one layer's backward working set", 2 * tokens * everything),
-        ("logits and their gradient (f32" + (f", one of {vocab_tiles} tiles)" if vocab_tiles > 1
-                                             else ")"),
-         2 * tokens / vocab_tiles * vocab * _F32),
+        ("one layer's backward working set", tokens * (recomputed + in_flight)),
+        # the logits as the output projection made them, kept for the loss's backward pass
+        # (models/train.py cross_entropy), and their gradient, the projection's operand
+        (f"logits and their gradient{tiles}", tokens / vocab_tiles * vocab * 2 * c),
     ]
 
 
@@ -161,10 +188,13 @@ def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Worklo
     """Memory per device of a training step: exact state, analytic activations."""
     plan = program.pipeline
     if plan is None:
+        # the first offload_layers layers keep nothing in HBM (models/transformer.py)
         activations = activation_components(
             cfg, micro_batch=workload.micro_batch, seq_len=workload.seq_len,
             precision=precision, remat=train.remat, mesh_shape=mesh_shape, rules=rules,
-            save=train.save, vocab_tiles=train.num_vocab_tiling)
+            save=train.save, vocab_tiles=train.num_vocab_tiling,
+            layers=cfg.n_layers - train.offload_layers,
+            offloaded_layers=train.offload_layers)
     else:
         # A stage holds the activations of its own layer slots for the microbatches its
         # schedule keeps in flight (models/pipeline.py: Pipeline.in_flight).

@@ -36,6 +36,11 @@ CHECKPOINT_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj
                     "context", "out_proj", "mlpwi", "mlpwo")
 
 
+# What a layer offloaded whole keeps on the host (train.offload_layers): every name but the
+# three projections' alias.
+OFFLOAD_ALL = tuple(n for n in CHECKPOINT_NAMES if n != "qkv_proj")
+
+
 def expand_names(names) -> tuple[str, ...]:
     """`qkv_proj` is the three projections (this model does not fuse them)."""
     out: list[str] = []
@@ -188,6 +193,10 @@ class Train:
         "the loss computed over this many tiles of the tokens (MaxText's vocabulary "
         "tiling): one tile's logits and their gradient live at a time, recomputed in the "
         "backward pass", 1)
+    offload_layers: int = described(
+        "the first N layers' saved activations moved to host memory between the forward and "
+        "backward pass (every checkpoint name offloaded, the rest recomputed), Megatron's "
+        "cpu_offloading_num_layers; the other layers keep `remat`", 0)
     optimizer: str = described('"adamw"', "adamw")
     learning_rate: float = described("AdamW's learning rate", 3e-4)
     weight_decay: float = described("AdamW's weight decay", 0.1)
@@ -217,6 +226,10 @@ class Train:
         if self.remat != "custom" and (self.save or self.offload):
             raise ValueError(f'train.save and train.offload apply to train.remat = "custom"; '
                              f"train.remat={self.remat!r}")
+        if not isinstance(self.offload_layers, int) or isinstance(self.offload_layers, bool) \
+                or self.offload_layers < 0:
+            raise ValueError(f"train.offload_layers={self.offload_layers!r} must be a whole "
+                             f"number of layers, 0 or more")
         both = set(expand_names(self.save)) & set(expand_names(self.offload))
         if both:
             raise ValueError(f"{', '.join(sorted(both))} cannot be both saved and offloaded; "

@@ -49,12 +49,14 @@ class TrainProgram(Program):
 
 def make_model(cfg: ModelConfig, precision: Precision, *, remat: str = "none",
                save: tuple[str, ...] = (), offload: tuple[str, ...] = (), seed: int = 0,
-               pipeline: Pipeline | None = None, context_mode: str = "ring") -> Transformer:
+               pipeline: Pipeline | None = None, context_mode: str = "ring",
+               offload_layers: int = 0) -> Transformer:
     """The model with `precision`'s dtypes; `remat` with its `save` / `offload` names;
     `pipeline`: its stages (models/pipeline.py), None without; `context_mode`: context
     parallelism's exchange (models/context.py)."""
     return Transformer(cfg, rngs=nnx.Rngs(seed), precision=precision, remat=remat, save=save,
-                       offload=offload, pipeline=pipeline, context_mode=context_mode)
+                       offload=offload, pipeline=pipeline, context_mode=context_mode,
+                       offload_layers=offload_layers)
 
 
 def loss_fn(model: Transformer, inputs_BL, targets_BL, vocab_tiles: int = 1):
@@ -65,7 +67,7 @@ def loss_fn(model: Transformer, inputs_BL, targets_BL, vocab_tiles: int = 1):
     x_BLD = model.features(inputs_BL)
     targets_BL = model.in_model_order(targets_BL)
     if vocab_tiles == 1:
-        return _mean_nll(model.head(x_BLD), targets_BL)
+        return _mean_nll(model.logits(x_BLD), targets_BL)
     b, seq, d = x_BLD.shape
     if seq % vocab_tiles:
         raise ValueError(f"train.num_vocab_tiling={vocab_tiles} does not divide "
@@ -77,7 +79,7 @@ def loss_fn(model: Transformer, inputs_BL, targets_BL, vocab_tiles: int = 1):
 
     @jax.checkpoint
     def tile_loss(x_BlD, t_Bl):
-        return _mean_nll(model.head(x_BlD), t_Bl)
+        return _mean_nll(model.logits(x_BlD), t_Bl)
 
     def add_tile(total, xs):
         return total + tile_loss(*xs), None
@@ -87,10 +89,36 @@ def loss_fn(model: Transformer, inputs_BL, targets_BL, vocab_tiles: int = 1):
 
 
 def _mean_nll(logits_BLV, targets_BL):
+    """Mean cross-entropy of logits in the activations' dtype, computed in f32."""
     with jax.named_scope("loss"):
-        logp_BLV = jax.nn.log_softmax(logits_BLV, axis=-1)
-        nll_BL = -jnp.take_along_axis(logp_BLV, targets_BL[..., None], axis=-1)[..., 0]
-        return jnp.mean(nll_BL)
+        return jnp.mean(cross_entropy(logits_BLV, targets_BL))
+
+
+@jax.custom_vjp
+def cross_entropy(logits_BLV, targets_BL):
+    """-log softmax(logits)[target] per position, in f32, as fused cross-entropy kernels
+    (Transformer Engine's, XLA's fusion of MaxText's loss) compute it: the backward pass
+    keeps only the logits as they came (bf16) and each position's f32 log-sum-exp, and
+    recomputes the softmax from them, so no f32 copy of the logits outlives the loss."""
+    return _cross_entropy_fwd(logits_BLV, targets_BL)[0]
+
+
+def _cross_entropy_fwd(logits_BLV, targets_BL):
+    x_BLV = logits_BLV.astype(jnp.float32)
+    lse_BL = jax.nn.logsumexp(x_BLV, axis=-1)
+    target_BL = jnp.take_along_axis(x_BLV, targets_BL[..., None], axis=-1)[..., 0]
+    return lse_BL - target_BL, (logits_BLV, lse_BL, targets_BL)
+
+
+def _cross_entropy_bwd(residuals, g_BL):
+    logits_BLV, lse_BL, targets_BL = residuals
+    p_BLV = jnp.exp(logits_BLV.astype(jnp.float32) - lse_BL[..., None])
+    onehot_BLV = jax.nn.one_hot(targets_BL, logits_BLV.shape[-1], dtype=jnp.float32)
+    d_BLV = (p_BLV - onehot_BLV) * g_BL[..., None]
+    return d_BLV.astype(logits_BLV.dtype), None
+
+
+cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 
 
 def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | None = None,
@@ -256,11 +284,12 @@ def param_shardings(axes_tree, abstract_params, rules: AxisRules, mesh: Mesh):
 def abstract_params(cfg: ModelConfig, precision: Precision, mesh: Mesh, rules: AxisRules,
                     *, remat: str = "none", save: tuple[str, ...] = (),
                     offload: tuple[str, ...] = (), pipeline: Pipeline | None = None,
-                    context_mode: str = "ring"):
+                    context_mode: str = "ring", offload_layers: int = 0):
     """(graphdef, params as sharded ShapeDtypeStructs, their NamedShardings); no memory."""
     abstract_model = nnx.eval_shape(
         lambda: make_model(cfg, precision, remat=remat, save=save, offload=offload,
-                           pipeline=pipeline, context_mode=context_mode))
+                           pipeline=pipeline, context_mode=context_mode,
+                           offload_layers=offload_layers))
     graphdef, state = nnx.split(abstract_model, nnx.Param)
     params = nnx.to_pure_dict(state)
     shardings = param_shardings(logical_axes(state), params, rules, mesh)
@@ -309,7 +338,8 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
                              virtual_stages=virtual_stages, schedule=pipeline_schedule)
     graphdef, params, p_shard = abstract_params(cfg, precision, mesh, rules, remat=train.remat,
                                                 save=train.save, offload=train.offload,
-                                                pipeline=pipeline, context_mode=context_mode)
+                                                pipeline=pipeline, context_mode=context_mode,
+                                                offload_layers=train.offload_layers)
 
     # Gradients summed over the data-parallel replicas once per step when the step has
     # several micro-steps or pipeline ticks (one micro-step sums once anyway), or when they

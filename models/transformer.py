@@ -21,7 +21,7 @@ from models.context import context_attention, zigzag_order
 from models.layers import Mlp, new_param, new_weight, ones_param, project, zeros_param
 from models.moe import MoeMlp
 from models.pipeline import Pipeline, run_pipeline
-from models.program import DTYPES, REMAT_POLICIES, Precision, remat_policy
+from models.program import DTYPES, OFFLOAD_ALL, REMAT_POLICIES, Precision, remat_policy
 from models.quant import dequantize, quantize
 from sharding.rules import active_mesh, active_rules, constrain
 
@@ -203,7 +203,7 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, precision: Precision,
                  remat: str = "none", save: tuple[str, ...] = (),
                  offload: tuple[str, ...] = (), pipeline: Pipeline | None = None,
-                 context_mode: str = "ring"):
+                 context_mode: str = "ring", offload_layers: int = 0):
         """`precision`: parameter, activation and matmul dtypes, quantised weights and KV
         cache (models/program.py). `remat`: each layer's checkpointing policy (with
         "custom", the checkpoint names to `save` in HBM and to `offload` to host memory).
@@ -220,6 +220,10 @@ class Transformer(nnx.Module):
         self.save, self.offload = tuple(save), tuple(offload)
         self.pipeline = pipeline
         self.context_mode = context_mode
+        if offload_layers and (pipeline is not None or offload_layers >= cfg.n_layers):
+            raise ValueError(f"train.offload_layers={offload_layers} needs fewer layers than "
+                             f"model.n_layers={cfg.n_layers} and no pipeline")
+        self.offload_layers = offload_layers
         param_dtype = DTYPES[precision.params]
         v, d = cfg.padded_vocab, cfg.d_model
         self.embed = new_param(rngs, (v, d), ("vocab", "embed"), dtype=param_dtype, scale=1.0)
@@ -314,7 +318,15 @@ class Transformer(nnx.Module):
                                                          context)
             return constrain(y_BLD, ("batch", "residual_seq", "embed")), kv
 
-        layer = checkpointed(layer, self.remat, self.save, self.offload)
+        kept = checkpointed(layer, self.remat, self.save, self.offload)
+        if self.pipeline is None and self.offload_layers and cache is None:
+            # Megatron's CPU offloading of the first N layers: their saved tensors on the
+            # host, the other layers as `remat` says.
+            n = self.offload_layers
+            off = checkpointed(layer, "custom", (), OFFLOAD_ALL)
+            x_BLD, _ = jax.lax.scan(off, x_BLD, (jax.tree.map(lambda a: a[:n], layers), None))
+            return jax.lax.scan(kept, x_BLD, (jax.tree.map(lambda a: a[n:], layers), None))
+        layer = kept
         if self.pipeline is None:
             per_layer_cache = None if cache is None else (cache[0], cache[1])
             return jax.lax.scan(layer, x_BLD, (layers, per_layer_cache))
@@ -349,12 +361,17 @@ class Transformer(nnx.Module):
 
     def head(self, x_BLD):
         """Logits (B, L, V) in float32 of the last layer's output."""
+        return self.logits(x_BLD).astype(jnp.float32)
+
+    def logits(self, x_BLD):
+        """Logits (B, L, V) of the last layer's output, in the matmul's output dtype (the
+        activations'): what a training loss reads (models/train.py)."""
         cfg = self.cfg
         with jax.named_scope("lm_head"):
             x_BLD = self.final_norm(x_BLD)
             head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
             logits_BLV = project("bld,dv->blv", x_BLD, head_DV, precision=self.precision)
-            return constrain(logits_BLV, ("batch", "seq", "vocab")).astype(jnp.float32)
+            return constrain(logits_BLV, ("batch", "seq", "vocab"))
 
 
 def logical_axes(state: nnx.State) -> dict:

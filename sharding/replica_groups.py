@@ -47,6 +47,7 @@ def parse_replica_groups(
 
 
 _MESH_AXIS = re.compile(r"'([^']+)'\s*=\s*(\d+)")
+_SUB_AXIS = re.compile(r"^('[^']+'):\((\d+)\)(\d+)$")
 
 
 def _mesh_axes_groups(text: str, device_ids: str | None) -> list[list[int]]:
@@ -60,10 +61,22 @@ def _mesh_axes_groups(text: str, device_ids: str | None) -> list[list[int]]:
     m = re.search(r"\{([^{}]*)\}\s*$", rest)
     if not m:
         raise HloParseError(f"mesh replica groups {text!r} name no reduction axes {{...}}")
-    grouped = [a.strip().strip("'") for a in m.group(1).split(",") if a.strip()]
-    for a in grouped:
+    grouped = []
+    for entry in (a.strip() for a in m.group(1).split(",") if a.strip()):
+        sub = _SUB_AXIS.match(entry)
+        a = (sub.group(1) if sub else entry).strip("'")
         if a not in names:
             raise HloParseError(f"mesh replica groups: axis {a!r} not in {names}")
+        if sub:  # a sub-axis `'a':(pre)size`: the axis seen as [pre, size, the rest]
+            i, pre, size = names.index(a), int(sub.group(2)), int(sub.group(3))
+            rest, bad = divmod(sizes[i], pre * size)
+            if bad or not rest:
+                raise HloParseError(f"mesh replica groups: sub-axis {entry!r} does not divide "
+                                    f"{a!r} of size {sizes[i]}")
+            names[i:i + 1] = [f"{a}<", f"{a}:{pre}", f"{a}>"]
+            sizes[i:i + 1] = [pre, size, rest]
+            a = f"{a}:{pre}"
+        grouped.append(a)
     total = math.prod(sizes)
     devices = np.arange(total)
     if device_ids:

@@ -125,8 +125,17 @@ def default_rules() -> AxisRules:
     )
 
 
+def maxtext_rules() -> AxisRules:
+    """The default rules with MaxText's activation sharding: the residual stream's width
+    split over `tensor` too (its base.yml: `['activation_embed', 'tensor']`), so that
+    tensor parallelism gathers a layer's input before its projections and reduce-scatters
+    their outputs, and a rank keeps 1/tensor of each saved activation."""
+    rules = default_rules()
+    return dataclasses.replace(rules, activations={**rules.activations, "embed": ("tensor",)})
+
+
 # Rule presets a config can name (`[parallelism] rules = "default"`).
-RULE_PRESETS = {"default": default_rules}
+RULE_PRESETS = {"default": default_rules, "maxtext": maxtext_rules}
 
 
 def rules_preset(name: str) -> AxisRules:
