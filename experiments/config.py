@@ -223,11 +223,11 @@ _TYPES = {"int": int, "str": str, "float": (int, float), "float | None": (int, f
           "bool": bool}
 
 
-def _check_type(key: str, v, want) -> None:
+def _check_type(key: str, v, want, minimum: int = 1) -> None:
     if want is int and (not isinstance(v, int) or isinstance(v, bool)):
         raise ConfigError(f"{key}={v!r} must be an integer")
-    if want is int and v < 1:
-        raise ConfigError(f"{key}={v} must be at least 1")
+    if want is int and v < minimum:
+        raise ConfigError(f"{key}={v} must be at least {minimum}")
     if want is str and not isinstance(v, str):
         raise ConfigError(f"{key}={v!r} must be a string")
     if want == (int, float) and (not isinstance(v, int | float) or isinstance(v, bool)):
@@ -239,7 +239,9 @@ def _typed(section: str, raw: Mapping, cls):
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in raw:
-            _check_type(f"{section}.{f.name}", raw[f.name], _TYPES.get(str(f.type)))
+            # counts are at least 1, but those whose default is 0 (0: none of it)
+            _check_type(f"{section}.{f.name}", raw[f.name], _TYPES.get(str(f.type)),
+                        minimum=0 if f.default == 0 else 1)
             kwargs[f.name] = raw[f.name]
     try:
         return cls(**kwargs)

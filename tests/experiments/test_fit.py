@@ -1,0 +1,82 @@
+"""`shardscope fit`: the memory verdict, and the changes that make a step fit, checked."""
+
+import json
+
+import pytest
+
+from experiments import cli, fit, runner
+from experiments import config as config_mod
+
+# One attention head (tensor parallelism cannot split it) and a wide MLP: the backward
+# working set of 32 sequences of 4096 tokens per GPU is what does not fit, and only fewer
+# sequences at a time (gradient accumulation) shrink it: the state is small, the layer
+# inputs are already offloaded, and moving data ways to FSDP shrinks only the state.
+ONLY_MICROBATCHES = """
+name = "only-microbatches"
+[model]
+n_layers = 2
+d_model = 1024
+n_heads = 1
+n_kv_heads = 1
+head_dim = 128
+d_ff = 65536
+vocab = 1024
+[system]
+name = "h100:8"
+[parallelism]
+data = 8
+[workload]
+seq_len = 4096
+global_batch = 256
+[train]
+remat = "custom"
+offload = ["decoder_layer_input"]
+"""
+
+
+def test_fit_finds_gradient_accumulation_and_the_change_compiles_and_fits(tmp_path, capsys,
+                                                                         cpu_devices):
+    path = tmp_path / "c.toml"
+    path.write_text(ONLY_MICROBATCHES)
+    out = tmp_path / "fit.json"
+    assert cli.main(["fit", str(path), "--top", "1", "--quiet", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    d = json.loads(out.read_text())
+    assert not d["fits"] and d["memory_per_device_bytes"] > d["hbm_capacity_bytes"]
+    assert text.splitlines()[0].startswith("only-microbatches on h100:8: DOES NOT FIT")
+    parts = {p["part"]: p["bytes"] for p in d["breakdown"]}
+    assert max(parts, key=parts.get) == "one layer's backward working set"
+    (best,) = d["suggestions"]
+    assert list(best["changes"]) == ["workload.microbatches"] and best["fits"]
+    assert best["step_time_s"] > 0 and "workload.microbatches = " in text
+    # the suggestion, applied, compiles and fits, with the memory fit said
+    exp = fit._changed(config_mod.load(path), best["changes"])
+    report = runner.run(exp, advise=False)
+    assert report.fits and report.memory_per_device_bytes == pytest.approx(
+        best["memory_per_device_bytes"])
+
+
+def test_a_step_that_fits_gets_no_suggestions(tmp_path, capsys):
+    assert cli.main(["fit", "tiny-h100-dp-tp", "--quiet", "--json",
+                     str(tmp_path / "f.json")]) == 0
+    d = json.loads((tmp_path / "f.json").read_text())
+    assert d["fits"] and d["suggestions"] == []
+    assert {"part", "bytes"} == set(d["breakdown"][0])
+    # the runtime's reserve is part of the verdict, with its source
+    assert any(p["part"].startswith("CUDA context") for p in d["breakdown"])
+
+
+def test_the_search_combines_changes_when_no_single_one_is_enough():
+    # 128 sequences of 8192 tokens of Llama 3 8B on 8 data-parallel GPUs: no single change
+    # the search tries fits; a pair does, and every suggestion fits by the memory model.
+    exp = config_mod.load("tiny-h100-dp-tp", [
+        "model.preset='llama3-8b'", "model.n_kv_heads=8", "parallelism.data=8",
+        "parallelism.tensor=1", "workload.seq_len=8192", "workload.global_batch=128"])
+    cap = exp.system.chip.hbm_bytes
+    singles = [c for c in fit.candidates(exp) if fit._changed(exp, c) is not None]
+    assert singles and all(fit.memory_of(fit._changed(exp, c)).total_bytes > cap
+                           for c in singles)
+    found = fit.search(exp, compile=False, limit=3)
+    assert found and all(len(s.changes) >= 2 and s.fits and
+                         s.memory_per_device_bytes <= cap for s in found)
+    assert all(fit.memory_of(fit._changed(exp, s.changes)).total_bytes <= cap for s in found)
