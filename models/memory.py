@@ -177,8 +177,10 @@ def activation_components(
          layers * tokens * per_layer),
         ("one layer's backward working set", tokens * (recomputed + in_flight)),
         # the logits as the output projection made them, kept for the loss's backward pass
-        # (models/train.py cross_entropy), and their gradient, the projection's operand
-        (f"logits and their gradient{tiles}", tokens / vocab_tiles * vocab * 2 * c),
+        # (models/train.py cross_entropy), and their gradient in f32 (the softmax less the
+        # targets, before it is cast for the projection's backward: the TPU compiler keeps
+        # it whole)
+        (f"logits and their gradient{tiles}", tokens / vocab_tiles * vocab * (c + _F32)),
     ]
 
 
@@ -204,15 +206,21 @@ def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Worklo
             layers=plan.slots_per_stage, save=train.save, vocab_tiles=train.num_vocab_tiling)
         activations = [(f"{saved[0][:-1]}, {plan.in_flight:g} microbatches in flight)",
                         saved[1] * plan.in_flight), *rest]
+    # The loss's logits live at the end of the forward pass, a layer's backward working set
+    # after they are freed: the peak holds the larger of the two beside what persists.
+    saved, working, logits = activations
+    peak, other = (working, logits) if working[1] >= logits[1] else (logits, working)
     components = [
         ("parameters", float(program.param_bytes_per_device)),
         ("optimizer state", float(program.optimizer_bytes_per_device)),
         ("gradients", float(program.gradient_bytes_per_device)),
         ("batch", float(program.batch_bytes_per_device)),
-        *activations,
+        saved, peak,
     ]
     return Memory(components=tuple(components),
-                  source="state exact from shardings; activations analytic (models/memory.py)")
+                  source="state exact from shardings; activations analytic (models/memory.py)",
+                  notes=(f"not at the peak: {other[0]}, {other[1] / 1e9:.2f} GB (live at "
+                         f"another time than the {peak[0]})",))
 
 
 def serving_activation_bytes(cfg: ModelConfig, *, workload: Workload, precision: Precision,
