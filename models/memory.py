@@ -177,10 +177,9 @@ def activation_components(
          layers * tokens * per_layer),
         ("one layer's backward working set", tokens * (recomputed + in_flight)),
         # the logits as the output projection made them, kept for the loss's backward pass
-        # (models/train.py cross_entropy), and their gradient in f32 (the softmax less the
-        # targets, before it is cast for the projection's backward: the TPU compiler keeps
-        # it whole)
-        (f"logits and their gradient{tiles}", tokens / vocab_tiles * vocab * (c + _F32)),
+        # (models/train.py cross_entropy, whose f32 softmax fuses into its reductions), and
+        # their gradient, the projection's backward operand
+        (f"logits and their gradient{tiles}", tokens / vocab_tiles * vocab * 2 * c),
     ]
 
 
