@@ -51,7 +51,7 @@ $(GPU_STAMP): pyproject.toml
 	touch $(GPU_STAMP)
 
 test-gpu: $(GPU_STAMP)
-	$(GPU_VENV)/bin/python -m pytest -q -m gpu tests/test_gpu.py
+	$(GPU_VENV)/bin/python -m pytest -q -m gpu tests/sharding/test_compiler_gpu.py
 
 # The validation set (experiments/validation): every published run compiled and estimated,
 # with the error summary. A few minutes on 2 cores; not part of `make test`.

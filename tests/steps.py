@@ -1,4 +1,5 @@
-"""Run a step unsharded and sharded on the 8 fake CPU devices, for the equality tests."""
+"""Build, analyze and run tiny steps on the 8 fake CPU devices: reports of the sharded
+programs, and a step unsharded and sharded for the equality tests."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,12 @@ import meshes
 import models
 import sharding
 from models.inference import build_serve_program
+
+H100 = meshes.get_system("h100:8")
+
+
+def tiny(**kw):
+    return models.preset("tiny", **kw)
 
 
 def train_setup(*, seq_len: int, global_batch: int, microbatches: int = 1,
@@ -24,6 +31,20 @@ def train_setup(*, seq_len: int, global_batch: int, microbatches: int = 1,
 def train_program(cfg, mesh, **setup):
     """The sharded train step of `cfg` over `mesh` under the default rules."""
     return models.build_train_program(cfg, mesh, sharding.default_rules(), **train_setup(**setup))
+
+
+def train_report(cfg, par, *, dtype="float32", batch=16, seq=32, remat="full"):
+    """The report of `cfg`'s train step over mesh `par` on the H100 node, and the program."""
+    mesh = sharding.make_mesh(H100, par)
+    prog = train_program(cfg, mesh, seq_len=seq, global_batch=batch, params=dtype,
+                         compute=dtype, remat=remat)
+    return sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100), prog
+
+
+def layer_matmul_params(cfg):
+    d, e = cfg.d_model, cfg.head_dim
+    attn = d * e * (cfg.n_heads + 2 * cfg.n_kv_heads) + cfg.n_heads * e * d
+    return attn + 3 * d * cfg.d_ff  # SwiGLU: gate, up, down
 
 
 def pipeline_layout(params, plan):

@@ -115,7 +115,6 @@ except ConfigError as e:
 print(json.dumps(out))
 """
 
-
 @pytest.mark.slow
 def test_extrapolated_runs_equal_direct_compiles_up_to_2048_devices():
     # Data x tensor x pipeline on 256..2048 H100s: compiled with 2 replicas (16 devices)

@@ -1,4 +1,5 @@
-"""Serving: prefill and decode with a KV cache, correct and bandwidth-bound."""
+"""Serving (models/inference.py): prefill and decode with a KV cache, correct and
+bandwidth-bound."""
 
 import jax.numpy as jnp
 import numpy as np

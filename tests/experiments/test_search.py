@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -14,6 +15,7 @@ from experiments import cli, search
 from experiments.config import load
 from experiments.store import Store
 from tests.conftest import REPO
+from tests.helpers import CHROMIUM, needs_browser, sync_playwright
 
 TINY = "tiny-h100-dp-tp"  # tiny model (4 heads, 4 KV heads, d_model 64), h100:8, batch 16
 
@@ -119,7 +121,6 @@ def test_a_compiler_abort_is_that_configs_error_and_the_search_goes_on(tmp_path)
 @pytest.mark.slow
 def test_reestimate_on_another_system_matches_a_fresh_compile_without_compiling(
         tmp_path, capsys, cpu_devices, monkeypatch, whole):
-    import shutil
 
     store = tmp_path / "s.sqlite"
     shutil.copy(whole, store)
@@ -157,11 +158,6 @@ def test_reestimate_on_another_system_matches_a_fresh_compile_without_compiling(
     assert mine["step_time_s"] == pytest.approx(fresh["step_time_s"], rel=1e-9)
     assert mine["mfu"] == pytest.approx(fresh["mfu"], rel=1e-9)
     capsys.readouterr()
-
-
-def test_results_reads_a_store_and_refuses_a_missing_one(tmp_path, capsys):
-    code = cli.main(["results", str(tmp_path / "none.sqlite")])
-    assert code == 2 and "not found" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -236,16 +232,56 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_completes(tmp_path):
     assert p.returncode == 0 and len(_rows(store)) == 4
 
 
-@pytest.mark.slow
-def test_two_searches_on_one_store_keep_each_row_once(tmp_path):
-    store = tmp_path / "s.sqlite"
-    argv = [sys.executable, "-m", "experiments.cli", "search", TINY, "--store", str(store),
-            "--axes", "data,tensor", "--workers", "1", "--quiet"]
-    a = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    b = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    errs = [a.communicate(timeout=600)[1], b.communicate(timeout=600)[1]]
-    assert a.returncode == 0 and b.returncode == 0, errs
-    rows = sqlite3.connect(store).execute(
-        "SELECT config_hash, COUNT(*) FROM results GROUP BY config_hash").fetchall()
-    assert len(rows) == 4 and all(n == 1 for _, n in rows)
-    assert sqlite3.connect(store).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+def _result(name, step, mem, fits=True, status="ok"):
+    from experiments.store import Result
+
+    return Result(config_hash=name, tool_version="t", backend="cpu", search="s", name=name,
+                  config={}, parallelism={}, varied={}, status=status,
+                  message="" if status == "ok" else "refused: why",
+                  step_time_s=step if status == "ok" else None,
+                  tokens_per_s_per_device=1.0, mfu=0.4,
+                  memory_per_device_bytes=mem if status == "ok" else None, fits=fits,
+                  bottleneck="compute")
+
+
+@needs_browser
+def test_search_page_in_a_headless_browser(tmp_path):
+    # Five configs that ran: a (1 s, 40 GB), b (2 s, 20 GB), c (3 s, 10 GB) are the front;
+    # d (2.5 s, 30 GB) is beaten by b on both; e does not fit. One refused.
+    from experiments import search
+
+    results = [_result("a", 1.0, 40e9), _result("b", 2.0, 20e9), _result("c", 3.0, 10e9),
+               _result("d", 2.5, 30e9), _result("e", 0.5, 90e9, fits=False),
+               _result("f", 0, 0, status="refused")]
+    assert [r.name for r in search.pareto(results)] == ["e", "a", "b", "c"]
+    page_path = tmp_path / "search.html"
+    page_path.write_text(search.render_html(results, "t"))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM,
+                                    args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(page_path.as_uri())
+        g = page.evaluate("""() => {
+          const svg = document.querySelector('svg.pareto');
+          const f = svg.querySelector('rect').getBBox();
+          return {
+            points: Array.from(svg.querySelectorAll('circle.config')).map(c => ({
+              x: c.cx.baseVal.value, y: c.cy.baseVal.value, front: c.classList.contains(
+                'on-front'), hollow: c.getAttribute('fill') === 'none'})),
+            front: svg.querySelector('polyline.front').points.length,
+            frame: [f.x, f.y, f.width, f.height],
+            ranking: Array.from(document.querySelectorAll('table.ranking tr')).length - 1,
+            others: document.querySelector('table.others').innerText};
+        }""")
+        browser.close()
+    assert len(g["points"]) == 5 and g["front"] == 4
+    assert sum(p["front"] for p in g["points"]) == 4
+    assert sum(p["hollow"] for p in g["points"]) == 1
+    x, y, w, h = g["frame"]
+    assert all(x <= p["x"] <= x + w and y <= p["y"] <= y + h for p in g["points"])
+    # Step time grows upwards, memory to the right: c (3 s, 10 GB) is above and left of
+    # a (1 s, 40 GB).
+    a, _, c = sorted((p for p in g["points"] if p["front"] and not p["hollow"]),
+                     key=lambda p: p["x"], reverse=True)
+    assert c["y"] < a["y"] and c["x"] < a["x"]
+    assert g["ranking"] == 4 and "refused: why" in g["others"] and "does not fit" in g["others"]

@@ -5,6 +5,8 @@ import json
 import pytest
 
 from experiments import cli
+from tests.helpers import CHROMIUM, needs_browser, sync_playwright, write
+from tests.helpers import TINY as TINY_TOML
 
 TINY = "tiny-h100-dp-tp"  # data 2 x tensor 4 on h100:8
 
@@ -107,3 +109,41 @@ def test_compare_with_search_picks_each_systems_fastest(tmp_path, capsys, cpu_de
     with Store(tmp_path / "s.sqlite") as store:
         assert len(store.results()) == before
     assert json.loads(out.read_text())["systems"][1]["retimed_from"] == "h100:8"
+
+
+@needs_browser
+def test_compare_page_in_a_headless_browser(tmp_path, capsys, cpu_devices):
+    # The tiny config on three 8-device systems (compiled once, re-timed on the others);
+    # the TPU has no public power figure or price, so its per-MW and USD bars are left out
+    # and said; the B200 has no public price either.
+    page_path = tmp_path / "compare.html"
+    assert cli.main(["compare", write(tmp_path, TINY_TOML), "--systems",
+                     "h100:8,b200:8,tpu-v5e:2x4", "--quiet", "--html", str(page_path)]) == 0
+    capsys.readouterr()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM,
+                                    args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(page_path.as_uri())
+        charts = page.evaluate("""() => Array.from(document.querySelectorAll('svg.bars')).map(
+          svg => ({cls: svg.getAttribute('class'),
+                   bars: Array.from(svg.querySelectorAll('rect.bar')).map(r => ({
+                     w: r.width.baseVal.value, best: r.classList.contains('best'),
+                     label: r.querySelector('title').textContent})),
+                   missing: svg.nextElementSibling && svg.nextElementSibling.tagName === 'P'
+                            ? svg.nextElementSibling.innerText : ''}))""")
+        table = page.inner_text("pre.table")
+        browser.close()
+    by = {c["cls"].split()[1]: c for c in charts}
+    assert set(by) == {"step", "tokens", "mfu", "per-mw", "usd"}
+    for name in ("step", "tokens", "mfu"):
+        bars = by[name]["bars"]
+        assert len(bars) == 3 and sum(b["best"] for b in bars) == 1
+        assert all(b["w"] > 0 for b in bars)
+    # Lower is better for the step: the best bar is the shortest; higher for tokens/s.
+    step, tokens = by["step"]["bars"], by["tokens"]["bars"]
+    assert min(step, key=lambda b: b["w"])["best"]
+    assert max(tokens, key=lambda b: b["w"])["best"]
+    assert len(by["per-mw"]["bars"]) == 2 and "tpu-v5e:2x4" in by["per-mw"]["missing"]
+    assert len(by["usd"]["bars"]) == 1 and "b200:8, tpu-v5e:2x4" in by["usd"]["missing"]
+    assert "step time" in table and "b200:8" in table

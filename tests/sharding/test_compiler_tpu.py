@@ -6,9 +6,10 @@ import pytest
 
 from meshes import get_system
 from sharding import compiler as backends
-from tests.test_cli import TINY, run_cli, write
+from tests.helpers import DECODE_70B, TINY, run_cli, write
 
 pytestmark = pytest.mark.tpu
+
 
 TPU_TINY = TINY.replace('"h100:8"', '"tpu-v5e:2x4"')
 
@@ -114,25 +115,6 @@ def test_pipeline_in_bf16_compiles_on_the_tpu_compiler(tmp_path, capsys, cpu_dev
     d = json.loads(out.read_text())
     assert any(c["kind"] == "collective-permute" and c["mesh_axes"] == ["pipeline"]
                for c in d["collectives"])
-
-
-DECODE_70B = """
-name = "decode"
-[model]
-preset = "llama3-70b"
-n_layers = 4
-[system]
-name = "tpu-v6e:2x4"
-[parallelism]
-tensor = 8
-[workload]
-kind = "decode"
-seq_len = 2048
-global_batch = 64
-[precision]
-params = "bfloat16"
-compute = "bfloat16"
-"""
 
 
 @pytest.mark.parametrize("backend", ["tpu", "cpu"])
