@@ -77,7 +77,7 @@ def test_fp4_matmuls_run_at_the_fp4_rate_and_train(cpu_devices):
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab, (4, 32)), jnp.int32)
     for compute in ("bfloat16", "float4"):
         m = models.make_model(cfg, models.Precision(compute=compute), seed=0)
-        losses[compute], grads = nnx.value_and_grad(
-            lambda m: models.loss_fn(m, tokens, jnp.roll(tokens, -1, 1)))(m)
+        losses[compute], grads = nnx.jit(nnx.value_and_grad(
+            lambda m: models.loss_fn(m, tokens, jnp.roll(tokens, -1, 1))))(m)
         assert np.isfinite(np.asarray(grads.blocks.mlp.w_up[...])).all()
     assert float(losses["float4"]) == pytest.approx(float(losses["bfloat16"]), rel=0.05)
