@@ -195,7 +195,7 @@ def test_pipeline_in_bf16_and_fp8_runs_on_the_cpu_compiler_and_shows_the_bubble(
     assert code == 2 and "parallelism.virtual_stages=2" in err and err.count("\n") == 1
 
 
-def test_progress_goes_to_a_terminal_only_and_quiet_silences_it(tmp_path):
+def test_progress_goes_to_a_terminal_only_and_quiet_silences_it(tmp_path, capfd):
     # Stage lines with the elapsed time on stderr when it is a terminal (a pty here);
     # nothing when it is not, nothing with --quiet; the report itself is unchanged.
     import os
@@ -208,10 +208,11 @@ def test_progress_goes_to_a_terminal_only_and_quiet_silences_it(tmp_path):
     config = write(tmp_path, TINY)
 
     def run(*extra, tty: bool):
+        if not tty:  # here: stderr is pytest's capture, at both the sys and the fd level
+            code = cli.main(["run", config, *extra])
+            out, err = capfd.readouterr()
+            return code, out, err
         cmd = [sys.executable, "-m", "experiments.cli", "run", config, *extra]
-        if not tty:
-            p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-            return p.returncode, p.stdout, p.stderr
         leader, follower = pty.openpty()
         p = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=follower, text=True,
                            timeout=300)
