@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/shardscope run $(DEFAULT_EXPERIMENT)
 
+# In parallel over the machine's cores (pytest-xdist); a worker takes over queued tests from
+# a busy one, so the long subprocess tests do not hold the others back.
 test: $(STAMP) browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist worksteal
 
 # The HTML report's test drives a real headless browser: Debian's chromium (Playwright's own
 # browser download is not reachable everywhere). Installed when missing and run as root (CI).
@@ -43,7 +45,7 @@ docs: $(STAMP)
 	$(PY) docs/build.py
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n auto --dist worksteal -m "not slow"
 
 # The deviceless XLA:GPU compiler: the CUDA 12 plugin and its libraries (several GB) in
 # their own environment, so that `make test` stays small.
@@ -54,7 +56,7 @@ $(GPU_STAMP): pyproject.toml
 	touch $(GPU_STAMP)
 
 test-gpu: $(GPU_STAMP)
-	$(GPU_VENV)/bin/python -m pytest -q -m gpu tests/test_gpu.py
+	$(GPU_VENV)/bin/python -m pytest -q -m gpu tests/sharding/test_compiler_gpu.py
 
 # The validation set (experiments/validation): every published run compiled and estimated,
 # with the error summary. A few minutes on 2 cores; not part of `make test`.

@@ -22,7 +22,9 @@ import itertools
 from collections.abc import Sequence
 
 from experiments import config as config_mod
+from experiments import runner
 from experiments.config import ConfigError, Experiment
+from experiments.runner import memory_of
 
 # The order changes are tried and shown in without a compile: roughly what each costs in
 # step time (sharding the optimizer state costs a collective per step; tiling the loss a
@@ -60,20 +62,6 @@ def _toml(v) -> str:
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml(x) for x in v) + "]"
     return str(v)
-
-
-def memory_of(exp: Experiment):
-    """The memory model's figure for the experiment's step on its full mesh (abstract: any
-    device count), with the runtime reserve (sharding.Memory)."""
-    from experiments.runner import build_step
-    from sharding.mesh import CPU_MAX_DEVICES, abstract_mesh, ensure_cpu_devices
-
-    try:  # building the program starts JAX's CPU backend: with the devices a compile needs
-        ensure_cpu_devices(min(exp.system.num_devices, CPU_MAX_DEVICES))
-    except ValueError:
-        pass  # started smaller already (a test, a notebook): a compile will say so
-    mesh = abstract_mesh(exp.system, exp.parallelism.sizes())
-    return build_step(exp, mesh, quiet=True).memory
 
 
 def _changed(exp: Experiment, changes: dict) -> Experiment | None:
@@ -184,13 +172,10 @@ def _greedy(singles: Sequence[dict], size, capacity: float) -> list[dict]:
 
 def _step_time(exp: Experiment | None, backend: str, calibration) -> float | None:
     """The compiled estimate's step time, None when it does not build."""
-    from experiments import runner
-
     if exp is None:
         return None
     try:
-        return runner.run(exp, backend=backend, calibration=calibration,
-                          advise=False).step_time_s
+        return runner.run(exp, backend=backend, calibration=calibration).step_time_s
     except ValueError:
         return None
 
@@ -253,10 +238,7 @@ def fit(exp: Experiment, *, backend: str = "cpu", calibration=None, limit: int =
     if compiler.resolve_backend(backend, exp.system) == "cpu":
         memory = memory_of(exp)
     else:
-        from experiments import runner
-
-        memory = runner.run(exp, backend=backend, calibration=calibration,
-                            advise=False).memory
+        memory = runner.run(exp, backend=backend, calibration=calibration).memory
     cap = exp.system.chip.hbm_bytes
     fits = memory.total_bytes <= cap
     suggestions = () if fits else tuple(search(exp, limit=limit, compile=compile,
@@ -266,3 +248,14 @@ def fit(exp: Experiment, *, backend: str = "cpu", calibration=None, limit: int =
                    breakdown=(*memory.components, *memory.reserved), source=memory.source,
                    notes=memory.notes, suggestions=suggestions,
                    compiler_bytes=memory.compiler_bytes, compiler_source=memory.compiler_source)
+
+
+def advice(exp: Experiment, calibration=None) -> tuple[str, ...]:
+    """The run report's "to fit" lines (runner.run's `advise`): the search's changes, or
+    why none is enough."""
+    found = search(exp, calibration=calibration)
+    if found:
+        return tuple(s.describe() for s in found)
+    need, cap = memory_of(exp).total_bytes, exp.system.chip.hbm_bytes
+    return (f"no change the search tries is enough ({need / cap:.1f}x the HBM): shard over "
+            f"more devices",)

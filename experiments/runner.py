@@ -6,9 +6,9 @@ import dataclasses
 import itertools
 import math
 import time
+from collections.abc import Callable
 
 import sharding
-from experiments import fit
 from experiments.config import ConfigError, Experiment
 from meshes.calibration import Calibration
 from meshes.gpu import GpuSystem
@@ -24,6 +24,9 @@ from sharding.report import Report
 from sharding.rules import mesh_shape_of
 from sharding.units import fmt_bytes
 
+# What `run` asks for the changes that make a step fit: (experiment, calibration) -> lines.
+Advisor = Callable[[Experiment, "Calibration | None"], tuple[str, ...]]
+
 
 class Unfit(ConfigError):
     """The memory model says the step cannot fit in HBM; it was not compiled."""
@@ -31,7 +34,7 @@ class Unfit(ConfigError):
 
 def run(exp: Experiment, *, backend: str = "cpu",
         calibration: Calibration | None = None, compile_unfit: bool = True,
-        max_compile_devices: int = CPU_MAX_DEVICES, advise: bool = True) -> Report:
+        max_compile_devices: int = CPU_MAX_DEVICES, advise: Advisor | None = None) -> Report:
     """Compile the experiment's step (fake CPU devices or a deviceless real compiler) and
     estimate it on its system.
 
@@ -43,8 +46,10 @@ def run(exp: Experiment, *, backend: str = "cpu",
     `compile_unfit=False`: a step the memory model says cannot fit raises `Unfit` before
     compiling (a search prunes with it). On the CPU path a run on more than
     `max_compile_devices` devices is compiled with fewer data-parallel replicas and read as
-    the full run (`_extrapolated`). `advise`: a step that does not fit gets the changes
-    that make it fit (experiments/fit.py: a search that compiles a few candidates).
+    the full run (`_extrapolated`). `advise`: called with the experiment (the full run's)
+    and the calibration when its step does not fit, it answers the changes that make it fit
+    (experiments/fit.py's `advice`: a search that compiles a few candidates); the report
+    carries them.
     """
     try:
         resolved = compiler.resolve_backend(backend, exp.system)
@@ -69,7 +74,7 @@ def run(exp: Experiment, *, backend: str = "cpu",
 
 def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
          warnings: tuple[str, ...] = (), compile_unfit: bool = True,
-         full: Experiment | None = None, advise: bool = True) -> Report:
+         full: Experiment | None = None, advise: Advisor | None = None) -> Report:
     """Compile `exp` and estimate it; `full`: the run it stands for when `exp` is a reduced
     compile of it (its memory and advice are the full run's)."""
     system = exp.system
@@ -94,18 +99,15 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
     mesh = sharding.make_mesh(system, exp.parallelism.sizes(), devices=target.devices,
                               outer=exp.parallelism.outer)
     step = build_step(exp, mesh)
-    memory = step.memory if full is None else fit.memory_of(full)
+    memory = step.memory if full is None else memory_of(full)
     need, cap = memory.total_bytes, system.chip.hbm_bytes
     if not compile_unfit and need > cap:
         raise Unfit(f"does not fit: needs {fmt_bytes(need)} of HBM per device, has "
                     f"{fmt_bytes(cap)} (`shardscope fit` finds what makes it fit)")
     advice = ()
-    if advise and need > cap:
+    if advise is not None and need > cap:
         stage("searching for the changes that make it fit")
-        found = fit.search(full or exp, calibration=calibration)
-        advice = tuple(s.describe() for s in found) or (
-            f"no change the search tries is enough ({need / cap:.1f}x the HBM): shard over "
-            f"more devices",)
+        advice = advise(full or exp, calibration)
     program = step.program
     return sharding.analyze(
         program.step, *program.args, mesh=mesh, system=system,
@@ -188,8 +190,21 @@ def with_reserve(memory: sharding.Memory, exp: Experiment) -> sharding.Memory:
         notes=(*memory.notes, *notes))
 
 
+def memory_of(exp: Experiment) -> sharding.Memory:
+    """The memory model's figure for the experiment's step on its full mesh (abstract: any
+    device count), with the runtime reserve; nothing is compiled."""
+    from sharding.mesh import abstract_mesh, ensure_cpu_devices
+
+    try:  # building the program starts JAX's CPU backend: with the devices a compile needs
+        ensure_cpu_devices(min(exp.system.num_devices, CPU_MAX_DEVICES))
+    except ValueError:
+        pass  # started smaller already (a test, a notebook): a compile will say so
+    mesh = abstract_mesh(exp.system, exp.parallelism.sizes())
+    return build_step(exp, mesh, quiet=True).memory
+
+
 def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | None,
-                  compile_unfit: bool, advise: bool = True) -> Report:
+                  compile_unfit: bool, advise: Advisor | None = None) -> Report:
     """A run past what XLA:CPU compiles: the same run on fewer data-parallel replicas (each
     device's program is then the same: its batch, its shards, every buffer), compiled, and
     read as the full run -- the replica groups rebuilt on the full mesh
@@ -226,7 +241,8 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
     full_shape = tuple(par.sizes()[a] for a in inputs.axis_names)
     try:
         plan = expand_plan(inputs.plan, small_shape=inputs.mesh_shape, full_shape=full_shape,
-                           axis_names=inputs.axis_names)
+                           axis_names=inputs.axis_names,
+                           sized_by_state=exp.train.shard_optimizer_over_data)
     except NotExpandable as e:
         raise ConfigError(f"system.name={system.name!r}: {n} devices is past the {limit} "
                           f"XLA:CPU compiles, and the run compiled on {small_exp.system.name} "

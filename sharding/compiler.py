@@ -107,8 +107,8 @@ class Compiled:
 
 # The CPU path reads the HLO right after SPMD partitioning and XLA:CPU's buffer assignment;
 # LLVM's code generation for the fake devices is never run. These options skip its
-# expensive optimisation: reports are identical (tests/test_sharding.py compares them) and
-# the default experiment compiles about a third faster (make bench prints both).
+# expensive optimisation: reports are identical (tests/sharding/test_compiler.py compares
+# them) and the default experiment compiles about a third faster (make bench prints both).
 CPU_ANALYSIS_OPTIONS = {"xla_backend_optimization_level": 0,
                         "xla_llvm_disable_expensive_passes": True}
 

@@ -9,6 +9,14 @@ D', and one within a replica repeats for every replica. `expand_plan` rebuilds t
 full mesh, to be timed on the full system's links. What cannot be rebuilt exactly (a group
 that covers part of a shrunk axis, a point-to-point transfer along it, a collective whose
 buffer depends on the group size) raises `NotExpandable` with the reason.
+
+With the optimizer sharded over the data-parallel ranks (ZeRO-1, Megatron's distributed
+optimizer) the gradients' reduce-scatter and the weights' all-gather also span the data
+axis. Their buffer S is the whole gradient or weight shard a replica holds (the
+reduce-scatter's input, the all-gather's output): the same on 2 replicas or 128, so the
+caller that knows the data axis carries only those (`sized_by_state`) has them rebuilt too.
+Only the optimizer's own update, over 1/D' of the state instead of 1/D, is then counted
+for the reduced mesh (a small overcount of elementwise HBM traffic).
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ from sharding.plan import Plan
 # Kinds whose per-device buffer is the same whatever the group size (S, the nccl-tests
 # buffer size of sharding/collectives.py).
 _SIZE_FREE = ("all-reduce",)
+# ... and with the optimizer's state sharded over the grown axis (ZeRO-1), its
+# reduce-scatter's input and all-gather's output: the whole per-replica tensor.
+_STATE_SHARDING = ("reduce-scatter", "all-gather")
 
 
 class NotExpandable(ValueError):
@@ -33,9 +44,10 @@ class NotExpandable(ValueError):
 
 
 def expand_plan(plan: Plan, *, small_shape: Sequence[int], full_shape: Sequence[int],
-                axis_names: Sequence[str]) -> Plan:
+                axis_names: Sequence[str], sized_by_state: bool = False) -> Plan:
     """`plan`, compiled over `small_shape`, as the program over `full_shape` (the same axes;
-    only replica axes differ in size)."""
+    only replica axes differ in size). `sized_by_state`: the reduce-scatters and
+    all-gathers across the grown axes are the sharded optimizer's (the module docstring)."""
     small_shape, full_shape = tuple(small_shape), tuple(full_shape)
     if len(small_shape) != len(full_shape) or len(axis_names) != len(full_shape):
         raise NotExpandable("the reduced and full meshes must have the same axes")
@@ -44,20 +56,21 @@ def expand_plan(plan: Plan, *, small_shape: Sequence[int], full_shape: Sequence[
         if full_shape[i] % small_shape[i]:
             raise NotExpandable(f"axis {axis_names[i]}: {small_shape[i]} does not divide "
                                 f"{full_shape[i]}")
-    collectives = tuple(_expand(c, small_shape, full_shape, axis_names, grown)
+    size_free = _SIZE_FREE + (_STATE_SHARDING if sized_by_state else ())
+    collectives = tuple(_expand(c, small_shape, full_shape, axis_names, grown, size_free)
                         for c in plan.collectives)
     return dataclasses.replace(plan, num_partitions=math.prod(full_shape),
                                collectives=collectives)
 
 
 def _expand(c: Collective, small: tuple[int, ...], full: tuple[int, ...],
-            names: Sequence[str], grown: list[int]) -> Collective:
+            names: Sequence[str], grown: list[int], size_free: tuple[str, ...]) -> Collective:
     coords = [np.stack(np.unravel_index(np.asarray(g), small), axis=1) for g in c.groups]
     spans = sorted({i for i in grown for k in coords if (k[:, i] != k[0, i]).any()})
     if c.kind == "collective-permute" and spans:
         raise NotExpandable(f"{c.kind} {c.name} moves data along "
                             f"{', '.join(names[i] for i in spans)}, which was shrunk")
-    if spans and c.kind not in _SIZE_FREE:
+    if spans and c.kind not in size_free:
         raise NotExpandable(f"{c.kind} {c.name} spans {', '.join(names[i] for i in spans)}: "
                             f"its buffer depends on the group size")
     repeat = [i for i in grown if i not in spans]  # axes the group is copied along

@@ -3,8 +3,12 @@ labels side by side (`format_side_by_side`), and the scale-out lines of a power 
 
 from __future__ import annotations
 
-from sharding.report import Report
+from typing import TYPE_CHECKING
+
 from sharding.units import fmt_bytes, fmt_duration, fmt_joules, fmt_s, fmt_watts, fmt_wh
+
+if TYPE_CHECKING:  # annotations only: report.py imports this module to print itself
+    from sharding.report import Report
 
 
 def column_table(labels: list[str], rows: list[tuple[str, list[str]]]) -> list[str]:

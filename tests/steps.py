@@ -1,4 +1,7 @@
-"""Run a step unsharded and sharded on the 8 fake CPU devices, for the equality tests."""
+"""Build, analyze and run tiny steps on the 8 fake CPU devices: reports of the sharded
+programs, and a step unsharded and sharded for the equality tests."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +12,12 @@ import meshes
 import models
 import sharding
 from models.inference import build_serve_program
+
+H100 = meshes.get_system("h100:8")
+
+
+def tiny(**kw):
+    return models.preset("tiny", **kw)
 
 
 def train_setup(*, seq_len: int, global_batch: int, microbatches: int = 1,
@@ -26,6 +35,20 @@ def train_program(cfg, mesh, **setup):
     return models.build_train_program(cfg, mesh, sharding.default_rules(), **train_setup(**setup))
 
 
+def train_report(cfg, par, *, dtype="float32", batch=16, seq=32, remat="full"):
+    """The report of `cfg`'s train step over mesh `par` on the H100 node, and the program."""
+    mesh = sharding.make_mesh(H100, par)
+    prog = train_program(cfg, mesh, seq_len=seq, global_batch=batch, params=dtype,
+                         compute=dtype, remat=remat)
+    return sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100), prog
+
+
+def layer_matmul_params(cfg):
+    d, e = cfg.d_model, cfg.head_dim
+    attn = d * e * (cfg.n_heads + 2 * cfg.n_kv_heads) + cfg.n_heads * e * d
+    return attn + 3 * d * cfg.d_ff  # SwiGLU: gate, up, down
+
+
 def pipeline_layout(params, plan):
     """The unsharded model's parameters in a pipeline's layer slots (models/pipeline.py):
     layer i at stack index plan.layer_order()[i], padded slots zero."""
@@ -40,13 +63,12 @@ def pipeline_layout(params, plan):
     return {**params, "blocks": jax.tree.map(place, params["blocks"])}
 
 
-def train_both_ways(cfg, par, *, seed: int, token_seed: int, virtual_stages: int = 1,
-                    context_mode: str = "ring", sequence_parallel: bool = False, **setup):
-    """(loss, params) after one train step without a mesh, then over mesh `par`, from the
-    same initial parameters and a random batch of global_batch x seq_len tokens. With a
-    pipeline, the sharded run's parameters are the same layers in its slots (the embedding
-    is compared)."""
-    s = train_setup(**setup)
+@functools.lru_cache(maxsize=None)
+def _unsharded_step(cfg, seed: int, token_seed: int, setup: tuple):
+    """The initial parameters, the batch, the optimizer and (loss, params) after one train
+    step without a mesh. The same for every mesh a test compares with: computed once per
+    process."""
+    s = train_setup(**dict(setup))
     model = models.make_model(cfg, s["precision"], remat=s["train"].remat, seed=seed)
     graphdef, state = nnx.split(model, nnx.Param)
     params = nnx.to_pure_dict(state)
@@ -58,7 +80,18 @@ def train_both_ways(cfg, par, *, seed: int, token_seed: int, virtual_stages: int
     batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
     step = models.make_train_step(graphdef, tx, microbatches=s["workload"].microbatches)
     p1, _, loss1 = jax.jit(step)(params, opt, batch)
+    # Kept on the host: the sharded step donates the device buffers it is given.
+    return jax.tree.map(np.asarray, (params, batch)) + (tx, (loss1, p1))
 
+
+def train_both_ways(cfg, par, *, seed: int, token_seed: int, virtual_stages: int = 1,
+                    context_mode: str = "ring", sequence_parallel: bool = False, **setup):
+    """(loss, params) after one train step without a mesh, then over mesh `par`, from the
+    same initial parameters and a random batch of global_batch x seq_len tokens. With a
+    pipeline, the sharded run's parameters are the same layers in its slots (the embedding
+    is compared)."""
+    params, batch, tx, unsharded = _unsharded_step(cfg, seed, token_seed,
+                                                   tuple(sorted(setup.items())))
     mesh = sharding.make_mesh(meshes.get_system("h100:8"), par)
     rules = sharding.default_rules()
     prog = models.build_train_program(cfg, mesh, rules.with_sequence_parallel()
@@ -69,7 +102,7 @@ def train_both_ways(cfg, par, *, seed: int, token_seed: int, virtual_stages: int
     opt = tx.init(params)
     args = jax.device_put((params, opt, batch), jax.tree.map(lambda a: a.sharding, prog.args))
     p2, _, loss2 = prog.step(*args)
-    return (loss1, p1), (loss2, p2)
+    return unsharded, (loss2, p2)
 
 
 def decode_both_ways(cfg, par, *, batch: int, index: int, seed: int):

@@ -20,9 +20,15 @@ ALLOWED = {
 
 def imported_modules(path: pathlib.Path) -> list[str]:
     """Every module a file imports (at any depth, function-level imports included), with
-    `from package import name` read as the submodule `package.name` where one exists."""
+    `from package import name` read as the submodule `package.name` where one exists.
+    Imports under `if TYPE_CHECKING:` never run (annotations only) and are left out."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+                "TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            node.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out.extend(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -91,6 +97,13 @@ def test_the_code_passes_the_linter():
     p = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=REPO,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-1000:]
+
+
+def test_imports_for_annotations_only_are_not_edges(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("from typing import TYPE_CHECKING\nimport json\n"
+                    "if TYPE_CHECKING:\n    import sharding.report\n")
+    assert imported_modules(path) == ["typing", "json"]
 
 
 def test_cycle_finder_finds_cycles():

@@ -129,7 +129,10 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a flag argparse refused (2, its line printed)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
         return args.fn(args)
     except (ConfigError, tomllib.TOMLDecodeError) as e:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from experiments.cli.output import format_columns, progress_sink, write_json, write_text
 from experiments.config import ConfigError
-from sharding import progress
 
 
 def calibration_of(args):
@@ -20,15 +19,16 @@ def calibration_of(args):
 
 def cmd_run(args) -> int:
     from experiments import config as config_mod
-    from experiments import runner
+    from experiments import fit, runner
     from experiments.store import tool_version
 
     exp = config_mod.load(args.config, args.set or [])
     config = {**exp.to_dict(), "backend": args.backend, "tool_version": tool_version()}
     if args.backend == "all":
         return _run_all_backends(args, exp, config)
-    with progress.reporting(progress_sink(args)):
-        report = runner.run(exp, backend=args.backend, calibration=calibration_of(args))
+    with progress_sink(args):
+        report = runner.run(exp, backend=args.backend, calibration=calibration_of(args),
+                            advise=fit.advice)
     print(report.format_table())
     scale_out = None
     if args.power_budget is not None or args.tokens is not None:
@@ -53,7 +53,7 @@ def cmd_fit(args) -> int:
     from experiments import fit
 
     exp = config_mod.load(args.config, args.set or [])
-    with progress.reporting(progress_sink(args)):
+    with progress_sink(args):
         verdict = fit.fit(exp, backend=args.backend, calibration=calibration_of(args),
                           limit=args.top, compile=not args.no_compile)
     print(verdict.format())
@@ -64,7 +64,7 @@ def cmd_fit(args) -> int:
 
 def _run_all_backends(args, exp, config) -> int:
     """The step on every compiler that can compile for the system here, side by side."""
-    from experiments import runner
+    from experiments import fit, runner
     from sharding.compiler import available_backends, own_compiler
     from sharding.text import format_side_by_side
 
@@ -73,9 +73,10 @@ def _run_all_backends(args, exp, config) -> int:
                           "--html with --backend cpu|tpu|gpu")
     backends = available_backends(exp.system)
     reports = []
-    with progress.reporting(progress_sink(args)):
+    with progress_sink(args):
         for b in backends:
-            reports.append((b, runner.run(exp, backend=b, calibration=calibration_of(args))))
+            reports.append((b, runner.run(exp, backend=b, calibration=calibration_of(args),
+                                          advise=fit.advice)))
     print(f"{exp.name}  on {reports[0][1].system}: the same step from each compiler\n")
     print(format_side_by_side(reports))
     own = own_compiler(exp.system)

@@ -3,6 +3,7 @@ exist), plain tables, and progress on a terminal."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 from experiments.config import ConfigError
+from sharding import progress
 
 
 def _jsonable(o):
@@ -56,26 +58,35 @@ def _stderr_copy():
     return os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
 
 
+@contextlib.contextmanager
 def progress_sink(args):
-    """Stage lines with the elapsed time on stderr when it is a terminal and --quiet is not
-    given; notices (a compile that will take minutes) on stderr unless --quiet; None when
-    nothing is to be shown."""
+    """Inside this block, stage lines with the elapsed time on stderr when it is a terminal
+    and --quiet is not given, and notices (a compile that will take minutes) on stderr
+    unless --quiet (sharding/progress.py)."""
     if args.quiet:
-        return None
+        with progress.reporting(None):
+            yield
+        return
     tty = sys.stderr.isatty()
     try:
         out = _stderr_copy()
     except (OSError, ValueError, AttributeError):  # a stderr with no descriptor (a test's)
-        out = sys.stderr
+        out = None
     t0 = time.perf_counter()
 
     def sink(message: str, notice: bool = False) -> None:
+        to = out or sys.stderr
         if notice:
-            out.write(f"shardscope: {message}\n")
+            to.write(f"shardscope: {message}\n")
         elif tty:
-            out.write(f"[{time.perf_counter() - t0:6.1f} s] {message}\n")
+            to.write(f"[{time.perf_counter() - t0:6.1f} s] {message}\n")
 
-    return sink
+    try:
+        with progress.reporting(sink):
+            yield
+    finally:
+        if out is not None:
+            out.close()
 
 
 class SearchProgress:

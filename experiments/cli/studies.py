@@ -14,7 +14,6 @@ from experiments.cli.output import (
     write_text,
 )
 from experiments.config import ConfigError
-from sharding import progress
 
 
 def cmd_validate(args) -> int:
@@ -171,7 +170,7 @@ def cmd_compare(args) -> int:
         axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())
         search = {"store": args.store, "axes": axes, "workers": args.workers,
                   "budget": args.budget, "calibration": calibration_of(args)}
-    with progress.reporting(progress_sink(args)):
+    with progress_sink(args):
         entries = compare_mod.compare(raw, args.systems, calibration=calibration_of(args),
                                       price_per_device_hour=args.price_per_device_hour,
                                       search=search)

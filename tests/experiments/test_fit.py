@@ -51,7 +51,7 @@ def test_fit_finds_gradient_accumulation_and_the_change_compiles_and_fits(tmp_pa
     assert best["step_time_s"] > 0 and "workload.microbatches = " in text
     # the suggestion, applied, compiles and fits, with the memory fit said
     exp = fit._changed(config_mod.load(path), best["changes"])
-    report = runner.run(exp, advise=False)
+    report = runner.run(exp)
     assert report.fits and report.memory_per_device_bytes == pytest.approx(
         best["memory_per_device_bytes"])
 

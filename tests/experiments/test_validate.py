@@ -7,7 +7,7 @@ import pytest
 
 from experiments import cli
 from experiments.validate import Row, percentile, summary
-from tests.test_cli import TINY, run_cli, write
+from tests.helpers import TINY, run_cli, write
 
 
 def row(name, family, measured, estimate, status="ok"):

@@ -64,24 +64,3 @@ def test_collectives_ready_together_queue_in_program_order():
     finish, _ = _list_schedule(kind, dur, preds)
     assert finish[2] == 1.0 and finish[3] == 2.0  # A first: it comes first in the program
     assert finish[4] == 6.0 and finish[5] == 11.0
-
-
-def test_a_plan_keeps_only_what_takes_time_and_retimes_to_the_same_report(cpu_devices):
-    import dataclasses
-
-    from sharding.plan import Plan
-
-    rep = program(False)
-    plan = rep.inputs.plan
-    module = sharding.parse_hlo(rep.inputs.hlo_text)
-    instructions = sum(len(c.instructions) for c in module.computations.values())
-    nodes = sum(len(n) for n in plan.graph.computations.values())
-    assert 0 < nodes < instructions
-    stored = Plan.from_bytes(plan.to_bytes())
-    again = sharding.reanalyze(dataclasses.replace(rep.inputs, plan=stored, hlo_text=""),
-                               system=H100, calibration=IDENTITY)
-    assert again.step_time_s == rep.step_time_s
-    assert again.compute.hbm_bytes == rep.compute.hbm_bytes
-    # Another format (an older shardscope) or damage: no plan, read the HLO again.
-    assert Plan.from_bytes(dataclasses.replace(plan, format=0).to_bytes()) is None
-    assert Plan.from_bytes(b"not a plan") is None

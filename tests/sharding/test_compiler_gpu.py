@@ -10,7 +10,7 @@ import pytest
 
 from meshes import get_system
 from sharding import compiler as backends
-from tests.test_cli import TINY, run_cli, write
+from tests.helpers import TINY, run_cli, write
 
 needs_plugin = pytest.mark.skipif(not backends.gpu_compiler_installed(),
                                   reason=f"needs the gpu extra: {backends.GPU_EXTRA}")
@@ -88,10 +88,10 @@ def test_gpu_decode_reads_each_weight_and_cache_byte_once(tmp_path, cpu_devices)
     # and the attention's scores pass from kernel to kernel. Those stay in the H100's L2
     # when they and what runs in between fit in half of it, and a reduction whose result
     # is only sliced reads only what it keeps: the decode now moves what it must, as on
-    # the TPU compiler and XLA:CPU (test_tpu.py).
+    # the TPU compiler and XLA:CPU (test_compiler_tpu.py).
     from experiments import config, runner
     from models.memory import serving_activation_bytes
-    from tests.test_tpu import DECODE_70B
+    from tests.helpers import DECODE_70B
 
     exp = config.load(write(tmp_path, DECODE_70B.replace("tpu-v6e:2x4", "h100:8")))
     rep = runner.run(exp, backend="gpu")

@@ -1,10 +1,11 @@
-"""The compute model against hand calculations."""
+"""The compute model (sharding/compute.py) against hand calculations."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import meshes
+from meshes.calibration import Calibration
 from sharding.compute import compute_cost
 from sharding.hlo import parse_hlo
 
@@ -34,6 +35,22 @@ def test_skinny_matmul_is_memory_bound():
     c = cost_of(lambda a, b: a @ b, a, b)
     io = (8 * 8192 + 8192 * 8192 + 8 * 8192) * 2
     assert c.matmul_s == pytest.approx(io / (3.35e12 * 2.97 / 3.35))
+
+
+def test_the_model_applies_a_calibration_exactly():
+    # One 4096 x 8192 x 2048 bf16 matmul on H100: the catalog rate 989 TFLOP/s x 0.80 x
+    # the size curve (1217 / 1290 at 4096^3-equivalent); calibrated, 0.6 instead of 0.80,
+    # plus 5 us for the kernel.
+    a = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((8192, 2048), jnp.bfloat16)
+    module = parse_hlo(jax.jit(lambda a, b: a @ b).lower(a, b).as_text(dialect="hlo"))
+    flops = 2 * 4096 * 8192 * 2048
+    cal = Calibration(gpu_bf16_matmul_efficiency=0.6, kernel_overhead_s=5e-6)
+    plain, fitted = compute_cost(module, H100), compute_cost(module, H100, calibration=cal)
+    assert plain.matmul_s == pytest.approx(flops / (989e12 * 0.80 * 1217 / 1290))
+    assert fitted.matmul_s == pytest.approx(flops / (989e12 * 0.6 * 1217 / 1290) + 5e-6)
+    assert fitted.kernels == 1 and fitted.math_s_by_class == {
+        "gpu_bf16": pytest.approx(flops / (989e12 * 0.6 * 1217 / 1290))}
 
 
 def test_elementwise_chain_is_one_kernel():

@@ -5,6 +5,8 @@ import json
 import pytest
 
 from experiments import cli
+from tests.helpers import CHROMIUM, needs_browser, sync_playwright, write
+from tests.helpers import TINY as TINY_TOML
 
 TINY = "tiny-h100-dp-tp"  # data 2 x tensor 4 on h100:8
 
@@ -18,19 +20,20 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
     monkeypatch.setattr(sharding.api, "compile_to_hlo",
                         lambda *a, **k: compiles.append(1) or real(*a, **k))
     out = tmp_path / "c.json"
-    code = cli.main(["compare", TINY, "--systems", "h100:8,b200:8,a100:12", "--quiet",
+    code = cli.main(["compare", TINY, "--systems", "h100:8,b200:8,a100:7", "--quiet",
                      "--price-per-device-hour", "2.0", "--power-budget", "1MW", "--tokens",
                      "1e9", "--json", str(out)])
     assert code == 0
-    assert compiles == [1]  # b200:8 re-timed from the h100:8 compile; a100:12 refused
+    assert compiles == [1]  # b200:8 re-timed from the h100:8 compile; a100:7 refused
     systems = {s["system"]: s for s in json.loads(out.read_text())["systems"]}
     for s in systems.values():
         for key in ("system", "parallelism", "step_time_s", "tokens_per_s", "mfu",
                     "bottleneck", "fits", "power_w", "joules_per_token",
                     "usd_per_million_tokens"):
             assert key in s
-    assert systems["a100:12"]["status"] == "refused"  # 8 devices' sharding does not scale
-    assert "has 12" in systems["a100:12"]["message"]
+    # Neither data (2) nor fsdp (4) rescales to 7 devices with tensor 1 and 16 sequences.
+    assert systems["a100:7"]["status"] == "refused"
+    assert "7" in systems["a100:7"]["message"]
     b200 = systems["b200:8"]
     assert b200["retimed_from"] == "h100:8"
     # Power: 8 B200s from 15% of their 1000 W TDP (waiting) to all of it (busy), the DGX
@@ -75,25 +78,28 @@ def test_sharding_fits_each_systems_device_count():
     assert raw["parallelism"] == {"fsdp": 64, "tensor": 8}
     raw = {"parallelism": {"data": 2, "tensor": 4}}  # no FSDP: data does
     assert fit_to_devices(raw, 4) == "data 2 -> 1 for its 4 devices"
-    raw = {"parallelism": {"data": 2, "tensor": 4}}
-    assert fit_to_devices(raw, 12) == "" and raw["parallelism"]["data"] == 2
+    raw = {"parallelism": {"data": 2, "tensor": 4}}  # not a multiple: data still rescales
+    assert fit_to_devices(raw, 12) == "data 2 -> 3 for its 12 devices"
+    raw = {"parallelism": {"data": 2, "tensor": 4}}  # no whole data-parallel degree
+    assert fit_to_devices(raw, 6) == "" and raw["parallelism"]["data"] == 2
     # 256 sequences do not split 512 ways: the TensorCore pair goes to tensor instead.
     raw = {"parallelism": {"fsdp": 256}, "workload": {"global_batch": 256}}
     assert fit_to_devices(raw, 512) == "tensor 1 -> 2 for its 512 devices"
 
 
 def test_compare_with_search_picks_each_systems_fastest(tmp_path, capsys, cpu_devices):
+    # Two devices each (data 2 or tensor 2): two compiles per search.
     out = tmp_path / "c.json"
-    args = ["compare", TINY, "--systems", "h100:8,tpu-v5e:2x4", "--search", "--axes",
+    args = ["compare", TINY, "--systems", "h100:2,tpu-v5e:1x2", "--search", "--axes",
             "data,tensor", "--store", str(tmp_path / "s.sqlite"), "--workers", "1",
             "--quiet", "--json", str(out)]
     assert cli.main(args) == 0
-    from experiments import search
+    from experiments import ranking
     from experiments.store import Store
 
     with Store(tmp_path / "s.sqlite") as store:
-        for system in ("h100:8", "tpu-v5e:2x4"):
-            ranked = search.ranking(store.results(search=f"compare {TINY} on {system}"))
+        for system in ("h100:2", "tpu-v5e:1x2"):
+            ranked = ranking.ranking(store.results(search=f"compare {TINY} on {system}"))
             entry = next(s for s in json.loads(out.read_text())["systems"]
                          if s["system"] == system)
             # the search's fastest, run again in full: the same sharding and step time
@@ -106,4 +112,42 @@ def test_compare_with_search_picks_each_systems_fastest(tmp_path, capsys, cpu_de
     assert cli.main(args) == 0
     with Store(tmp_path / "s.sqlite") as store:
         assert len(store.results()) == before
-    assert json.loads(out.read_text())["systems"][1]["retimed_from"] == "h100:8"
+    assert json.loads(out.read_text())["systems"][1]["retimed_from"] == "h100:2"
+
+
+@needs_browser
+def test_compare_page_in_a_headless_browser(tmp_path, capsys, cpu_devices):
+    # The tiny config on three 8-device systems (compiled once, re-timed on the others);
+    # the TPU has no public power figure or price, so its per-MW and USD bars are left out
+    # and said; the B200 has no public price either.
+    page_path = tmp_path / "compare.html"
+    assert cli.main(["compare", write(tmp_path, TINY_TOML), "--systems",
+                     "h100:8,b200:8,tpu-v5e:2x4", "--quiet", "--html", str(page_path)]) == 0
+    capsys.readouterr()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM,
+                                    args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(page_path.as_uri())
+        charts = page.evaluate("""() => Array.from(document.querySelectorAll('svg.bars')).map(
+          svg => ({cls: svg.getAttribute('class'),
+                   bars: Array.from(svg.querySelectorAll('rect.bar')).map(r => ({
+                     w: r.width.baseVal.value, best: r.classList.contains('best'),
+                     label: r.querySelector('title').textContent})),
+                   missing: svg.nextElementSibling && svg.nextElementSibling.tagName === 'P'
+                            ? svg.nextElementSibling.innerText : ''}))""")
+        table = page.inner_text("pre.table")
+        browser.close()
+    by = {c["cls"].split()[1]: c for c in charts}
+    assert set(by) == {"step", "tokens", "mfu", "per-mw", "usd"}
+    for name in ("step", "tokens", "mfu"):
+        bars = by[name]["bars"]
+        assert len(bars) == 3 and sum(b["best"] for b in bars) == 1
+        assert all(b["w"] > 0 for b in bars)
+    # Lower is better for the step: the best bar is the shortest; higher for tokens/s.
+    step, tokens = by["step"]["bars"], by["tokens"]["bars"]
+    assert min(step, key=lambda b: b["w"])["best"]
+    assert max(tokens, key=lambda b: b["w"])["best"]
+    assert len(by["per-mw"]["bars"]) == 2 and "tpu-v5e:2x4" in by["per-mw"]["missing"]
+    assert len(by["usd"]["bars"]) == 1 and "b200:8, tpu-v5e:2x4" in by["usd"]["missing"]
+    assert "step time" in table and "b200:8" in table

@@ -1,8 +1,10 @@
-"""Serving: prefill and decode with a KV cache, correct and bandwidth-bound."""
+"""Serving (models/inference.py): prefill and decode with a KV cache, correct and
+bandwidth-bound."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import meshes
 import models
@@ -10,18 +12,24 @@ import sharding
 from models.inference import build_serve_program
 from tests.steps import decode_both_ways
 
+# The model's passes, each compiled once (the decode index traced) rather than run op by
+# op, which compiles every operation on its own.
+forward = nnx.jit(lambda model, tokens: model(tokens))
+prefill = nnx.jit(lambda model, tokens: model.prefill(tokens))
+decode = nnx.jit(lambda model, tokens, cache, index: model.decode(tokens, cache, index))
+
 
 def test_decode_with_the_cache_matches_the_full_forward_pass(cpu_devices):
     cfg = models.preset("tiny")
     model = models.make_model(cfg, models.Precision(compute="float32"), seed=3)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab, (2, 12)), jnp.int32)
-    full_logits = model(tokens)  # (B, L, V)
+    full_logits = forward(model, tokens)  # (B, L, V)
     # Prefill 8 tokens into a cache of 12 positions, then decode tokens 8..11 one by one.
-    _, (k, v) = model.prefill(tokens[:, :8])
+    _, (k, v) = prefill(model, tokens[:, :8])
     pad = ((0, 0), (0, 0), (0, 0), (0, 4), (0, 0))  # (N, B, K, S, E): 4 more positions
     cache = (jnp.pad(k, pad), jnp.pad(v, pad))
     for i in range(8, 12):
-        logits, cache = model.decode(tokens[:, i:i + 1], cache, i)
+        logits, cache = decode(model, tokens[:, i:i + 1], cache, i)
         np.testing.assert_allclose(logits, full_logits[:, i], atol=2e-4, rtol=2e-4)
 
 
@@ -68,13 +76,13 @@ def test_quantised_weights_and_cache_decode_close_to_full_forward(cpu_devices):
             {"int8": "int8", "float8": "float8", "int4": "int4"}[kind])
         assert wq.scale[...].shape == (cfg.n_layers, 1, cfg.n_heads, cfg.head_dim)
         tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab, (2, 12)), jnp.int32)
-        full = model(tokens)  # the same quantised weights, no cache
-        _, (k, v) = model.prefill(tokens[:, :8])
+        full = forward(model, tokens)  # the same quantised weights, no cache
+        _, (k, v) = prefill(model, tokens[:, :8])
         assert k[0].dtype == wq.q[...].dtype and k[1].shape[-1] == 1  # (q, scale)
         pad = ((0, 0), (0, 0), (0, 0), (0, 4), (0, 0))  # (N, B, K, S, E): 4 more positions
         cache = tuple((jnp.pad(c[0], pad), jnp.pad(c[1], pad)) for c in (k, v))
         for i in range(8, 12):
-            logits, cache = model.decode(tokens[:, i:i + 1], cache, i)
+            logits, cache = decode(model, tokens[:, i:i + 1], cache, i)
             err = np.max(np.abs(np.asarray(logits) - np.asarray(full[:, i])))
             assert err < tol * np.max(np.abs(np.asarray(full[:, i]))), (kind, i, err)
 

@@ -1,4 +1,4 @@
-"""Topology logic on plain Python objects, no JAX."""
+"""GPU systems (meshes/gpu.py): placement and NCCL's collectives, on plain Python objects."""
 
 import math
 
@@ -27,48 +27,6 @@ def test_hgx_nodes_of_eight():
     assert s.place(13) == {"node": 1, "gpu": 5}
 
 
-def test_tpu_coords_x_fastest_and_tpu7x_two_devices_per_chip():
-    s = get_system("tpu-v5e:4x4")
-    assert s.num_devices == 16
-    assert s.coords(5) == (0, 1, 1, 0)  # slice 0, x=1, y=1, core 0
-    t = get_system("tpu7x:4x4x4")
-    assert t.num_devices == 128
-    assert t.coords(3) == (0, 1, 0, 0, 1)  # chip 1 (x=1), second TensorCore
-    multi = get_system("tpu-v6e:16x16*2")
-    assert multi.num_devices == 512 and multi.coords(256)[0] == 1
-
-
-def test_wraparound_rules():
-    assert get_system("tpu-v5e:16x16").wraps == (True, True)
-    assert get_system("tpu-v5e:8x16").wraps == (False, True)
-    assert get_system("tpu-v5p:4x4x4").wraps == (True, True, True)
-    assert get_system("tpu-v5p:2x2x4").wraps == (False, False, False)
-
-
-@pytest.mark.parametrize("name, fragment", [
-    ("h100", "<family>:<size>"),
-    ("dgx:8", "unknown system family 'dgx'"),
-    ("tpu-v5e:4x4x4", "2D"),
-    ("tpu-v5e:32x32", "exceeds the largest"),
-])
-def test_bad_system_names_say_what_is_valid(name, fragment):
-    with pytest.raises(ValueError, match=fragment.replace("(", r"\(")) as e:
-        get_system(name)
-    assert "\n" not in str(e.value)
-
-
-def test_device_ids_outside_the_system_are_an_error():
-    s = get_system("h100:8")
-    with pytest.raises(ValueError, match="device id 8 is outside"):
-        s.collective_time_s("all-reduce", MB, [[0, 8]])
-
-
-def test_bus_factors_follow_nccl_tests():
-    assert bus_factor("all-reduce", 8) == pytest.approx(2 * 7 / 8)
-    assert bus_factor("all-gather", 4) == pytest.approx(3 / 4)
-    assert bus_factor("collective-permute", 2) == 1.0
-
-
 def test_in_domain_all_reduce_matches_measured_busbw():
     # 8x H100 NVLS at 1 GB measured 466.4 GB/s busbw: t = S * 2(n-1)/n / busbw.
     s = get_system("h100:8")
@@ -95,78 +53,6 @@ def test_all_reduce_across_two_racks_is_a_tree_through_the_nics():
     assert t.link == "infiniband" and t.algorithm == "tree (LL128)"
 
 
-def test_tpu_axis_without_wraparound_is_about_twice_as_slow():
-    big = 64 * MB
-    wrapped = get_system("tpu-v5e:16x16").collective_time_s("all-gather", big, [list(range(16))])
-    # Same 16-chip ring on the y axis of an 8x16 slice has wraparound; x of 8 does not.
-    s = get_system("tpu-v5e:8x16")
-    open_line = s.collective_time_s("all-gather", big, [list(range(8))])
-    # 8 chips on an open line vs 16 on a ring: (7/8) / (15/16) of the bytes, half the bandwidth.
-    assert open_line / wrapped == pytest.approx(2 * (7 / 8) / (15 / 16), rel=0.02)
-
-
-def test_strided_group_on_torus_pays_for_hops():
-    s = get_system("tpu-v5e:16x16")
-    # Four neighbours on an open stretch of the x ring vs four chips 4 apart: the strided
-    # ring crosses 4 links per logical step and shares each with 3 other groups.
-    contiguous = s.collective_time_s("all-gather", 64 * MB, [[0, 1, 2, 3]])
-    strided = s.collective_time_s("all-gather", 64 * MB, [[0, 4, 8, 12]])
-    assert strided == pytest.approx(2 * contiguous, rel=0.05)
-
-
-def test_scaling_book_q2_all_gather_over_one_and_two_axes():
-    # v4 4x4x4 (wraps), B=1024, D=4096 bf16. AG over X of [B_X, D_Y]: V = B*D*2/4 bytes;
-    # book: T = V / W_bidi = 23 us; we keep the exact (n-1)/n = 3/4 of it.
-    s = get_system("tpu-v4:4x4x4")
-    v = 1024 * 4096 * 2 / 4
-    t = s.collective_time_s("all-gather", v, [[0, 1, 2, 3]])
-    assert t == pytest.approx(v * 3 / 4 / (9e10 * 0.95) + 2e-6, rel=0.01)
-    xy = [x + 4 * y for y in range(4) for x in range(4)]
-    t2 = s.collective_time_s("all-gather", 4 * v, [xy])
-    assert t2 == pytest.approx(4 * v * 15 / 16 / (2 * 9e10 * 0.95) + 2e-6, rel=0.01)
-
-
-# --- The scaling book's worked examples (shared/reference/collectives.md) ----------------
-# Tolerance: 15% of the book's figure unless said. The model is not fitted to these.
-
-
-def test_book_1_all_gather_over_an_axis_without_wraparound():
-    # v5e mesh {X: 8, Y: 4}, all-gather over Y of bf16[E_Y, F], E=2048, F=8192. Y has 4 chips
-    # and no wraparound: a one-way line, S x 3/4 over one 45 GB/s link = the book's 560 us
-    # theory; at the measured 95% ICI efficiency plus 3 hops of 1 us that is 592 us.
-    s = get_system("tpu-v5e:8x4")
-    group = [0 + 8 * y for y in range(4)]  # x=0, y=0..3 (ids are x-fastest)
-    S = 2048 * 8192 * 2
-    assert S * 3 / 4 / 4.5e10 == pytest.approx(560e-6, rel=0.01)
-    t = s.collective_time_s("all-gather", S, [group])
-    assert t == pytest.approx(S * 3 / 4 / (4.5e10 * 0.95) + 3e-6, rel=1e-9)
-    # The book measured 680 us: the model is 13% under it (ICI efficiency at 34 MB below
-    # the 95% the book quotes for large buffers).
-    assert t == pytest.approx(680e-6, rel=0.15)
-
-
-def test_book_2_all_reduce_over_z():
-    # v4p 4x4x4, [B_X, D_Y] with B=1024, D=4096 bf16 all-reduced over Z: ~11.6 us.
-    s = get_system("tpu-v4:4x4x4")
-    group = [16 * z for z in range(4)]
-    t = s.collective_time_s("all-reduce", 1024 * 4096 * 2 / 16, [group])
-    assert t == pytest.approx(11.6e-6, rel=0.15)
-
-
-def test_book_3_tiny_all_gather_is_latency_bound():
-    s = get_system("tpu-v4:4x4x4")
-    t = s.collective_time_s("all-gather", 128 * 2, [[0, 1, 2, 3]])
-    assert t == pytest.approx(2e-6, rel=0.15)
-
-
-def test_book_4_point_to_point_across_the_slice():
-    # send bf16[8,128,8192] from (0,0) to (3,3) on v5e 4x4 (no wraparound): two disjoint
-    # routes of 6 hops: ~188 us + 6 us.
-    s = get_system("tpu-v5e:4x4")
-    t = s.collective_time_s("collective-permute", 8 * 128 * 8192 * 2, [[0, 15]])
-    assert t == pytest.approx(194e-6, rel=0.15)
-
-
 def test_book_5_and_6_h100_all_gathers():
     s = get_system("h100:8")
     # 5: bf16[1024, 16384] = 33.5 MB over 8 GPUs. The book's 65-75 us assumes the 450 GB/s
@@ -182,13 +68,6 @@ def test_book_5_and_6_h100_all_gathers():
     t6 = s.collective_time_s("all-gather", 536e6, [list(range(8))])
     assert t6 == pytest.approx(536e6 * 7 / 8 / 367e9, rel=1e-9)
     assert t6 == pytest.approx(1.5e-3, rel=0.15)
-
-
-# --- Published nccl-tests bus bandwidth (collectives.md) --------------------------------
-# The curves are the measurements: at a measured size the model's bus bandwidth is the
-# measured one exactly, which checks that the right curve is chosen (NVLS for an H100
-# all-reduce, 4-GPU vs whole-rack GB200) and the bus-factor conversion; between sizes it
-# is log-linear (tested below).
 
 
 def busbw(system, kind, nbytes, group):
@@ -236,9 +115,6 @@ def test_small_collectives_choose_latency_optimal_algorithms():
     tiny = s.collective_timing("all-reduce", 1e3, [list(range(8))])
     assert tiny.algorithm.startswith("ring (LL")
     assert tiny.time_s == pytest.approx(1e-6 * (3.6 + 2 * 7 * 0.47), rel=1e-9)
-
-
-# --- The real cluster's network: [system] overrides --------------------------------------
 
 
 def test_nic_override_sets_the_scale_out_bandwidth():
@@ -307,32 +183,6 @@ def test_any_gpu_count_fills_domains_in_order_the_last_in_part():
     assert partial.time_s == pytest.approx(fours.time_s, rel=0.01)
     nic = get_system("h100:12").links["infiniband"]
     assert partial.time_s >= S / (4 * nic.bytes_per_s * nic.efficiency) > eights.time_s
-
-
-def test_dcn_override_sets_the_bandwidth_between_slices():
-    # Two v5e slices, one chip of each: an all-reduce of S crosses DCN only, S x 1 (bus
-    # factor of 2) at the DCN rate per chip: 3.125 GB/s in the catalog, 12.5 with 100 Gb/s.
-    S = 1e8
-    for overrides, bw in (({}, 3.125e9), ({"dcn_gbps": 100}, 12.5e9)):
-        s = get_system("tpu-v5e:16x16*2", **overrides)
-        assert s.collective_time_s("all-reduce", S, [[0, 256]]) == pytest.approx(S / bw)
-
-
-@pytest.mark.parametrize("name, overrides, fragment", [
-    ("h100:8", {"nic_gb": 100}, "unknown system override 'nic_gb'; valid: nic_gbps, sharp"),
-    ("tpu-v5e:4x4*2", {"sharp": True}, "applies to GPU systems"),
-    ("h100:8", {"dcn_gbps": 100}, "applies to TPU systems"),
-    ("h100:8", {"nic_gbps": -1}, "must be a positive float"),
-    ("gb200-nvl72:72", {"gpus_per_domain": 96}, "exceeds the 72 GPUs"),
-    ("tpu-v5e:4x4", {"dcn_gbps": 100}, "one slice"),
-])
-def test_bad_overrides_say_what_is_valid(name, overrides, fragment):
-    with pytest.raises(ValueError, match=fragment) as e:
-        get_system(name, **overrides)
-    assert "\n" not in str(e.value)
-
-
-# --- Measured across nodes (collectives.md): each published large-message point within 15%
 
 
 def test_nic_efficiency_is_the_median_of_the_measured_ring_points():
@@ -492,47 +342,3 @@ def test_a_published_fabric_sets_its_pods():
     t = sp.collective_timing("all-reduce", 1e9, rings)
     assert t.time_s == get_system("b200:4096").collective_time_s("all-reduce", 1e9, rings)
     assert "across pods" in t.algorithm
-
-
-def test_trainium2_instances_are_4x4_neuronlink_tori_joined_by_efa():
-    from sharding import compiler
-
-    s = get_system("trn2:4x4*16")
-    assert s.num_devices == 256 and s.chip.name == "trainium2"
-    # 1,024 GB/s of NeuronLink-v3 per chip over 4 links, both directions; 3.2 Tb/s of EFA
-    # per 16-chip instance (AWS Neuron docs).
-    assert s.links["neuronlink"].bytes_per_s == pytest.approx(1024e9 / 4 / 2)
-    assert s.links["efa"].bytes_per_s == pytest.approx(3.2e12 / 8 / 16)
-    assert s.wraps == (True, True)  # a 4x4 2D torus
-    # One chip per instance: a ring over EFA moves S x 2(n-1)/n at 25 GB/s per chip.
-    S = 1e9
-    t = s.collective_timing("all-reduce", S, [list(range(0, 256, 16))])
-    assert t.link == "efa" and t.time_s == pytest.approx(S * 2 * 15 / 16 / 25e9)
-    inside = s.collective_timing("all-reduce", S, [list(range(16))])
-    assert inside.link == "neuronlink" and inside.time_s < t.time_s / 4
-    # No deviceless Neuron compiler here: the CPU path, and the report says why.
-    assert compiler.resolve_backend("auto", s) == "cpu"
-    with pytest.raises(ValueError, match="compiles for TPU systems"):
-        compiler.resolve_backend("tpu", s)
-    assert "no deviceless compiler" in compiler.target_compiler_note("cpu", s)
-    assert s.chip.tdp_w is None  # not public
-
-
-def test_a_trn2_ultraserver_rings_its_four_instances_at_half_the_link_rate():
-    from meshes.links import TPU_ICI_EFFICIENCY, TPU_ICI_HOP_LATENCY_S
-
-    # 4 instances: the chips at one 4x4 position form a ring at 256 GB/s per device, i.e.
-    # 64 GB/s per link and direction against 128 inside an instance (AWS Neuron docs).
-    s = get_system("trn2u:4x4x4*4")
-    assert s.num_devices == 256 and s.wraps == (True, True, True)
-    S = 1e9
-    x_ring = s.collective_timing("all-gather", S, [[0, 1, 2, 3]])  # along x in an instance
-    across = s.collective_timing("all-gather", S, [[0, 16, 32, 48]])  # the same chip, 4 instances
-    per_chip = S * 3 / 4
-    assert x_ring.time_s == pytest.approx(
-        per_chip / (2 * 128e9 * TPU_ICI_EFFICIENCY) + 2 * TPU_ICI_HOP_LATENCY_S)
-    assert across.time_s == pytest.approx(
-        per_chip / (2 * 64e9 * TPU_ICI_EFFICIENCY) + 2 * TPU_ICI_HOP_LATENCY_S)
-    assert across.link == "neuronlink"
-    # UltraServers are joined by EFA: the same chip in two of them goes over it.
-    assert s.collective_timing("all-gather", S, [[0, 64]]).link == "efa"

@@ -1,0 +1,77 @@
+"""`shardscope calibrate` (experiments/calibrate.py): the efficiencies fitted reproducibly,
+and the best measured MFU per family."""
+
+import json
+import tomllib
+
+import numpy as np
+import pytest
+
+from experiments.calibrate import calibrate, fit, leave_one_out, predict
+from meshes.calibration import CATALOG_FILE, IDENTITY, PARAMETERS
+from tests.conftest import REPO
+
+TRUE = {"gpu_bf16_matmul_efficiency": 0.6, "tpu_matmul_scale": 0.75,
+        "flash_attention_efficiency": 0.7, "kernel_overhead_s": 5e-6}
+
+
+def synthetic_cases(n: int = 12, seed: int = 0):
+    """Runs with a spread of GPU bf16, TPU, measured-rate and attention math, kernels,
+    memory-bound time and exposed communication, and their steps under TRUE."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for i in range(n):
+        vendor = ("gpu_bf16", "tpu", "measured")[i % 3]
+        math_s = {vendor: float(rng.uniform(0.5, 5)),
+                  f"{vendor}/attention": float(rng.uniform(0.05, 1.5))}
+        if i % 4 == 0:
+            math_s["measured"] = math_s.get("measured", 0) + float(rng.uniform(0.1, 1))
+        features = {"math_s": math_s, "kernels": float(rng.integers(2_000, 200_000)),
+                    "other_s": float(rng.uniform(0.1, 1)), "exposed_s": float(rng.uniform(0, .3))}
+        cases.append((features, predict(features, {**IDENTITY.values(), **TRUE})))
+    return cases
+
+
+def test_fit_recovers_known_parameters_within_two_percent():
+    values = fit(synthetic_cases())
+    for name, true in TRUE.items():
+        assert values[name] == pytest.approx(true, rel=0.02), name
+
+
+def test_leave_one_out_of_consistent_runs_predicts_each():
+    cases = synthetic_cases()
+    for (_, measured), estimate in zip(cases, leave_one_out(cases)):
+        assert estimate == pytest.approx(measured, rel=0.02)
+
+
+def test_calibrate_lists_what_informs_each_parameter():
+    cases = [(f"run{i}", f, m) for i, (f, m) in enumerate(synthetic_cases())]
+    result = calibrate(cases)
+    # Runs 0, 3, 6, 9 are GPU bf16; 1, 4, 7, 10 TPU; every run has attention math.
+    assert result.informed_by["gpu_bf16_matmul_efficiency"] == ["run0", "run3", "run6", "run9"]
+    assert result.informed_by["tpu_matmul_scale"] == ["run1", "run4", "run7", "run10"]
+    assert len(result.informed_by["flash_attention_efficiency"]) == 12
+    assert max(abs(e) for e in result.fitted_errors) < 0.01
+
+
+def test_the_catalog_equals_a_fresh_fit_of_the_validation_set():
+    data = json.loads((REPO / "experiments/validation/features.json").read_text())
+    values = fit([(c["features"], c["measured_s"]) for c in data["cases"]])
+    catalog = tomllib.loads(CATALOG_FILE.read_text())["parameters"]
+    assert set(catalog) == set(PARAMETERS)
+    for name, value in values.items():
+        assert catalog[name] == pytest.approx(value, rel=1e-4, abs=1e-9), name
+
+
+def test_best_measured_mfu_needs_two_runs_of_a_family():
+    from experiments.calibrate import best_mfu
+    from experiments.validate import Row
+
+    def r(name, family, mfu_est, est, meas):
+        return Row(name=name, path="", family=family, measured_s=meas, status="ok",
+                   estimate_s=est, mfu=mfu_est)
+
+    rows = [r("a", "h100 bf16", 0.6, 1.0, 1.2), r("b", "h100 fp8", 0.6, 1.0, 0.8),
+            r("c", "tpu-v6e bf16", 0.6, 1.0, 1.5)]
+    # Measured MFU with our FLOP count = 0.6 x estimate / measured.
+    assert best_mfu(rows) == {"h100": (pytest.approx(0.75), "b")}

@@ -1,0 +1,101 @@
+"""Experiment configs (experiments/config.py): one clear line for every mistake, and every
+bundled config valid."""
+
+import pytest
+
+from experiments.config import load_calibration
+from tests.conftest import REPO
+from tests.helpers import TINY, run_cli, write
+
+BAD = {
+    "unknown key": (TINY.replace("seq_len = 32", "seq_len = 32\nseqlen = 3"),
+                    "unknown key 'workload.seqlen'; did you mean 'workload.seq_len'? valid keys "
+                    "in [workload]"),
+    # A typo of a required key is the typo, not a missing key.
+    "typo": (TINY.replace("global_batch", "global_batc"),
+             "unknown key 'workload.global_batc'; did you mean 'workload.global_batch'?"),
+    # 72 devices: the suggestions divide both d_model = 64 and 72, not just 64.
+    "suggest": (TINY.replace('"h100:8"', '"gb200-nvl72:72"').replace(
+        "data = 2\nfsdp = 4", "fsdp = 72").replace("global_batch = 16", "global_batch = 72"),
+                "parallelism.fsdp=72 does not divide model.d_model=64; make its ways one that "
+                "divides both 64 and the 72 devices: 1, 2, 4, 8"),
+    "product": (TINY.replace("fsdp = 4", "fsdp = 2"),
+                "= 4 devices, but system.name='h100:8' has 8"),
+    "indivisible": (TINY.replace("data = 2\nfsdp = 4", "data = 2\ntensor = 4"),
+                    "parallelism.tensor=4 does not divide model.n_kv_heads=2; make its ways one "
+                    "that divides both 2 and the 8 devices: 1, 2"),
+    "system": (TINY.replace('"h100:8"', '"h900:8"'),
+               "unknown system family 'h900' in 'h900:8'; valid: a100:8"),
+    "preset": (TINY.replace('"tiny"', '"llama5"'), "model.preset='llama5' is unknown; valid:"),
+    "dtype": (TINY + '[precision]\ncompute = "fp16"\n',
+              "precision.compute='fp16' is not one of 'bfloat16'"),
+    "missing": (TINY.replace("seq_len = 32\n", ""), "missing required key workload.seq_len"),
+    "syntax": (TINY.replace("[workload]", "[workload"), "not valid TOML"),
+    "batch": (TINY.replace("global_batch = 16", "global_batch = 12"),
+              "not divisible by parallelism.data x parallelism.fsdp x parallelism.expert = 8"),
+    "experts": (TINY.replace("[system]", "n_experts = 4\nexperts_per_token = 2\n[system]")
+                .replace("data = 2\nfsdp = 4", "expert = 8"),
+                "parallelism.expert=8 does not divide model.n_experts=4; make its ways one "
+                "that divides both 4 and the 8 devices: 1, 2, 4"),
+    "moe+cp": (TINY.replace("[system]", "n_experts = 4\nexperts_per_token = 2\n[system]")
+               .replace("data = 2\nfsdp = 4", "data = 4\nsequence = 2"),
+               "parallelism.sequence=2 with a mixture of experts"),
+    "fp4 on hopper": (TINY + '[precision]\ncompute = "float4"\n',
+                      "precision.compute='float4': h100 has no FP4 tensor cores"),
+    "int8 train": (TINY + '[precision]\nweights = "int8"\n',
+                   "precision.weights='int8' applies to serving"),
+    "type": (TINY.replace("data = 2", 'data = "two"'), "parallelism.data='two' must be an integer"),
+    "override key": (TINY.replace('name = "h100:8"', 'name = "h100:8"\nnic_gb = 100'),
+                     "unknown key 'system.nic_gb'; did you mean 'system.nic_gbps'? valid keys in "
+                     "[system]: allreduce_alpha_us, dcn_gbps, fabric, gpus_per_domain, name, "
+                     "nic_gbps, pod_gpus, pod_oversubscription, sharp"),
+    "override value": (TINY.replace('name = "h100:8"', 'name = "h100:8"\nsharp = "yes"'),
+                       "[system]: system override sharp='yes' must be true or false"),
+    "measured": (TINY + "[measured]\nstep_time_s = -1\n",
+                 "measured.step_time_s=-1 must be above 0"),
+    "rules": (TINY.replace("fsdp = 4", 'fsdp = 4\nrules = "megatron"'),
+              "parallelism.rules='megatron' is not a rule preset; valid: default"),
+    "dropless sentinel": (TINY.replace('preset = "tiny"', 'preset = "tiny"\nn_experts = 4\n'
+                                       'experts_per_token = 2\ncapacity_factor = 0'),
+                          "for no dropped tokens set model.dropless = true"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_config_is_one_clear_line(tmp_path, capsys, case):
+    text, message = BAD[case]
+    code, out, err = run_cli(["run", write(tmp_path, text)], capsys)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_file_and_bad_override(tmp_path, capsys):
+    code, _, err = run_cli(["run", str(tmp_path / "nope.toml")], capsys)
+    assert code == 2 and "not found" in err
+    code, _, err = run_cli(["run", write(tmp_path, TINY), "--set", "parallelism"], capsys)
+    assert code == 2 and "expected key=value" in err
+
+
+def test_every_shipped_config_is_valid():
+    from experiments import config
+
+    paths = sorted((REPO / "experiments" / "configs").glob("*.toml"))
+    assert len(paths) >= 5
+    for p in paths:
+        exp = config.load(p)
+        assert exp.name == p.stem, f"{p.name}: name should match the file name"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("[parameters]\nmatmul = 0.5\n", "unknown calibration parameter 'matmul'"),
+    ("[parameters]\ntpu_matmul_scale = 3.0\n", "tpu_matmul_scale=3.0"),
+])
+def test_bad_calibration_files_are_one_line(tmp_path, text, fragment):
+    p = tmp_path / "cal.toml"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=fragment) as e:
+        load_calibration(p)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="not found"):
+        load_calibration(tmp_path / "missing.toml")

@@ -1,0 +1,120 @@
+"""The runner (experiments/runner.py): the published configs on the default path, other
+device counts in a subprocess with their own fake CPU device count, and what would fit."""
+
+import json
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from tests.conftest import REPO
+from tests.helpers import TINY, run_cli, write
+
+
+def test_a_model_too_big_for_its_devices_does_not_fit(cpu_devices):
+    # Llama 2 7B in pure data parallelism on 8 H100s: every GPU holds the whole model in f32,
+    # its AdamW moments and gradients: 16 bytes x 6.7e9 parameters = 108 GB > 80 GB.
+    from experiments import config, runner
+
+    text = TINY.replace('"tiny"', '"llama2-7b"\nn_layers = 32').replace(
+        "data = 2\nfsdp = 4", "data = 8").replace("seq_len = 32", "seq_len = 256").replace(
+        "global_batch = 16", "global_batch = 8")
+    report = runner.run(config.from_dict(tomllib.loads(text)))
+    d = report.to_dict()
+    parts = d["memory"]["components"]
+    assert parts["parameters"] == pytest.approx(4 * 6.74e9, rel=0.01)
+    assert parts["optimizer state"] == pytest.approx(8 * 6.74e9, rel=0.01)
+    assert d["fits"] is False and "DOES NOT FIT" in report.format_table()
+    assert d["fit_advice"] == []  # runner.run searches for changes only when asked
+
+
+NO_FIT = """
+name = "8b-on-8"
+[model]
+preset = "llama3-8b"
+n_layers = 16
+[system]
+name = "h100:8"
+[parallelism]
+data = 8
+[workload]
+seq_len = 2048
+global_batch = 32
+[train]
+remat = "none"
+"""
+
+def test_a_step_that_does_not_fit_says_so_first_and_what_would_fit(tmp_path, capsys,
+                                                                      cpu_devices):
+    # f32 parameters, gradients and Adam state of 16 Llama 3 8B layers replicated on every
+    # GPU (73 GB) plus no-remat activations of 4 sequences of 2048: past an H100's 85 GB.
+    # `run` prints the verdict first and the changes experiments/fit.py's search compiled.
+    import re
+
+    path = write(tmp_path, NO_FIT)
+    out_json = tmp_path / "r.json"
+    code, out, _ = run_cli(["run", path, "--json", str(out_json)], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].startswith("DOES NOT FIT: needs ") and "has 85.06 GB" in lines[1]
+    assert "-- if it fit" in next(line for line in lines if line.startswith("step time"))
+    assert "bottleneck     HBM capacity: needs" in out
+    d = json.loads(out_json.read_text())
+    assert not d["fits"] and d["bottleneck"].startswith("HBM capacity")
+    # "train.remat = "full" (75.3 GB per device, step 1.2 s)": the fastest change first.
+    first = re.fullmatch(r"(.*) \(([\d.]+) GB per device, step [\d.]+ s\)", d["fit_advice"][0])
+    assert first, d["fit_advice"]
+    sets = [a for kv in first[1].split(", ")
+            for a in ("--set", kv.replace(" = ", "=").replace('"', ""))]
+    code, _, err = run_cli(["run", path, *sets, "--json", str(out_json)], capsys)
+    assert code == 0, err
+    d = json.loads(out_json.read_text())
+    assert d["fits"] and not d["fit_advice"]
+    assert d["memory_per_device_bytes"] == pytest.approx(float(first[2]) * 1e9, rel=0.01)
+
+
+@pytest.mark.slow
+def test_default_experiment_on_72_fake_devices(tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "run", "experiments/configs/llama3-8b-nvl72.toml",
+         "--set", "model.n_layers=2", "--set", "workload.seq_len=1024", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(out.read_text())
+    assert d["num_devices"] == 72
+    cols = d["collectives"]
+    # FSDP over 8 consecutive GPUs (two trays) inside the rack; data over the 9 groups.
+    ag = [c for c in cols if c["kind"] == "all-gather" and c["mesh_axes"] == ["fsdp"]]
+    assert ag and all(c["group_size"] == 8 and c["link"] == "nvlink" for c in ag)
+    assert all(sorted(g) == list(range(g[0], g[0] + 8)) for c in ag for g in c["groups"])
+    assert any(c["mesh_axes"] == ["data"] and c["group_size"] == 9 for c in cols)
+    # Gradients: reduce-scattered over fsdp then all-reduced over data, in the program dtype.
+    assert d["by_kind"]["reduce-scatter"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config, stages, microbatches, virtual, placed", [
+    # (llama3-405b-h100-1024-tp4-pp8-cp2-fp8 is the same model and sharding as the first,
+    # the same program builder and schedule on an HGX system; 72 microbatches.)
+    ("llama3-405b-gb200-512-tp4-pp8-cp2-fp8", 8, 144, 8, "8 racks x 64 GPUs of 72"),
+    ("llama3-70b-h100-64-tp4-pp8-interleaved", 8, 64, 5, ""),
+])
+def test_published_large_run_configs_run_on_the_default_path(tmp_path, config, stages,
+                                                              microbatches, virtual, placed):
+    # Megatron / MLPerf shardings (TP x interleaved PP x CP, FP8) on XLA:CPU, as `make`
+    # installs it: the report shows the schedule and its bubble, (P-1)/(MV+P-1).
+    out = tmp_path / "r.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "run", f"experiments/configs/{config}.toml",
+         "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr
+    assert "bubble" in p.stdout and placed in p.stdout.splitlines()[0]
+    d = json.loads(out.read_text())
+    pipe = d["pipeline"]
+    assert (pipe["stages"], pipe["microbatches"], pipe["virtual_stages"]) == (
+        stages, microbatches, virtual)
+    assert pipe["bubble"] == pytest.approx((stages - 1) / (microbatches * virtual + stages - 1))
+    assert any(c["kind"] == "collective-permute" and c["mesh_axes"] == ["pipeline"]
+               for c in d["collectives"])

@@ -1,0 +1,69 @@
+"""What many test files share: a tiny experiment config, the CLI run in-process, and the
+headless browser of the HTML tests."""
+
+import importlib.util
+import shutil
+
+import pytest
+
+from experiments import cli
+
+TINY = """
+name = "t"
+[model]
+preset = "tiny"
+[system]
+name = "h100:8"
+[parallelism]
+data = 2
+fsdp = 4
+[workload]
+seq_len = 32
+global_batch = 16
+"""
+
+# A 4-layer Llama 3 70B slice decoding on 8 chips (TP 8): the weight and cache reads of
+# the deviceless TPU and GPU compilers' programs.
+DECODE_70B = """
+name = "decode"
+[model]
+preset = "llama3-70b"
+n_layers = 4
+[system]
+name = "tpu-v6e:2x4"
+[parallelism]
+tensor = 8
+[workload]
+kind = "decode"
+seq_len = 2048
+global_batch = 64
+[precision]
+params = "bfloat16"
+compute = "bfloat16"
+"""
+
+
+def write(tmp_path, text, name="exp.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def run_cli(args, capsys):
+    code = cli.main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# The HTML pages are read in a real headless browser: Debian's chromium, driven by
+# Playwright (whose own browser download is not reachable everywhere).
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None or importlib.util.find_spec("playwright") is None,
+    reason="no chromium or playwright: `make test` installs Debian's chromium as root")
+
+
+def sync_playwright():
+    from playwright.sync_api import sync_playwright
+
+    return sync_playwright()

@@ -1,0 +1,39 @@
+"""The system catalog (meshes/catalog.py): names and overrides, and what is valid."""
+
+import pytest
+
+from meshes import get_system
+
+MB = 1e6
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("h100", "<family>:<size>"),
+    ("dgx:8", "unknown system family 'dgx'"),
+    ("tpu-v5e:4x4x4", "2D"),
+    ("tpu-v5e:32x32", "the largest tpu-v5e slice is 16x16"),
+])
+def test_bad_system_names_say_what_is_valid(name, fragment):
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(")) as e:
+        get_system(name)
+    assert "\n" not in str(e.value)
+
+
+def test_device_ids_outside_the_system_are_an_error():
+    s = get_system("h100:8")
+    with pytest.raises(ValueError, match="device id 8 is outside"):
+        s.collective_time_s("all-reduce", MB, [[0, 8]])
+
+
+@pytest.mark.parametrize("name, overrides, fragment", [
+    ("h100:8", {"nic_gb": 100}, "unknown system override 'nic_gb'; valid: nic_gbps, sharp"),
+    ("tpu-v5e:4x4*2", {"sharp": True}, "applies to GPU systems"),
+    ("h100:8", {"dcn_gbps": 100}, "applies to TPU systems"),
+    ("h100:8", {"nic_gbps": -1}, "must be a positive float"),
+    ("gb200-nvl72:72", {"gpus_per_domain": 96}, "exceeds the 72 GPUs"),
+    ("tpu-v5e:4x4", {"dcn_gbps": 100}, "one slice"),
+])
+def test_bad_overrides_say_what_is_valid(name, overrides, fragment):
+    with pytest.raises(ValueError, match=fragment) as e:
+        get_system(name, **overrides)
+    assert "\n" not in str(e.value)

@@ -1,0 +1,39 @@
+"""Model presets (models/config.py): parameter counts and bad fields."""
+
+import jax
+import pytest
+from flax import nnx
+
+import models
+
+
+@pytest.mark.parametrize("name, billions", [
+    ("llama2-7b", 6.74), ("llama3-8b", 8.03), ("llama3-70b", 70.6), ("llama3-405b", 405.9),
+    ("gpt3-175b", 174.6),
+])
+def test_preset_parameter_counts_match_the_model_cards(name, billions):
+    assert models.preset(name).param_count() / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_analytic_count_equals_the_built_model():
+    for cfg in (models.preset("tiny"), models.preset("tiny", mlp="gelu", norm="layernorm",
+                                                     positions="learned", tie_embeddings=True)):
+        model = nnx.eval_shape(lambda cfg=cfg: models.make_model(cfg, models.Precision()))
+        state = nnx.state(model, nnx.Param)
+        assert sum(x.size for x in jax.tree.leaves(state)) == cfg.param_count()
+
+
+def test_abstract_405b_costs_no_memory():
+    cfg = models.preset("llama3-405b")
+    model = nnx.eval_shape(lambda: models.make_model(cfg, models.Precision()))
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+
+
+def test_preset_overrides_and_bad_fields():
+    assert models.preset("llama3-8b", n_layers=2).n_layers == 2
+    with pytest.raises(ValueError, match="model.preset='llama9'"):
+        models.preset("llama9")
+    with pytest.raises(ValueError, match="model.n_heads=6 is not a multiple of model.n_kv_heads=4"):
+        models.ModelConfig(n_layers=1, d_model=8, n_heads=6, n_kv_heads=4, head_dim=2, d_ff=8,
+                           vocab=8)

@@ -1,0 +1,68 @@
+"""Context parallelism (models/context.py): the sharded step computes the unsharded loss and
+moves each rank's keys and values the expected number of times."""
+
+import numpy as np
+import pytest
+
+import meshes
+import models
+import sharding
+from tests.steps import tiny, train_both_ways
+
+H100 = meshes.get_system("h100:8")
+F32 = 4
+
+
+@pytest.mark.parametrize("par, mode, compute, rel", [
+    ({"data": 2, "sequence": 4}, "ring", "float32", 1e-5),
+    ({"data": 2, "sequence": 4}, "allgather", "float32", 1e-5),
+    ({"sequence": 2, "tensor": 2, "data": 2}, "ring", "bfloat16", 2e-3),
+    ({"sequence": 2, "pipeline": 2, "data": 2}, "ring", "float8", 2e-3),
+])
+def test_context_parallel_attention_matches_unsharded(cpu_devices, par, mode, compute, rel):
+    # Zigzag ring (and all-gather) attention over the `sequence` axis computes the loss of
+    # the unsharded model, in f32 exactly (and the same update), in bf16 with tensor
+    # parallelism and in FP8 inside a pipeline.
+    cfg = models.preset("tiny")
+    (loss1, p1), (loss2, p2) = train_both_ways(
+        cfg, par, seed=1, token_seed=0, seq_len=32, global_batch=8, microbatches=2,
+        remat="full", compute=compute, context_mode=mode)
+    assert float(loss2) == pytest.approx(float(loss1), rel=rel)
+    if compute == "float32":
+        np.testing.assert_allclose(np.asarray(p2["embed"]), np.asarray(p1["embed"]),
+                                   rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["ring", "allgather"])
+def test_context_parallelism_exchanges_keys_and_values_once_per_step(cpu_devices, mode):
+    cfg = tiny()
+    cp = 4
+    mesh = sharding.make_mesh(H100, {"data": 2, "sequence": cp})
+    prog = models.build_train_program(
+        cfg, mesh, sharding.default_rules(), context_mode=mode,
+        workload=models.Workload(seq_len=256, global_batch=4),
+        precision=models.Precision(params="float32", compute="float32"), train=models.Train())
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    # (Over `sequence` besides: the weight gradients' sums and the int32 tokens' gather.)
+    seq = [c for c in rep.collectives if c.mesh_axes == ("sequence",) and c.dtype == "float32"]
+    # One rank's K (or V) block: batch 4 / data 2 x 256 / cp positions x kv heads 2 x
+    # head_dim 16, f32.
+    block = 2 * (256 // cp) * cfg.n_kv_heads * cfg.head_dim * F32
+    per_layer = lambda kind: sum(c.count * c.bytes for c in seq if c.kind == kind) / cfg.n_layers  # noqa: E731
+    if mode == "ring":
+        # K and V move one rank on at each of cp - 1 steps: 2 (cp - 1) blocks per layer in
+        # the forward pass, as many in full remat's recomputed forward and, their
+        # gradients, in the backward pass.
+        permutes = [c for c in seq if c.kind == "collective-permute"]
+        assert {c.bytes for c in permutes} == {block}
+        assert per_layer("collective-permute") == 3 * 2 * (cp - 1) * block
+        assert not [c for c in seq if c.kind == "all-gather"]
+    else:
+        # K and V gathered whole once per forward (and recomputed forward); their
+        # gradients summed over the ranks once each in the backward.
+        assert per_layer("all-gather") == 2 * 2 * cp * block
+        sums = [c for c in seq if c.kind == "all-reduce" and c.shape[-4:] == (
+            2, 256 // cp // 2, cfg.n_kv_heads, cfg.head_dim)]
+        assert {c.bytes for c in sums} == {cp * block}
+        assert sum(c.count for c in sums) == 2 * cfg.n_layers
+        assert not [c for c in seq if c.kind == "collective-permute"]

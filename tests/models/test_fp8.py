@@ -1,0 +1,83 @@
+"""FP8 and FP4 matmuls (models/fp8.py): the recipe, the block scales, the chip's rate."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import meshes
+import models
+import sharding
+from tests.steps import train_program
+
+
+def test_fp8_matmuls_follow_the_recipe_and_the_chip_rate(cpu_devices):
+    from sharding.compute import compute_cost
+    from sharding.hlo import parse_hlo
+
+    cfg = models.preset("tiny")
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"data": 8})
+    costs = {}
+    for compute in ("bfloat16", "float8"):
+        prog = train_program(cfg, mesh, seq_len=32, global_batch=16, compute=compute,
+                             remat="none")  # no recomputed forward matmuls
+        with jax.set_mesh(mesh):
+            text = sharding.compile_to_hlo(prog.step, *prog.args).hlo_text
+        costs[compute] = compute_cost(parse_hlo(text), meshes.get_system("h100:8").chip)
+    fp8 = costs["float8"].flops_by_dtype.get("float8_e4m3fn", 0)
+    # Every projection's forward, input-gradient and weight-gradient matmul runs in FP8:
+    # 3 matmuls x 2 x tokens x parameters of the projections (not the attention itself).
+    tokens = 16 * 32 // 8
+    proj_params = cfg.param_count(include_embedding=False) - cfg.n_layers * 2 * cfg.d_model \
+        - cfg.d_model
+    assert fp8 == pytest.approx(3 * 2 * tokens * proj_params, rel=0.01)
+    assert costs["float8"].matmul_flops == pytest.approx(costs["bfloat16"].matmul_flops,
+                                                         rel=0.01)
+    chip = meshes.get_system("h100:8").chip
+    assert chip.peak_for("float8_e4m3fn") == 1979e12
+    assert chip.efficiency_for("float8_e4m3fn") == pytest.approx(1290 / 1979)
+
+
+def test_fp4_blocks_share_a_power_of_two_scale_and_fit_e2m1():
+    from models.fp8 import MX_BLOCK, quantize_blocks, quantize_blocks_raw
+    from models.quant import FORMAT_MAX
+
+    x = jax.random.normal(jax.random.key(0), (8, 128), jnp.float32) * 3
+    q, scale = quantize_blocks_raw(x, 1)
+    assert q.dtype == jnp.float4_e2m1fn and q.shape == (8, 128 // MX_BLOCK, MX_BLOCK)
+    assert scale.dtype == jnp.float8_e8m0fnu and scale.shape == (8, 4, 1)
+    s = np.asarray(scale.astype(jnp.float32))
+    np.testing.assert_array_equal(np.exp2(np.round(np.log2(s))), s)  # powers of two
+    assert np.abs(np.asarray(q.astype(jnp.float32))).max() <= FORMAT_MAX["float4"]
+    # The rounding error of a block is at most half E2M1's largest step (2) times its scale.
+    err = np.abs(np.asarray(quantize_blocks(x, 1)) - np.asarray(x)).reshape(8, 4, 32)
+    assert (err <= s + 1e-6).all()
+
+
+def test_fp4_matmuls_run_at_the_fp4_rate_and_train(cpu_devices):
+    from sharding.compute import compute_cost
+    from sharding.hlo import parse_hlo
+
+    cfg = models.preset("tiny", head_dim=32)  # FP4 blocks of 32 along every contraction
+    system = meshes.get_system("b200:8")
+    mesh = sharding.make_mesh(system, {"fsdp": 8})
+    flops, losses = {}, {}
+    for compute in ("float8", "float4"):
+        prog = train_program(cfg, mesh, seq_len=32, global_batch=16, compute=compute,
+                             remat="none")
+        with jax.set_mesh(mesh):
+            text = sharding.compile_to_hlo(prog.step, *prog.args).hlo_text
+        flops[compute] = compute_cost(parse_hlo(text), system.chip).flops_by_dtype
+    # The same projections, forward and both gradients, now as block-scaled FP4 MMAs.
+    assert flops["float4"]["float4"] == pytest.approx(flops["float8"]["float8_e4m3fn"],
+                                                      rel=1e-6)
+    assert system.chip.peak_for("float4") == 9e15
+    # And the step trains: its loss is the bf16 step's, up to FP4 rounding.
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab, (4, 32)), jnp.int32)
+    for compute in ("bfloat16", "float4"):
+        m = models.make_model(cfg, models.Precision(compute=compute), seed=0)
+        losses[compute], grads = nnx.jit(nnx.value_and_grad(
+            lambda m: models.loss_fn(m, tokens, jnp.roll(tokens, -1, 1))))(m)
+        assert np.isfinite(np.asarray(grads.blocks.mlp.w_up[...])).all()
+    assert float(losses["float4"]) == pytest.approx(float(losses["bfloat16"]), rel=0.05)

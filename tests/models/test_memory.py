@@ -1,0 +1,124 @@
+"""The memory model (models/memory.py): activations, pipeline stages and host offload,
+derived by hand."""
+
+import pytest
+
+import meshes
+import models
+import sharding
+from models.memory import activation_components, training_memory
+
+
+def test_activation_memory_by_hand():
+    from models.memory import activation_components
+
+    cfg = models.preset("llama3-8b")
+    # 36 sequences per micro-batch over data 9 x fsdp 1: 4 sequences of 8192 per device.
+    parts = dict(activation_components(cfg, micro_batch=36, seq_len=8192,
+                                       precision=models.Precision(), remat="full",
+                                       mesh_shape={"data": 9, "fsdp": 1, "tensor": 1},
+                                       rules=sharding.default_rules()))
+    tokens = 4 * 8192
+    assert parts["saved activations (full remat, 32 layers)"] == 32 * tokens * 4096 * 2
+    # The fused cross-entropy keeps the bf16 logits and their bf16 gradient (its f32 upcast
+    # fuses into the reductions): 2 + 2 bytes per logit.
+    assert parts["logits and their gradient"] == 2 * tokens * 128256 * 2
+    minimal = dict(activation_components(cfg, micro_batch=36, seq_len=8192,
+                                         precision=models.Precision(), remat="minimal",
+                                         mesh_shape={"data": 9}, rules=sharding.default_rules()))
+    assert minimal["saved activations (minimal remat, 32 layers)"] > \
+        4 * parts["saved activations (full remat, 32 layers)"]
+
+
+def test_tensor_parallelism_shards_head_and_mlp_activations_only():
+    from models.memory import activation_components
+
+    cfg = models.preset("llama3-8b")
+    kw = dict(micro_batch=8, seq_len=4096, precision=models.Precision(), remat="full",
+              rules=sharding.default_rules())
+    one = dict(activation_components(cfg, mesh_shape={"tensor": 1}, **kw))
+    eight = dict(activation_components(cfg, mesh_shape={"tensor": 8}, **kw))
+    key = "saved activations (full remat, 32 layers)"
+    assert one[key] == eight[key]  # the residual stream is not sharded over tensor
+    logits = "logits and their gradient"
+    assert eight[logits] == one[logits] / 8
+
+
+OFFLOAD_NAMES = ["decoder_layer_input", "query_proj", "key_proj", "value_proj", "out_proj"]
+
+
+def test_host_offload_moves_the_named_tensors_to_host_memory(tmp_path, capsys, cpu_devices):
+    import json
+
+    from tests.helpers import TINY, run_cli, write
+
+    def run(train_toml):
+        path = write(tmp_path, TINY + "[train]\n" + train_toml)
+        out_json = tmp_path / "r.json"
+        code, out, err = run_cli(["run", path, "--json", str(out_json)], capsys)
+        assert code == 0, err
+        return out, json.loads(out_json.read_text())
+
+    names = json.dumps(OFFLOAD_NAMES)
+    _, saved = run(f'remat = "custom"\nsave = {names}\n')
+    out, offloaded = run(f'remat = "custom"\noffload = {names}\n')
+    _, full = run('remat = "full"\n')
+    # tiny: d_model 64, 4 heads / 2 kv heads of 16, 2 layers; 16 sequences of 32 over
+    # data 2 x fsdp 4 = 2 sequences, 64 tokens per device; bf16 activations. Per token the
+    # named tensors are 64 + 64 + 32 + 32 + 64 values = 256 x 2 bytes.
+    named = 2 * 256 * 64 * 2  # bytes per token x tokens x layers
+    key = "saved activations (custom remat, 2 layers)"
+    assert saved["memory"]["components"][key] == named
+    assert offloaded["memory"]["components"][key] == 0
+    # A layer's backward pass brings its offloaded tensors back into HBM: one of the two
+    # layers' share is there at the peak, in the backward working set.
+    work = "one layer's backward working set"
+    assert offloaded["memory"]["components"][work] - saved["memory"]["components"][work] \
+        == named / 2
+    assert saved["memory_per_device_bytes"] - offloaded["memory_per_device_bytes"] == named / 2
+    # Out in the forward pass, back in the backward pass, on the H100's PCIe Gen5 link.
+    assert offloaded["host_transfer_bytes"] == 2 * named and saved["host_transfer_bytes"] == 0
+    assert offloaded["host_transfer_s"] == pytest.approx(2 * named / 64e9)
+    assert "host offload" in out
+    # Saved or offloaded, the named tensors are not recomputed: the same matmul FLOPs, fewer
+    # than full remat's.
+    flops = "matmul_flops_per_device"
+    assert offloaded[flops] == saved[flops] < full[flops]
+
+
+@pytest.mark.parametrize("schedule, virtual, in_flight", [("gpipe", 1, 8), ("1f1b", 1, 4),
+                                                          ("1f1b", 2, 5.5)])
+def test_stage_memory_holds_its_slots_for_the_microbatches_in_flight(cpu_devices, schedule,
+                                                                      virtual, in_flight):
+    cfg = models.preset("tiny", n_layers=7)
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"),
+                              {"data": 2, "pipeline": 4})
+    rules = sharding.default_rules()
+    kw = dict(workload=models.Workload(seq_len=16, global_batch=16, microbatches=8),
+              precision=models.Precision(), train=models.Train(remat="full"))
+    prog = models.build_train_program(cfg, mesh, rules, virtual_stages=virtual,
+                                      pipeline_schedule=schedule, **kw)
+    mem = dict(training_memory(cfg, prog, mesh_shape=dict(mesh.shape), rules=rules,
+                               **kw).components)
+    # 7 layers in 8 slots on 4 stages, 2 per stage (1 per chunk with V = 2); one
+    # microbatch is 16 / 8 sequences over data 2 per device.
+    one = dict(activation_components(cfg, micro_batch=2, seq_len=16,
+                                     precision=models.Precision(), remat="full",
+                                     mesh_shape=dict(mesh.shape), rules=rules, layers=2))
+    saved = one["saved activations (full remat, 2 layers)"]
+    key = f"saved activations (full remat, 2 layers, {in_flight:g} microbatches in flight)"
+    assert mem[key] == pytest.approx(in_flight * saved)
+
+
+def test_sequence_parallel_divides_the_residual_stream_by_tp():
+    # Full remat keeps each layer's input: d_model x 2 bytes per token, and with sequence
+    # parallelism 1/TP of it on each tensor-parallel rank (Korthikanti et al. 2022).
+    cfg = models.preset("llama3-8b")
+    kw = dict(micro_batch=8, seq_len=4096, precision=models.Precision(), remat="full",
+              mesh_shape={"tensor": 4})
+    key = "saved activations (full remat, 32 layers)"
+    plain = dict(activation_components(cfg, rules=sharding.default_rules(), **kw))[key]
+    sp = dict(activation_components(
+        cfg, rules=sharding.default_rules().with_sequence_parallel(), **kw))[key]
+    assert plain == 32 * 8 * 4096 * 4096 * 2
+    assert sp == plain / 4

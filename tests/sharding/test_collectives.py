@@ -1,0 +1,287 @@
+"""Collectives (sharding/collectives.py) of real compiled programs on 8 fake CPU devices and
+of HLO dumps from every compiler, with the expected bytes derived here."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax import shard_map
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import meshes
+import models
+import sharding
+from sharding.collectives import extract_collectives
+from sharding.hlo import parse_hlo
+from sharding.loops import trip_counts
+from tests.conftest import DATA
+from tests.steps import layer_matmul_params, tiny, train_program, train_report
+
+H100 = meshes.get_system("h100:8")
+F32 = 4
+MESH = ((2, 4, 2), ("data", "fsdp", "tensor"))
+
+# tests/data/collectives.*.hlo: shard_map over mesh (data 2, fsdp 4, tensor 2), per-device
+# bf16[32,128,128] = 1 MiB, inside a scan of length 3 (README in shared/reference/hlo):
+PER_DEVICE = 32 * 128 * 128 * 2
+EXPECTED = {
+    # kind: (mesh axes, bytes per execution per the design.md convention)
+    "all-reduce": (("tensor",), PER_DEVICE),  # psum over tensor: the buffer
+    "all-gather": (("fsdp",), 4 * PER_DEVICE),  # gathered output over 4 devices
+    "reduce-scatter": (("fsdp",), 4 * PER_DEVICE),  # its input: the gathered 4 MiB
+    "all-to-all": (("data",), PER_DEVICE),  # input buffer
+    "collective-permute": (("fsdp",), PER_DEVICE),  # what each device sends
+}
+
+
+@pytest.mark.parametrize("backend", ["cpu-after-spmd", "gpu-h100", "tpu-v5e", "tpu7x"])
+def test_collectives_program_on_every_backend(backend):
+    module = parse_hlo((DATA / f"collectives.{backend}.hlo").read_text())
+    cols, unknown = extract_collectives(module, mesh_shape=MESH[0], axis_names=MESH[1])
+    assert unknown == []
+    by_kind = {c.kind: c for c in cols}
+    assert sorted(by_kind) == sorted(EXPECTED)
+    assert len(cols) == 5  # async -start/-done pairs counted once
+    for kind, (axes, nbytes) in EXPECTED.items():
+        c = by_kind[kind]
+        assert c.dtype == "bfloat16", kind
+        assert c.bytes == nbytes, kind
+        assert c.count == 3, kind  # the scan's trip count
+        if backend != "tpu7x":  # TPU7x numbers its 16 devices differently (2 per chip)
+            assert c.mesh_axes == axes, kind
+
+
+def test_cpu_final_hlo_promoted_reductions_count_at_the_programs_dtype():
+    # XLA:CPU's final HLO runs the bf16 psum and psum_scatter in f32 (their reducers are
+    # `*_promoted`): counted at bf16, as after SPMD partitioning; the warning says so and
+    # that the three other f32 collectives (gather, all-to-all, permute) may be promoted too.
+    final = parse_hlo((DATA / "collectives.cpu.hlo").read_text())
+    cols, _ = extract_collectives(final)
+    by_kind = {c.kind: c for c in cols}
+    for kind in ("all-reduce", "reduce-scatter"):
+        c = by_kind[kind]
+        assert (c.dtype, c.compiled_dtype, c.bytes) == \
+            ("bfloat16", "float32", EXPECTED[kind][1]), kind
+    assert by_kind["all-gather"].dtype == "float32"  # as the dump shows, flagged below
+    rep = sharding.analyze_hlo((DATA / "collectives.cpu.hlo").read_text(), system="h100:16")
+    (note,) = [w for w in rep.warnings if "promotes 16-bit" in w]
+    assert "2 reductions" in note and "other 3 f32 collectives" in note
+    clean = sharding.analyze_hlo((DATA / "collectives.cpu-after-spmd.hlo").read_text(),
+                                 system="h100:16")
+    assert not any("promotes" in w for w in clean.warnings)
+
+
+def test_train_step_fixture_trip_counts_and_no_unknown_ops():
+    module = parse_hlo((DATA / "train_step.cpu-after-spmd.hlo").read_text())
+    trips = sorted(n for n, _ in trip_counts(module).values())
+    assert trips == [4, 4]  # forward and backward scans over 4 layers
+    cols, unknown = extract_collectives(module, mesh_shape=MESH[0], axis_names=MESH[1])
+    assert unknown == []
+    assert any(c.count == 4 and c.kind == "all-gather" and c.mesh_axes == ("fsdp",) for c in cols)
+
+
+def test_analyze_hlo_maps_groups_and_times_them():
+    rep = sharding.analyze_hlo((DATA / "collectives.tpu-v5e.hlo").read_text(),
+                               system="tpu-v5e:4x4", mesh_shape=MESH[0], axis_names=MESH[1])
+    assert rep.by_kind()["all-gather"] == 3 * 4 * PER_DEVICE
+    assert all(c.link == "ici" and c.time_s > 0 for c in rep.collectives)
+
+
+def test_operands_after_index_comments_are_read():
+    # Long operand lists carry `/*index=5*/%name`: the name is the operand.
+    (inst,) = [i for c in parse_hlo(RARE.replace("(%cb, %o, %off, %sz, %off, %sz)",
+                                                 "(%cb, %o, %off, %sz, /*index=4*/%off, %sz)"))
+               .computations.values() for i in c.instructions if i.name == "r"]
+    assert inst.operands == ["cb", "o", "off", "sz", "off", "sz"]
+
+
+RARE = """HloModule rare, num_partitions=4
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: bf16[16,8], o: bf16[64,8], off: s64[4], sz: s64[4]) -> bf16[64,8] {
+  %p = bf16[16,8]{1,0} parameter(0)
+  %o = bf16[64,8]{1,0} parameter(1)
+  %off = s64[4]{0} parameter(2)
+  %sz = s64[4]{0} parameter(3)
+  %cb = bf16[16,8]{1,0} collective-broadcast(%p), replica_groups={{0,1,2,3}}, metadata={op_name="bcast"}
+  %r = bf16[64,8]{1,0} ragged-all-to-all(%cb, %o, %off, %sz, %off, %sz), replica_groups={{0,1,2,3}}
+  %t = (bf16[16,8]{1,0}, bf16[16,8]{1,0}) all-to-all(%p, %p), replica_groups={{0,1},{2,3}}
+  %w = bf16[16,8]{1,0} collective-frobnicate(%p), replica_groups={{0,1,2,3}}
+  ROOT %x = bf16[64,8]{1,0} copy(%r)
+}
+"""
+
+
+def test_rare_collectives_and_unknown_ops_are_reported():
+    cols, unknown = extract_collectives(parse_hlo(RARE))
+    got = {c.kind: c for c in cols}
+    assert got["collective-broadcast"].bytes == 16 * 8 * 2
+    assert got["collective-broadcast"].op_name == "bcast"
+    assert got["ragged-all-to-all"].bytes == 64 * 8 * 2
+    assert got["all-to-all"].bytes == 2 * 16 * 8 * 2  # tuple form: both buffers
+    assert got["all-to-all"].group_size == 2
+    assert len(unknown) == 1 and "collective-frobnicate" in unknown[0]
+
+
+def test_tpu_fused_all_reduce_scatter_is_one_reduce_scatter():
+    # The TPU compiler hides a reduce-scatter in a fusion calling a computation named
+    # `all-reduce-scatter*` (all-reduce + dynamic-slice). Here: the gradient of a bf16
+    # [512, 2048] MLP weight, 1024 columns per tensor shard, reduce-scattered over fsdp (4)
+    # in each of the 4 scanned layers. S is the input buffer: 512 x 1024 x 2 bytes.
+    module = parse_hlo((DATA / "train_step.tpu-v5e.hlo").read_text())
+    cols, unknown = extract_collectives(module, mesh_shape=MESH[0], axis_names=MESH[1])
+    assert unknown == []
+    (fused,) = [c for c in cols if c.computation.startswith("all-reduce-scatter")]
+    assert (fused.kind, fused.bytes, fused.count, fused.mesh_axes) == \
+        ("reduce-scatter", 512 * 1024 * 2, 4, ("fsdp",))
+    assert fused.wire_bytes == pytest.approx(512 * 1024 * 2 * 3 / 4)
+    assert "dot_general" in fused.op_name  # attributed through the fusion that calls it
+    # Async pairs in the GPU module are counted once, at -start.
+    gpu = parse_hlo((DATA / "train_step.gpu-h100.hlo").read_text())
+    gcols, _ = extract_collectives(gpu)
+    starts = sum(1 for comp in gpu.computations.values() for i in comp.instructions
+                 if i.opcode.endswith("-start") and i.opcode[:-6] in
+                 ("all-gather", "all-reduce", "reduce-scatter", "collective-permute",
+                  "all-to-all"))
+    assert starts > 0 and len(gcols) >= starts
+
+
+def test_pure_data_parallelism_all_reduces_exactly_the_gradients(cpu_devices):
+    cfg = tiny()
+    rep, _ = train_report(cfg, {"data": 8})
+    kinds = {c.kind for c in rep.collectives}
+    assert kinds == {"all-reduce"}
+    assert all(c.mesh_axes == ("data",) for c in rep.collectives)
+    # Every f32 gradient is all-reduced once per step; the only other all-reduce is the
+    # 4-byte scalar loss mean.
+    grads = F32 * cfg.param_count()
+    total = rep.by_kind()["all-reduce"]
+    assert total == grads + F32
+    assert rep.collectives[0].link == "nvlink"
+
+
+def test_fsdp_gathers_parameters_and_reduce_scatters_gradients(cpu_devices):
+    cfg = tiny()
+    rep, _ = train_report(cfg, {"fsdp": 8})
+    in_loop = [c for c in rep.collectives if c.count == cfg.n_layers]
+    # Each layer's matmul weights are gathered twice: in the forward pass and again when
+    # full remat recomputes the forward inside the backward pass.
+    gathered = sum(c.bytes * c.count for c in in_loop
+                   if c.kind == "all-gather" and len(c.shape) >= 2)
+    assert gathered == 2 * cfg.n_layers * F32 * layer_matmul_params(cfg)
+    # Gradients are reduce-scattered over fsdp: all parameters but the embedding table, whose
+    # gradient is a scatter-add the partitioner keeps shard-local behind an all-to-all.
+    embedding = F32 * cfg.padded_vocab * cfg.d_model
+    assert rep.by_kind()["reduce-scatter"] == F32 * cfg.param_count() - embedding
+    assert all(c.mesh_axes == ("fsdp",) for c in rep.collectives)
+
+
+def test_tensor_parallel_layers_all_reduce_activations(cpu_devices):
+    # Forward only, so that each all-reduce is one of Megatron's two per layer.
+    cfg = tiny(n_heads=8, n_kv_heads=8, n_layers=3)
+    mesh = sharding.make_mesh(H100, {"data": 2, "tensor": 4})
+    rules = sharding.default_rules()
+    model = nnx.eval_shape(lambda: models.make_model(cfg, models.Precision()))
+    graphdef, state = nnx.split(model, nnx.Param)
+    params = nnx.to_pure_dict(state)
+    shard = models.train.param_shardings(models.logical_axes(state), params, rules, mesh)
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          params, shard)
+    tokens = jax.ShapeDtypeStruct((8, 32), jnp.int32, sharding=NamedSharding(mesh, P("data")))
+
+    def forward(p, t):
+        with sharding.use_rules(rules, mesh):
+            return nnx.merge(graphdef, p)(t)
+
+    rep = sharding.analyze(forward, params, tokens, mesh=mesh, system=H100)
+    layer_ars = [c for c in rep.collectives
+                 if c.kind == "all-reduce" and c.mesh_axes == ("tensor",) and c.count == 3]
+    # Attention output and MLP output: batch/data x seq x d_model bf16 activations each.
+    per_ar = (8 // 2) * 32 * cfg.d_model * 2
+    assert sorted(c.bytes for c in layer_ars) == [per_ar, per_ar]
+    assert all(c.dtype == "bfloat16" and c.shape == (4, 32, cfg.d_model) for c in layer_ars)
+
+
+def test_scanned_layers_multiply_per_layer_collectives(cpu_devices):
+    two, _ = train_report(tiny(n_layers=2), {"fsdp": 8})
+    four, _ = train_report(tiny(n_layers=4), {"fsdp": 8})
+    loop2 = sum(c.total_bytes for c in two.collectives if c.count == 2)
+    loop4 = sum(c.total_bytes for c in four.collectives if c.count == 4)
+    assert loop4 == 2 * loop2
+    assert {c.count for c in four.collectives} == {1, 4}
+
+
+def test_mesh_axes_follow_a_permuted_device_order(cpu_devices):
+    devs = np.array(cpu_devices)[[0, 2, 4, 6, 1, 3, 5, 7]].reshape(2, 4)
+    mesh = jax.sharding.Mesh(devs, ("data", "tensor"),
+                             axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def f(x):
+        return shard_map(lambda b: jax.lax.psum(b, "tensor"), mesh=mesh,
+                         in_specs=P("data", "tensor"), out_specs=P("data"), check_vma=False)(x)
+
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32,
+                             sharding=NamedSharding(mesh, P("data", "tensor")))
+    rep = sharding.analyze(f, x, mesh=mesh, system=H100)
+    (c,) = rep.collectives
+    assert c.mesh_axes == ("tensor",)
+    # Partition ids are mesh positions; the links are found from the devices behind them.
+    assert sorted(sorted(mesh.devices.flat[p].id for p in g) for g in c.groups) == \
+        [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def test_conditional_branches_are_counted_and_the_assumption_reported(cpu_devices):
+    mesh = sharding.make_mesh(H100, {"data": 8})
+
+    def body(x, flag):
+        return jax.lax.cond(flag[0] > 0, lambda v: jax.lax.psum(v, "data"), lambda v: v * 2, x)
+
+    f = shard_map(body, mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P("data"),
+                  check_vma=False)
+    x = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    flag = jax.ShapeDtypeStruct((8,), jnp.int32, sharding=NamedSharding(mesh, P("data")))
+    rep = sharding.analyze(f, x, flag, mesh=mesh, system=H100)
+    (c,) = rep.collectives
+    assert (c.kind, c.bytes, c.count) == ("all-reduce", 8 * 128 * 4, 1)
+    assert any("conditional" in w and "upper bound" in w for w in rep.warnings)
+
+
+@pytest.mark.parametrize("par, microbatches", [({"data": 8}, 4), ({"data": 4, "pipeline": 2}, 4)])
+def test_data_parallel_gradients_are_summed_once_per_step(cpu_devices, par, microbatches):
+    # Megatron's DDP sums the gradients over the data-parallel replicas once per step, not
+    # at every micro-step or pipeline tick: each parameter's f32 gradient crosses `data`
+    # once -- all-reduces over `data` of exactly the parameters' bytes, each run once.
+    cfg = tiny(n_layers=2)
+    mesh = sharding.make_mesh(H100, par)
+    prog = train_program(cfg, mesh, seq_len=16, global_batch=32, microbatches=microbatches,
+                         compute="float32")
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    # (Besides them only the scalar loss of each micro-step is summed over `data`.)
+    over_data = [c for c in rep.collectives if c.mesh_axes == ("data",)]
+    sums = [c for c in over_data if c.shape]
+    assert sums and all(c.kind == "all-reduce" and c.count == 1 for c in sums)
+    assert sum(c.bytes for c in sums) == prog.param_bytes_per_device
+    assert all(c.bytes == 4 for c in over_data if not c.shape)
+
+
+def test_a_gradient_summed_over_two_axes_is_one_all_reduce(cpu_devices):
+    # The SPMD partitioner sums a weight gradient over `sequence` and then over `data`;
+    # XLA's AllReduceFolder (GPU, TPU) makes the pair one all-reduce over both, as
+    # Megatron's DP x CP group does: one ring over all 8 devices instead of two.
+    cfg = tiny(n_layers=2)
+    mesh = sharding.make_mesh(H100, {"data": 2, "sequence": 4})
+    prog = train_program(cfg, mesh, seq_len=64, global_batch=4, compute="float32")
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    grads = [c for c in rep.collectives if c.kind == "all-reduce" and c.shape
+             and "sequence" in c.mesh_axes]
+    assert grads and all(c.mesh_axes == ("data", "sequence") and c.group_size == 8
+                         for c in grads)
+    # every parameter's f32 gradient, once
+    assert sum(c.bytes * c.count for c in grads) == prog.param_bytes_per_device

@@ -1,0 +1,78 @@
+"""The HLO parser (sharding/hlo.py): shapes, and one clear error for anything damaged."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sharding.hlo import HloParseError, parse_hlo, parse_shape
+from tests.conftest import DATA
+
+
+@pytest.mark.parametrize("text, dtype, dims, nbytes", [
+    ("bf16[32,128,128]{2,1,0:T(8,128)(2,1)S(1)}", "bf16", (32, 128, 128), 32 * 128 * 128 * 2),
+    ("f8e4m3fn[16,16]{1,0}", "f8e4m3fn", (16, 16), 256),
+    ("s4[3]", "s4", (3,), 2),
+    ("f4e2m1fn[8]", "f4e2m1fn", (8,), 4),
+    ("pred[]", "pred", (), 1),
+])
+def test_shapes(text, dtype, dims, nbytes):
+    (a,) = parse_shape(text)
+    assert (a.dtype, a.dims, a.nbytes) == (dtype, dims, nbytes)
+
+
+def test_tuple_shape():
+    arrays = parse_shape("(bf16[32,128]{1,0}, (f32[4]{0}, u32[]))")
+    assert [a.dtype for a in arrays] == ["bf16", "f32", "u32"]
+
+
+def test_truncated_hlo_names_the_line():
+    text = (DATA / "collectives.cpu-after-spmd.hlo").read_text()
+    cut = text[: len(text) * 2 // 3]
+    cut = cut[: cut.rfind("\n")]
+    with pytest.raises(HloParseError, match=r"HLO line \d+"):
+        parse_hlo(cut)
+
+
+def test_corrupted_instruction_names_the_line():
+    bad = "HloModule m\n\nENTRY %main (p: f32[2]) -> f32[2] {\n  %p = f32[2] parameter(0)\n" \
+          "  ROOT %x = f32[2] add(%p, %p\n}\n"
+    with pytest.raises(HloParseError, match="HLO line 5"):
+        parse_hlo(bad)
+
+
+def test_not_hlo_at_all():
+    with pytest.raises(HloParseError, match="no HLO computations"):
+        parse_hlo("hello world\n")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.binary(min_size=0, max_size=400))
+def test_garbage_never_raises_anything_but_a_parse_error(blob):
+    text = "HloModule x\n\nENTRY %m () -> f32[] {\n  " + blob.decode("latin-1") + "\n}\n"
+    try:
+        parse_hlo(text)
+    except HloParseError:
+        pass
+
+
+@pytest.mark.parametrize("op_name, operation", [
+    ("jit(step)/transpose(jvp())/while/body/closed_call/checkpoint/attention/out_proj/"
+     "blhe,hed->bld/dot_general", "attention/out_proj (backward)"),
+    ("jit(step)/jvp()/while/body/closed_call/mlp/up_proj/bld,df->blf/dot_general",
+     "mlp/up_proj (forward)"),
+    ("jit(step)/transpose(jvp())/while/body/closed_call/checkpoint/rematted_computation/"
+     "attention/qkv_proj/bld,dke->blke/dot_general", "attention/qkv_proj (recomputed)"),
+    ("jit(step)/jvp(embedding)/jit(_take)/gather", "embedding (forward)"),
+    ("jit(step)/transpose(jvp(lm_head))/bld,dv->blv/dot_general", "lm_head (backward)"),
+    ("jit(coll)/shard_map/while/body/closed_call/psum", "psum (forward)"),
+    # JAX's own plumbing outside the model's scopes reads as what it does.
+    ("jit(step)/transpose(jvp())/while/body/dynamic_update_index_in_dim",
+     "layer scan: stacking per-layer values (backward)"),
+    ("jit(step)/while", "loop control (forward)"),
+    ("convert.41", "convert (forward)"),
+    ("", "compiler-made (no op_name)"),
+])
+def test_operation_of(op_name, operation):
+    from sharding.hlo import operation_of
+
+    assert operation_of(op_name) == operation

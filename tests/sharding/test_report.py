@@ -1,0 +1,93 @@
+"""The report (sharding/report.py): its keys and JSON, the operations, hops and calibration
+it names."""
+
+import dataclasses
+
+import pytest
+
+import meshes
+import models
+import sharding
+from experiments.calibrate import predict
+from meshes.calibration import IDENTITY, Calibration
+from tests.conftest import REPO
+from tests.steps import tiny, train_program, train_report
+
+
+def test_report_features_reproduce_its_step(cpu_devices):
+    # The decomposition the fit uses, evaluated at the calibration the report used, is the
+    # report's own step.
+    import sharding
+
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"data": 2, "fsdp": 4})
+    prog = train_program(models.preset("tiny"), mesh, seq_len=32, global_batch=16)
+    cal = Calibration(gpu_bf16_matmul_efficiency=0.5, flash_attention_efficiency=0.6,
+                      kernel_overhead_s=3e-6)
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system="h100:8", calibration=cal)
+    assert predict(rep.calibration_features(), cal.values()) == \
+        pytest.approx(rep.step_time_s, rel=1e-9)
+    assert rep.to_dict()["calibration"]["kernel_overhead_s"] == 3e-6
+
+
+def test_an_estimate_above_the_best_measured_mfu_is_flagged(cpu_devices):
+    import sharding
+
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"data": 8})
+    prog = train_program(models.preset("tiny"), mesh, seq_len=32, global_batch=16)
+    kw = dict(mesh=mesh, system="h100:8", model_flops_per_step=1e18)  # an absurd MFU
+    low = Calibration(best_mfu={"h100": (0.5, "some run")})
+    rep = sharding.analyze(prog.step, *prog.args, calibration=low, **kw)
+    assert rep.mfu > 0.5
+    assert "above the best measured on h100 (50.0%, some run)" in rep.suspect_mfu()
+    assert "suspect" in rep.format_table() and rep.to_dict()["suspect_mfu"]
+    assert sharding.analyze(prog.step, *prog.args, calibration=IDENTITY, **kw).suspect_mfu() \
+        is None
+
+
+def test_report_keys_and_json_contract(cpu_devices):
+    rep, prog = train_report(tiny(), {"data": 2, "fsdp": 4})
+    d = rep.to_dict()
+    for key in ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "mfu", "compute_s",
+                "comm_s", "exposed_comm_s", "memory_per_device_bytes", "hbm_bytes", "fits",
+                "collectives", "by_kind", "by_link", "bottleneck", "timings", "slowest_hop",
+                "by_operation"):
+        assert key in d, key
+    fields = {f.name for f in dataclasses.fields(sharding.Collective)}
+    assert fields <= set(d["collectives"][0])
+    assert d["step_time_s"] == pytest.approx(d["compute_s"] + d["exposed_comm_s"])
+    args = dict(rep.memory.components)["arguments"]
+    assert args >= prog.state_bytes_per_device
+
+
+def test_by_operation_names_the_model_operation(cpu_devices):
+    rep, _ = train_report(tiny(n_kv_heads=4), {"data": 2, "tensor": 4})
+    ops = {(o["operation"], o["kind"]) for o in rep.by_operation()}
+    assert ("attention/out_proj (forward)", "all-reduce") in ops
+    assert ("mlp/down_proj (forward)", "all-reduce") in ops
+
+
+def test_report_shows_link_algorithm_and_slowest_hop_across_nodes():
+    import subprocess
+    import sys
+
+
+    # 16 GPUs in two HGX nodes: FSDP 16 spans InfiniBand, which must be named the slowest hop.
+    code = """
+import jax
+jax.config.update("jax_num_cpu_devices", 16)
+import meshes, models, sharding
+s = meshes.get_system("h100:16")
+mesh = sharding.make_mesh(s, {"fsdp": 16})
+prog = models.build_train_program(models.preset("tiny"), mesh, sharding.default_rules(),
+    workload=models.Workload(seq_len=32, global_batch=16), precision=models.Precision(),
+    train=models.Train())
+rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=s)
+print(rep.slowest_hop())
+print(sorted({(c.link, bool(c.algorithm)) for c in rep.collectives}))
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    hop, links = p.stdout.strip().splitlines()
+    assert hop.startswith("infiniband at")
+    assert links == "[('infiniband', True)]"
