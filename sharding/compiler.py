@@ -170,6 +170,7 @@ def compiled_memory(compiled, *, on_cpu: bool = True) -> Memory:
         source="XLA:CPU buffer assignment (bf16 temporaries upcast to f32: an upper bound)"
         if on_cpu else "the target compiler's buffer assignment",
         notes=(f"in host memory, not HBM: {host / 1e9:.2f} GB (offloaded)",) if host else (),
+        host_bytes=float(host),
     )
 
 

@@ -33,6 +33,8 @@ class Memory:
         source: how the figures were obtained.
         compiler_bytes: the compiling backend's own peak figure, for reference, when it is
             not the one used (XLA:CPU upcasts bf16 temporaries to f32).
+        host_bytes: what the compiled program keeps in host memory instead (activations
+            offloaded by a remat policy); not HBM, not in the total.
     """
 
     components: tuple[tuple[str, float], ...]
@@ -43,6 +45,7 @@ class Memory:
     notes: tuple[str, ...] = ()
     # What the runtime keeps on the device beside the program (meshes/reserves.py).
     reserved: tuple[tuple[str, float], ...] = ()
+    host_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
@@ -65,7 +68,7 @@ class Memory:
         return {"components": dict(self.components), "source": self.source,
                 "compiler_bytes": self.compiler_bytes, "compiler_source": self.compiler_source,
                 "total_bytes": self.total_bytes, "notes": list(self.notes),
-                "reserved": dict(self.reserved)}
+                "reserved": dict(self.reserved), "host_bytes": self.host_bytes}
 
 
 def host_transfer_time(nbytes: float, bytes_per_s: float | None) -> float:
