@@ -102,11 +102,22 @@ def test_cpu_and_tpu_agree_per_kind_where_they_emit_the_same_collectives(tmp_pat
 
 
 def test_auto_falls_back_to_the_cpu_path_when_the_tpu_compiler_refuses(tmp_path, capsys,
-                                                                       cpu_devices):
-    # 54 GB of temporaries on a 16 GB v5e, as above.
-    big = TPU_TINY.replace('"tiny"', '"llama3-8b"\nn_layers = 2').replace(
-        "seq_len = 32", "seq_len = 1024").replace("global_batch = 16", "global_batch = 512")
-    code, out, err = run_cli(["run", write(tmp_path, big), "--backend", "auto"], capsys)
+                                                                       cpu_devices,
+                                                                       monkeypatch):
+    # The TPU compiler's refusal is real in the test above; here its answer is given, so
+    # that the fallback costs a tiny compile: `auto` compiles on the CPU path instead and
+    # the report carries the TPU compiler's verdict.
+    from sharding import api
+
+    real = api.compile_to_hlo
+
+    def refusing(fn, *args, final_hlo=False, **kw):
+        if final_hlo:  # the TPU target's compile
+            raise backends.DoesNotFit("the program does not fit: Ran out of memory on HBM")
+        return real(fn, *args, final_hlo=final_hlo, **kw)
+
+    monkeypatch.setattr(api, "compile_to_hlo", refusing)
+    code, out, err = run_cli(["run", write(tmp_path, TPU_TINY), "--backend", "auto"], capsys)
     assert code == 0, err
     assert "HLO from XLA:CPU" in out and "TPU compiler: the program does not fit" in out
 
@@ -148,26 +159,6 @@ def test_decode_reads_each_weight_and_cache_byte_once(tmp_path, cpu_devices, bac
     assert rep.compute.hbm_bytes == pytest.approx(floor, rel=0.05)
 
 
-def test_deviceless_tpu_compiles_run_side_by_side(tmp_path):
-    # Two processes that load libtpu at once used to collide on its lock file ("Internal
-    # error when accessing libtpu multi-process lockfile"); deviceless compiles own no
-    # chip, so both must finish, with the same estimate.
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
-    config = write(tmp_path, TPU_TINY)
-    runs = [subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", config,
-                              "--backend", "tpu", "--json", str(tmp_path / f"{i}.json")],
-                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for i in range(2)]
-    results = [p.communicate(timeout=600) for p in runs]
-    assert [p.returncode for p in runs] == [0, 0], [err[-300:] for _, err in results]
-    steps = {json.loads((tmp_path / f"{i}.json").read_text())["step_time_s"] for i in range(2)}
-    assert len(steps) == 1
-
-
 def test_backend_all_puts_the_compilers_side_by_side(tmp_path, capsys, cpu_devices):
     out = tmp_path / "all.json"
     code, stdout, err = run_cli(["run", write(tmp_path, TPU_TINY), "--backend", "all",
@@ -203,8 +194,10 @@ def test_the_cpu_path_for_a_tpu_system_says_it_is_not_the_tpu_compiler(tmp_path,
 @pytest.mark.slow
 def test_a_search_on_the_tpu_compiler_runs_its_workers_side_by_side(tmp_path, capsys):
     # Two worker processes, each loading libtpu for its deviceless compiles at the same
-    # time (the lockfile crash, if they collided); every config that splits is compiled by
-    # the TPU compiler, and stored under that backend.
+    # time: two processes that load libtpu at once used to collide on its lock file
+    # ("Internal error when accessing libtpu multi-process lockfile"); deviceless compiles
+    # own no chip, so every config that splits is compiled by the TPU compiler, and stored
+    # under that backend.
     from experiments.store import Store
 
     store = tmp_path / "s.sqlite"
