@@ -39,8 +39,8 @@ name = "h100:8"
 [parallelism]
 data = 8
 [workload]
-seq_len = 2048
-global_batch = 32
+seq_len = 1024
+global_batch = 64
 [train]
 remat = "none"
 """
@@ -48,7 +48,7 @@ remat = "none"
 def test_a_step_that_does_not_fit_says_so_first_and_what_would_fit(tmp_path, capsys,
                                                                       cpu_devices):
     # f32 parameters, gradients and Adam state of 16 Llama 3 8B layers replicated on every
-    # GPU (73 GB) plus no-remat activations of 4 sequences of 2048: past an H100's 85 GB.
+    # GPU (73 GB) plus no-remat activations of 8 sequences of 1024: past an H100's 85 GB.
     # `run` prints the verdict first and the changes experiments/fit.py's search compiled.
     import re
 
