@@ -8,7 +8,7 @@ from experiments import cli, fit, runner
 from experiments import config as config_mod
 
 # One attention head (tensor parallelism cannot split it) and a wide MLP: the backward
-# working set of 32 sequences of 4096 tokens per GPU is what does not fit, and only fewer
+# working set of 128 sequences of 1024 tokens per GPU is what does not fit, and only fewer
 # sequences at a time (gradient accumulation) shrink it: the state is small, the layer
 # inputs are already offloaded, and moving data ways to FSDP shrinks only the state.
 ONLY_MICROBATCHES = """
@@ -26,8 +26,8 @@ name = "h100:8"
 [parallelism]
 data = 8
 [workload]
-seq_len = 4096
-global_batch = 256
+seq_len = 1024
+global_batch = 1024
 [train]
 remat = "custom"
 offload = ["decoder_layer_input"]
