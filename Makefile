@@ -8,7 +8,7 @@ DEFAULT_EXPERIMENT := experiments/configs/llama3-8b-nvl72.toml
 GPU_VENV  := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed-stamp
 
-.PHONY: run test test-fast test-gpu bench validate clean browser readme docs
+.PHONY: run test test-fast test-gpu test-tpu-memory bench validate clean browser readme docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ docs: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist worksteal -m "not slow"
+
+# The memory verdict against the deviceless TPU compiler's buffer assignment on a program
+# where activations matter (minutes of compiles; tests/sharding/test_memory_tpu.py).
+test-tpu-memory: $(STAMP)
+	SHARDSCOPE_TPU_MEMORY=1 $(PY) -m pytest -q tests/sharding/test_memory_tpu.py
 
 # The deviceless XLA:GPU compiler: the CUDA 12 plugin and its libraries (several GB) in
 # their own environment, so that `make test` stays small.
