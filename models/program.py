@@ -72,6 +72,12 @@ def check_choice(key: str, value, valid) -> None:
         raise ValueError(f"{key}={value!r} is not one of {', '.join(map(repr, valid))}")
 
 
+def _check_count(key: str, value, minimum: int, what: str) -> None:
+    """A ValueError naming the key and value unless it is a whole number >= `minimum`."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{key}={value!r} must be {what}")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Workload:
     """`[workload]`: what one step runs."""
@@ -207,10 +213,8 @@ class Train:
         if not isinstance(self.shard_optimizer_over_data, bool):
             raise ValueError(f"train.shard_optimizer_over_data="
                              f"{self.shard_optimizer_over_data!r} must be true or false")
-        if not isinstance(self.num_vocab_tiling, int) or isinstance(self.num_vocab_tiling, bool) \
-                or self.num_vocab_tiling < 1:
-            raise ValueError(f"train.num_vocab_tiling={self.num_vocab_tiling!r} must be a whole "
-                             f"number of at least 1 (1: the whole logits at once)")
+        _check_count("train.num_vocab_tiling", self.num_vocab_tiling, 1,
+                     "a whole number of at least 1 (1: the whole logits at once)")
         for key in ("save", "offload"):
             names = getattr(self, key)
             if isinstance(names, str) or not all(isinstance(n, str) for n in names):
@@ -226,10 +230,8 @@ class Train:
         if self.remat != "custom" and (self.save or self.offload):
             raise ValueError(f'train.save and train.offload apply to train.remat = "custom"; '
                              f"train.remat={self.remat!r}")
-        if not isinstance(self.offload_layers, int) or isinstance(self.offload_layers, bool) \
-                or self.offload_layers < 0:
-            raise ValueError(f"train.offload_layers={self.offload_layers!r} must be a whole "
-                             f"number of layers, 0 or more")
+        _check_count("train.offload_layers", self.offload_layers, 0,
+                     "a whole number of layers, 0 or more")
         both = set(expand_names(self.save)) & set(expand_names(self.offload))
         if both:
             raise ValueError(f"{', '.join(sorted(both))} cannot be both saved and offloaded; "

@@ -2,6 +2,7 @@
 headless browser of the HTML tests."""
 
 import importlib.util
+import json
 import shutil
 
 import pytest
@@ -53,6 +54,14 @@ def run_cli(args, capsys):
     code = cli.main(args)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run_json(tmp_path, text, capsys, *args) -> dict:
+    """`shardscope run` on the config `text` with `args`: its JSON report (it must exit 0)."""
+    out = tmp_path / "run.json"
+    code, _, err = run_cli(["run", write(tmp_path, text), *args, "--json", str(out)], capsys)
+    assert code == 0, err
+    return json.loads(out.read_text())
 
 
 # The HTML pages are read in a real headless browser: Debian's chromium, driven by

@@ -6,7 +6,7 @@ import pytest
 
 from meshes import get_system
 from sharding import compiler as backends
-from tests.helpers import DECODE_70B, TINY, run_cli, write
+from tests.helpers import DECODE_70B, TINY, run_cli, run_json, write
 
 pytestmark = pytest.mark.tpu
 
@@ -74,13 +74,8 @@ def test_cpu_and_tpu_compilers_move_comparable_bytes(tmp_path, capsys, cpu_devic
     # reduce-scatters and some all-gathers into collective-permute rings (collective
     # matmul) and re-gathers weights per consumer, so kinds differ; the total stays within
     # the same order. (Per-kind agreement within 10% is not reached yet: see README.)
-    totals = {}
-    for backend in ("cpu", "tpu"):
-        out = tmp_path / f"{backend}.json"
-        code, _, err = run_cli(["run", write(tmp_path, TPU_TINY), "--backend", backend,
-                                "--json", str(out)], capsys)
-        assert code == 0, err
-        totals[backend] = sum(json.loads(out.read_text())["by_kind"].values())
+    totals = {b: sum(run_json(tmp_path, TPU_TINY, capsys, "--backend", b)["by_kind"].values())
+              for b in ("cpu", "tpu")}
     assert 0.5 < totals["tpu"] / totals["cpu"] < 4
 
 
@@ -90,13 +85,8 @@ def test_cpu_and_tpu_agree_per_kind_where_they_emit_the_same_collectives(tmp_pat
     # bytes agree per kind (the TPU's combiner only merges them into fewer, larger ones).
     dp = TPU_TINY.replace("data = 2\nfsdp = 4", "data = 8").replace(
         "[workload]", "[train]\nremat = 'none'\n[workload]")
-    by_kind = {}
-    for backend in ("cpu", "tpu"):
-        out = tmp_path / f"{backend}.json"
-        code, _, err = run_cli(["run", write(tmp_path, dp), "--backend", backend,
-                                "--json", str(out)], capsys)
-        assert code == 0, err
-        by_kind[backend] = json.loads(out.read_text())["by_kind"]
+    by_kind = {b: run_json(tmp_path, dp, capsys, "--backend", b)["by_kind"]
+               for b in ("cpu", "tpu")}
     assert set(by_kind["tpu"]) == set(by_kind["cpu"]) == {"all-reduce"}
     assert by_kind["tpu"]["all-reduce"] == pytest.approx(by_kind["cpu"]["all-reduce"], rel=0.1)
 
