@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from experiments import config as config_mod
 from experiments import runner
 from experiments.config import ConfigError, Experiment
+from experiments.reference import toml_value
 from experiments.runner import memory_of
 
 # The order changes are tried and shown in without a compile: roughly what each costs in
@@ -46,22 +47,12 @@ class Suggestion:
     def describe(self) -> str:
         from sharding.units import fmt_bytes
 
-        change = ", ".join(f"{k} = {_toml(v)}" for k, v in self.changes.items())
+        change = ", ".join(f"{k} = {toml_value(v)}" for k, v in self.changes.items())
         step = "" if self.step_time_s is None else f", step {self.step_time_s:.3g} s"
         return f"{change} ({fmt_bytes(self.memory_per_device_bytes)} per device{step})"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def _toml(v) -> str:
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, str):
-        return f'"{v}"'
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml(x) for x in v) + "]"
-    return str(v)
 
 
 def _changed(exp: Experiment, changes: dict) -> Experiment | None:

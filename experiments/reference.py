@@ -33,17 +33,21 @@ TABLES = {
 }
 
 
-def _default(f: dataclasses.Field) -> str:
-    if f.default is dataclasses.MISSING:
-        return "required"
-    v = f.default
+def toml_value(v) -> str:
+    """A value as a config file writes it: "text", true, [1, 2], 3e-04 as 0.0003."""
     if isinstance(v, str):
         return f'"{v}"'
     if isinstance(v, bool):
         return str(v).lower()
-    if isinstance(v, tuple):
-        return "[]"
-    return "unset" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _default(f: dataclasses.Field) -> str:
+    if f.default is dataclasses.MISSING:
+        return "required"
+    return "unset" if f.default is None else toml_value(f.default)
 
 
 def entries(table: str) -> list[tuple[str, str, str]]:
