@@ -296,12 +296,12 @@ def analyze(
     stage(f"lowering and compiling with {compiler.split(' (')[0]} for {mesh.devices.size} "
           f"devices")
     with jax.set_mesh(mesh):
-        c = compile_to_hlo(fn, *args, final_hlo=backend != "cpu")
+        c = compile_to_hlo(fn, *args, final_hlo=backend != "cpu", devices=mesh.devices.flat)
     stage("reading the HLO and estimating")
     t0 = time.perf_counter()
     module = parse_hlo(c.hlo_text)
     c.timings["parse_s"] = time.perf_counter() - t0
-    compiled = verdict_memory(memory, compiled_memory(c.compiled, on_cpu=backend == "cpu"),
+    compiled = verdict_memory(memory, compiled_memory(c.memory_stats, on_cpu=backend == "cpu"),
                               real_compiler=backend != "cpu")
     t0 = time.perf_counter()
     plan = build_plan(module, mesh_shape=mesh.devices.shape, axis_names=mesh.axis_names)

@@ -27,12 +27,13 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 
 from meshes import GpuSystem, System, TpuSystem
 from meshes.chips import GPU_TARGETS
+from sharding import compile_cache
 from sharding.report import Memory
 
 # libtpu takes a lock file so that one process owns the TPU chips; deviceless compiles own
@@ -97,12 +98,16 @@ class DoesNotFit(ValueError):
 @dataclasses.dataclass
 class Compiled:
     """A compiled program: its HLO text (after SPMD partitioning on the CPU path, else
-    the final one), the jax.stages.Compiled, stage timings and XLA's SPMD warnings."""
+    the final one), the compiler's memory figures (`memory_stats`: its memory analysis in
+    bytes, None where the backend has none), stage timings and XLA's SPMD warnings.
+    `compiled` is the jax.stages.Compiled, None when read from the compile cache."""
 
     hlo_text: str
-    compiled: object  # jax.stages.Compiled
+    compiled: object | None
     timings: dict[str, float]
     warnings: list[str]
+    memory_stats: dict[str, int] | None = None
+    cached: bool = False
 
 
 # The CPU path reads the HLO right after SPMD partitioning and XLA:CPU's buffer assignment;
@@ -115,21 +120,45 @@ CPU_ANALYSIS_OPTIONS = {"xla_backend_optimization_level": 0,
                         "xla_llvm_disable_expensive_passes": True,
                         "xla_cpu_use_fusion_emitters": False}
 
+_MEMORY_FIELDS = ("argument", "output", "alias", "temp", "host_argument", "host_output",
+                  "host_temp")
+
+
+def _memory_stats(compiled) -> dict[str, int] | None:
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 -- backends without it raise assorted errors
+        ma = None
+    if ma is None:
+        return None
+    return {k: int(getattr(ma, f"{k}_size_in_bytes", 0) or 0) for k in _MEMORY_FIELDS}
+
 
 def compile_to_hlo(fn: Callable, *args, final_hlo: bool = False, fast_cpu: bool = True,
-                   **kwargs) -> Compiled:
-    """Lower and compile; keep the post-SPMD HLO (or the final one), timings and XLA's SPMD
-    warnings. `fast_cpu`: on the CPU path, skip LLVM's expensive optimisation
-    (CPU_ANALYSIS_OPTIONS), which nothing here reads."""
+                   devices: Sequence = (), **kwargs) -> Compiled:
+    """Lower and compile; keep the post-SPMD HLO (or the final one), the compiler's memory
+    figures, timings and XLA's SPMD warnings. `fast_cpu`: on the CPU path, skip LLVM's
+    expensive optimisation (CPU_ANALYSIS_OPTIONS), which nothing here reads. `devices`: the
+    devices compiled for (the mesh's, in order); given, the compile cache
+    (sharding/compile_cache.py, when SHARDSCOPE_COMPILE_CACHE is set) may answer instead."""
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="shardscope-dump-") as dump, capture_stderr() as err:
         t0 = time.perf_counter()
         lowered = jitted.lower(*args, **kwargs)
         t1 = time.perf_counter()
+        timings["lower_s"] = t1 - t0
         options = {} if final_hlo else {"xla_dump_to": dump,
                                          "xla_dump_hlo_pass_re": "spmd-partitioning",
                                          **(CPU_ANALYSIS_OPTIONS if fast_cpu else {})}
+        devices = list(devices)
+        name = compile_cache.key(lowered.as_text(), options, devices, final_hlo) \
+            if devices and compile_cache.folder() else ""
+        entry = compile_cache.load(name) if name else None
+        if entry is not None:
+            timings["compile_s"] = time.perf_counter() - t1
+            return Compiled(entry["hlo_text"], None, timings, entry["warnings"],
+                            entry["memory"], cached=True)
         try:
             compiled = lowered.compile(compiler_options=options)
         except jax.errors.JaxRuntimeError as e:
@@ -138,37 +167,35 @@ def compile_to_hlo(fn: Callable, *args, final_hlo: bool = False, fast_cpu: bool 
                 raise DoesNotFit(f"the program does not fit: "
                                  f"{first.split(': ', 1)[-1]}") from None
             raise
-        t2 = time.perf_counter()
-        timings["lower_s"] = t1 - t0
-        timings["compile_s"] = t2 - t1
+        timings["compile_s"] = time.perf_counter() - t1
         files = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*.txt")))
         if files and not final_hlo:
             with open(files[-1]) as f:
                 text = f.read()
         else:
             text = compiled.as_text()
-    return Compiled(text, compiled, timings, xla_warnings(err))
+    out = Compiled(text, compiled, timings, xla_warnings(err), _memory_stats(compiled))
+    if name:
+        compile_cache.store(name, {"hlo_text": out.hlo_text, "memory": out.memory_stats,
+                                   "warnings": out.warnings})
+    return out
 
 
-def compiled_memory(compiled, *, on_cpu: bool = True) -> Memory:
-    """Memory per device from the compiler's buffer assignment (arguments, outputs that do
-    not alias them, temporaries): what MaxText's ahead-of-time check sums. On XLA:CPU the
-    temporaries are an upper bound for a bf16 program: the CPU upcasts bf16 to f32. What
-    the program keeps in host memory (offloaded activations) is not HBM: it is noted."""
-    try:
-        ma = compiled.memory_analysis()
-    except Exception:  # noqa: BLE001 -- backends without it raise assorted errors
-        ma = None
-    if ma is None:
+def compiled_memory(stats: Mapping[str, int] | None, *, on_cpu: bool = True) -> Memory:
+    """Memory per device from the compiler's buffer assignment (`Compiled.memory_stats`:
+    arguments, outputs that do not alias them, temporaries): what MaxText's ahead-of-time
+    check sums. On XLA:CPU the temporaries are an upper bound for a bf16 program: the CPU
+    upcasts bf16 to f32. What the program keeps in host memory (offloaded activations) is
+    not HBM: it is noted."""
+    if stats is None:
         return Memory(components=(), source="no compiler memory analysis")
-    host = sum(getattr(ma, f"host_{k}_size_in_bytes", 0) or 0
-               for k in ("argument", "output", "temp"))
+    host = sum(stats[f"host_{k}"] for k in ("argument", "output", "temp"))
     return Memory(
         components=(
-            ("arguments", float(ma.argument_size_in_bytes)),
+            ("arguments", float(stats["argument"])),
             ("outputs not aliasing arguments",
-             float(max(0, ma.output_size_in_bytes - ma.alias_size_in_bytes))),
-            ("temporaries", float(ma.temp_size_in_bytes)),
+             float(max(0, stats["output"] - stats["alias"]))),
+            ("temporaries", float(stats["temp"])),
         ),
         source="XLA:CPU buffer assignment (bf16 temporaries upcast to f32: an upper bound)"
         if on_cpu else "the target compiler's buffer assignment",

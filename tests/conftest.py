@@ -25,8 +25,34 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 
 import pathlib  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
+
+# Each pytest-xdist worker on a core of its own (gw0 on the first, ...), with the processes it
+# starts: XLA's thread pools, sized to the machine, otherwise spin against the other
+# workers'. Measured on 2 cores (2026-12-03): the suite's CPU time fell from 1,036 s to
+# 617 s and its wall time from 571 s to 335 s; a compile alone on one core takes as long.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and hasattr(os, "sched_setaffinity"):
+    _cores = sorted(os.sched_getaffinity(0))
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= len(_cores):
+        os.sched_setaffinity(0, {_cores[int(_WORKER[2:]) % len(_cores)]})
+
+# One compile cache for the session (sharding/compile_cache.py): a program that several
+# tests compile (the bundled tiny config, a README command a test also runs) is compiled
+# once. Set here, in the first process, before pytest-xdist starts its workers and before
+# any test starts the CLI or a search worker: all of them share it. Fresh each session.
+_OWN_CACHE = "SHARDSCOPE_COMPILE_CACHE" not in os.environ
+if _OWN_CACHE:
+    os.environ["SHARDSCOPE_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="shardscope-test-compiles-")
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE and not hasattr(config, "workerinput"):  # the process that made it
+        shutil.rmtree(os.environ["SHARDSCOPE_COMPILE_CACHE"], ignore_errors=True)
+
 
 DATA = pathlib.Path(__file__).parent / "data"
 REPO = pathlib.Path(__file__).parent.parent
