@@ -23,6 +23,9 @@ import time
 
 def _serve(devices: int) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
+    core = os.environ.get("SHARDSCOPE_WORKER_CORE", "")  # experiments/workers.py CORE_ENV
+    if core and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(core)})
     import jax
 
     jax.config.update("jax_num_cpu_devices", devices)
