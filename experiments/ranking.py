@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 
 from experiments.store import Result
-from sharding.units import fmt_bytes, fmt_s
+from sharding.units import counted, fmt_bytes, fmt_s
 
 
 def ranking(results: Sequence[Result]) -> list[Result]:
@@ -37,7 +37,9 @@ def why_not(r: Result, best: Result | None) -> str:
     return ""
 
 
-def format_results(results: Sequence[Result], top: int = 10) -> str:
+def format_results(results: Sequence[Result], top: int = 10, untried: int = 0) -> str:
+    """The ranking table, the counts (with the configs a budget left `untried`), the Pareto
+    front and why the others lost."""
     ranked = ranking(results)
     best = ranked[0] if ranked else None
     w = max([len("config"), *(len(r.name) for r in ranked[:top])]) + 2
@@ -54,8 +56,9 @@ def format_results(results: Sequence[Result], top: int = 10) -> str:
     others = [r for r in results if r not in ranked[:top]]
     counts = {s: sum(r.status == s for r in results) for s in ("ok", "refused", "error")}
     lines.append("")
-    lines.append(f"{len(results)} configs: {counts['ok']} estimated ({len(ranked)} fit), "
-                 f"{counts['refused']} refused, {counts['error']} failed")
+    lines.append(f"{counted(len(results), 'config')}: {counts['ok']} estimated "
+                 f"({len(ranked)} fit), {counts['refused']} refused, {counts['error']} failed"
+                 + (f", {untried} not tried (the budget)" if untried else ""))
     front = pareto(results)
     if front:
         lines.append("pareto front (none is both faster and smaller):")

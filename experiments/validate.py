@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from meshes.calibration import Calibration
+from sharding.units import counted
 
 VALIDATION_DIR = Path(__file__).resolve().parent / "validation"
 _PRECISION = {"bfloat16": "bf16", "float32": "f32", "float8": "fp8", "float4": "fp4"}
@@ -244,6 +245,6 @@ def timing_lines(rows: list[Row], wall_s: float) -> list[str]:
     compile_s = [r.timings.get("compile_s", 0) for r in ran]
     if not ran:
         return [f"wall {wall_s:.1f} s"]
-    return [f"wall {wall_s:.1f} s for {len(rows)} cases; per case: compile "
+    return [f"wall {wall_s:.1f} s for {counted(len(rows), 'case')}; per case: compile "
             f"{sum(compile_s) / len(ran):.1f} s mean, after compile (parse + estimate) "
             f"{sum(after) / len(ran):.3f} s mean, {max(after):.3f} s max"]

@@ -62,7 +62,14 @@ class Memory:
         return bool(self.components)
 
     def largest(self, n: int = 4) -> list[tuple[str, float]]:
-        return sorted((*self.components, *self.reserved), key=lambda c: -c[1])[:n]
+        """The n largest lines, the last of them the rest summed when there are more, so
+        that the lines add up to the total."""
+        lines = sorted((*self.components, *self.reserved), key=lambda c: -c[1])
+        if len(lines) <= n:
+            return lines
+        rest = lines[n - 1:]
+        return [*lines[:n - 1], (f"{len(rest)} more: " + ", ".join(w for w, _ in rest),
+                                 sum(b for _, b in rest))]
 
     def to_dict(self) -> dict:
         return {"components": dict(self.components), "source": self.source,

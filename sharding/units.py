@@ -46,3 +46,8 @@ def fmt_wh(j: float) -> str:
 def fmt_duration(s: float) -> str:
     return _in_units(s, ((365.25 * 86400, "years"), (86400, "days"), (3600, "hours"),
                          (60, "min")), fmt_s)
+
+
+def counted(n: int, noun: str) -> str:
+    """"1 config", "3 configs"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

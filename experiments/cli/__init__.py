@@ -36,7 +36,10 @@ def build_parser() -> Parser:
     from experiments.search import DEFAULT_AXES
 
     f = parents(DEFAULT_AXES)
+    from experiments.store import tool_version
+
     p = Parser(prog="shardscope", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"shardscope {tool_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def command(name: str, help: str, fn, *shared: str, backend: str = "",
@@ -99,7 +102,7 @@ def build_parser() -> Parser:
                                      "device count); kept in the store per system")
 
     rs = command("results", "the ranking in a search's results store", studies.cmd_results,
-                 "top", "json", "html")
+                 "top", "json", "html", "quiet")
     rs.add_argument("store")
     rs.add_argument("--search", help="one search of the store (its config's name)")
     rs.add_argument("--system", help="the re-estimates kept for this system (search "
@@ -125,6 +128,7 @@ def build_parser() -> Parser:
                 commands.cmd_keys)
     k.add_argument("table", nargs="?", help="one table (model, system, parallelism, ...)")
     k.add_argument("--markdown", action="store_true", help="as docs/config.md")
+    p.commands = tuple(sub.choices)
     return p
 
 

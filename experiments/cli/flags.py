@@ -18,7 +18,12 @@ DEFAULT_BACKEND = "cpu"
 class Parser(argparse.ArgumentParser):
     """argparse with its errors on one line (`shardscope run: error: ...`), exit 2."""
 
+    commands: tuple[str, ...] = ()  # the subcommands, on the top-level parser
+
     def error(self, message: str):
+        if self.commands and "required: command" in message:
+            message = (f"name a command: {', '.join(self.commands)} (`{self.prog} --help` "
+                       f"says what each does)")
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

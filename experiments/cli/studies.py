@@ -14,6 +14,7 @@ from experiments.cli.output import (
     write_text,
 )
 from experiments.config import ConfigError
+from sharding.units import counted
 
 
 def cmd_validate(args) -> int:
@@ -86,6 +87,7 @@ def cmd_search(args) -> int:
     axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())
     vary = search_mod.parse_vary(args.vary or [])
     calibration = calibration_of(args)
+    not_tried = 0
     with _store(args.store) as store:
         if args.reestimate:
             if args.system:
@@ -114,18 +116,19 @@ def cmd_search(args) -> int:
             results = store.results(search=exp.name)
             untried = (f", {outcome.untried} not tried (the budget; the same command with "
                        f"a larger --budget goes on)" if outcome.untried else "")
-            print(f"{exp.name} on {exp.system.label}: {len(results)} configs in "
+            print(f"{exp.name} on {exp.system.label}: {counted(len(results), 'config')} in "
                   f"{args.store} ({outcome.skipped} already there, {outcome.compiled} "
                   f"compiled now{untried})\n")
             title = exp.name
-    _ranking_outputs(args, results, title)
+            not_tried = outcome.untried
+    _ranking_outputs(args, results, title, not_tried)
     return 0
 
 
-def _ranking_outputs(args, results, title: str) -> None:
+def _ranking_outputs(args, results, title: str, untried: int = 0) -> None:
     from experiments import ranking
 
-    print(ranking.format_results(results, top=args.top))
+    print(ranking.format_results(results, top=args.top, untried=untried))
     if args.json:
         write_json(args.json, ranking.to_json(results))
     if args.html:
@@ -151,7 +154,7 @@ def cmd_results(args) -> int:
     what = args.search or Path(args.store).name
     where = (f"re-timed on {args.system}" if args.system
              else f"on {', '.join(systems) or 'no system'} (as compiled)")
-    print(f"{what} {where}: {len(results)} configs\n")
+    print(f"{what} {where}: {counted(len(results), 'config')}\n")
     _ranking_outputs(args, results, what)
     return 0
 

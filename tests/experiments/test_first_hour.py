@@ -137,6 +137,10 @@ def test_a_budget_counts_the_untried_and_results_name_their_system(tmp_path, cap
     assert cli.main([*base, "--budget", "1"]) == 0
     out = capsys.readouterr().out
     assert "not tried (the budget" in out.splitlines()[0]
+    untried = out.splitlines()[0].split(", ")[-1].split()[0]
+    # the closing count says so too, beside the configs that ran
+    assert any(" configs: " in ln and ln.endswith(f", {untried} not tried (the budget)")
+               for ln in out.splitlines()), out
     assert cli.main(["results", store]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("on h100:8 (as compiled): "
                                                              f"{out.split(': ')[1].split()[0]} "
@@ -147,5 +151,16 @@ def test_a_budget_counts_the_untried_and_results_name_their_system(tmp_path, cap
     assert cli.main(["results", store, "--system", "b200:8", "--json",
                      str(tmp_path / "b.json")]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert "re-timed on b200:8: 1 configs" in first
+    assert first.endswith("re-timed on b200:8: 1 config")
     assert cli.main(["results", store, "--system", "h200:8"]) == 2
+
+
+def test_no_command_names_the_commands_and_version_says_it(capsys):
+    from experiments import cli
+
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shardscope: error: name a command: run, fit, ") and \
+        "--help" in err and err.count("\n") == 1
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("shardscope ")

@@ -91,3 +91,15 @@ print(sorted({(c.link, bool(c.algorithm)) for c in rep.collectives}))
     hop, links = p.stdout.strip().splitlines()
     assert hop.startswith("infiniband at")
     assert links == "[('infiniband', True)]"
+
+
+def test_the_memory_lines_add_up_to_the_total():
+    # The report shows 6 lines: past that, the rest is one line with their names.
+    from sharding.report import Memory
+
+    m = Memory(components=tuple((f"c{i}", float(10 - i)) for i in range(7)), source="s",
+               reserved=(("CUDA context", 0.5),))
+    lines = m.largest(6)
+    assert len(lines) == 6 and sum(b for _, b in lines) == m.total_bytes
+    assert lines[-1] == ("3 more: c5, c6, CUDA context", 5.0 + 4.0 + 0.5)
+    assert Memory(components=(("a", 1.0),), source="s").largest(6) == [("a", 1.0)]
