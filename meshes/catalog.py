@@ -7,6 +7,7 @@ name here.
 
 from __future__ import annotations
 
+import difflib
 import re
 
 from meshes.gpu import GPU_FAMILIES, GpuFamily, GpuSystem
@@ -82,7 +83,10 @@ def get_system(name: str, **overrides) -> System:
     if family in TPU_FAMILIES:
         _check_overrides(name, "tpu", overrides)
         return _tpu_system(TPU_FAMILIES[family], name, size, overrides)
-    raise ValueError(f"unknown system family {family!r} in {name!r}; valid: {valid}")
+    close = difflib.get_close_matches(family.lower(), [*GPU_FAMILIES, *TPU_FAMILIES], n=1,
+                                      cutoff=0.6)
+    hint = f"did you mean {close[0]}:{size}? " if close else ""
+    raise ValueError(f"unknown system family {family!r} in {name!r}; {hint}valid: {valid}")
 
 
 def _check_overrides(name: str, kind: str, overrides: dict) -> None:

@@ -25,7 +25,7 @@ BAD = {
                     "parallelism.tensor=4 does not divide model.n_kv_heads=2; make its ways one "
                     "that divides both 2 and the 8 devices: 1, 2"),
     "system": (TINY.replace('"h100:8"', '"h900:8"'),
-               "unknown system family 'h900' in 'h900:8'; valid: a100:8"),
+               "unknown system family 'h900' in 'h900:8'; did you mean h200:8? valid: a100:8"),
     "preset": (TINY.replace('"tiny"', '"llama5"'), "model.preset='llama5' is unknown; valid:"),
     "dtype": (TINY + '[precision]\ncompute = "fp16"\n',
               "precision.compute='fp16' is not one of 'bfloat16'"),

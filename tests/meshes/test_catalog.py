@@ -9,7 +9,8 @@ MB = 1e6
 
 @pytest.mark.parametrize("name, fragment", [
     ("h100", "<family>:<size>"),
-    ("dgx:8", "unknown system family 'dgx'"),
+    ("dgx:8", "unknown system family 'dgx' in 'dgx:8'; valid: a100:8"),
+    ("b20O:8", "unknown system family 'b20O' in 'b20O:8'; did you mean b200:8\\? valid:"),
     ("tpu-v5e:4x4x4", "2D"),
     ("tpu-v5e:32x32", "the largest tpu-v5e slice is 16x16"),
 ])
