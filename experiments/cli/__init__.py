@@ -25,6 +25,7 @@ from experiments.cli.flags import (  # noqa: E402
     backend_flag,
     names,
     parents,
+    percent,
     positive_int,
 )
 from experiments.config import ConfigError  # noqa: E402
@@ -119,6 +120,22 @@ def build_parser() -> Parser:
                     help="each system with the fastest sharding that fits from a search on it "
                          "(instead of the config's; --axes, --store, --workers, --budget "
                          "shape the search)")
+
+    from experiments import diff as diff_mod
+
+    df = command("diff", "two run --json reports side by side: exit 1 when NEW adds "
+                 "communication or slows the step past the thresholds", commands.cmd_diff,
+                 "json")
+    df.add_argument("old", help="the report to compare with (e.g. the main branch's)")
+    df.add_argument("new", help="the report of the change")
+    for what, default, help in (
+            ("step", diff_mod.MAX_STEP_INCREASE, "step time"),
+            ("bytes", diff_mod.MAX_BYTES_INCREASE,
+             "bytes per step of any collective kind over its mesh axes (a new one fails)"),
+            ("memory", diff_mod.MAX_MEMORY_INCREASE, "memory per device")):
+        df.add_argument(f"--max-{what}-increase", type=percent, default=default,
+                        metavar="PCT", help=f"the most the {help} may grow, in percent "
+                                            f"(default {default:g})")
 
     command("systems", "the system catalog", commands.cmd_systems)
     command("models", "the model presets", commands.cmd_models)

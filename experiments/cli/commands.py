@@ -200,3 +200,16 @@ def _first_sentence(path: Path, width: int = 72) -> str:
     if len(text) > width:
         text = text[:width].rsplit(" ", 1)[0] + " ..."
     return text
+
+
+def cmd_diff(args) -> int:
+    from experiments import diff as diff_mod
+
+    old, new = diff_mod.load(args.old), diff_mod.load(args.new)
+    d = diff_mod.diff(old, new, max_step_increase=args.max_step_increase,
+                      max_bytes_increase=args.max_bytes_increase,
+                      max_memory_increase=args.max_memory_increase)
+    print(diff_mod.format_diff(d, args.old, args.new))
+    if args.json:
+        write_json(args.json, d.to_dict())
+    return 0 if d.ok else 1

@@ -65,6 +65,17 @@ def tokens(text: str) -> float:
     return value
 
 
+def percent(text: str) -> float:
+    """A threshold in percent, 0 or more: "5", "2.5", "5%"."""
+    try:
+        value = float(text.strip().rstrip("%"))
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage of 0 or more, e.g. 5")
+    return value
+
+
 def names(text: str) -> list[str]:
     """A comma-separated list: "h100:64, b200:64" -> ["h100:64", "b200:64"]."""
     return [s.strip() for s in text.split(",") if s.strip()]
