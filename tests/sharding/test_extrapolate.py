@@ -57,15 +57,12 @@ def test_what_cannot_be_rebuilt_exactly_is_refused_with_the_reason(collective, w
                     axis_names=AXES)
 
 
-# The comparisons, in three groups that run as three tests (each a process faking the
-# devices its largest direct compile needs), so that they run side by side.
 _COMPARE = """
 import json, sys
 from experiments import config, runner
 from experiments.config import ConfigError
 import sharding
-group = sys.argv[1]
-sharding.ensure_cpu_devices({"h100": 2048, "families": 512, "placement": 256}[group])
+sharding.ensure_cpu_devices(2048)
 
 def key(r):
     return sorted((c.kind, c.mesh_axes, c.bytes, c.count, c.group_size,
@@ -83,60 +80,47 @@ def pair(exp, **kw):
             "kinds": sorted({(c.kind, ",".join(c.mesh_axes)) for c in direct.collectives})}
 
 out = {}
-if group == "h100":
-    for n in (256, 2048):
-        exp = config.load("tiny-h100-dp-tp", [f"system.name=h100:{n}",
-            f"parallelism.data={n // 8}", "parallelism.tensor=4", "parallelism.pipeline=2",
-            f"workload.global_batch={2 * n // 8}", "workload.microbatches=2"])
-        out[n] = pair(exp)
-    # The distributed optimizer (ZeRO-1 over data): its gradient reduce-scatter and bf16
-    # weight all-gather span the data axis, their buffers the replica's whole shard on any
-    # count.
-    exp = config.load("tiny-h100-dp-tp", ["system.name=h100:256", "parallelism.data=64",
-        "parallelism.tensor=4", "workload.global_batch=128", "precision.params=bfloat16",
-        "precision.master_weights=float32", "train.shard_optimizer_over_data=true"])
-    out["zero"] = pair(exp)
-if group == "families":
-    # TPU pods, TPU7x (two devices a chip) and Trainium2 on the CPU path: the reduced run
-    # is a smaller slice of the family; the full one is timed on the full torus and DCN.
-    # (The two-slice v5e pod covers the one-slice one: the same reduced slice and torus.)
-    for system, data in (("tpu-v5e:16x16*2", 128), ("tpu7x:4x4x8", 64), ("trn2:4x4*16", 64)):
-        exp = config.load("tiny-h100-dp-tp", [f"system.name={system}",
-            f"parallelism.data={data}", "parallelism.tensor=4",
-            f"workload.global_batch={2 * data}"])
-        out[system] = pair(exp, backend="cpu")
-if group == "placement":
-    # Data parallelism placed outermost (across slices), as Llama 3 and MaxText place it:
-    # which collectives cross DCN, and the extrapolation keeps the placement.
-    for outer in ([], ["parallelism.outer=data"]):
-        exp = config.load("tiny-h100-dp-tp", ["system.name=tpu-v5e:4x4*2",
-            "parallelism.data=4", "parallelism.pipeline=2", "parallelism.tensor=4",
-            "workload.global_batch=16", "workload.microbatches=2", *outer])
-        r = runner.run(exp, backend="cpu")
-        out["outer=" + "".join(outer)] = sorted({(c.kind, ",".join(c.mesh_axes), c.link)
-                                                 for c in r.collectives})
-    exp = config.load("tiny-h100-dp-tp", ["system.name=h100:256", "parallelism.data=32",
-        "parallelism.pipeline=2", "parallelism.tensor=4", "workload.global_batch=64",
-        "workload.microbatches=2", "parallelism.outer=data"])
-    out["h100 outer=data"] = pair(exp)
-    # FSDP with data: the embedding lookup's resharding depends on the replica count.
-    exp = config.load("tiny-h100-dp-tp", ["system.name=h100:64", "parallelism.data=4",
-        "parallelism.fsdp=4", "parallelism.tensor=4", "workload.global_batch=16"])
-    try:
-        runner.run(exp, max_compile_devices=32)
-        out["fsdp"] = ""
-    except ConfigError as e:
-        out["fsdp"] = str(e)
+for n in (256, 2048):
+    exp = config.load("tiny-h100-dp-tp", [f"system.name=h100:{n}",
+        f"parallelism.data={n // 8}", "parallelism.tensor=4", "parallelism.pipeline=2",
+        f"workload.global_batch={2 * n // 8}", "workload.microbatches=2"])
+    out[n] = pair(exp)
+# TPU pods, TPU7x (two devices a chip) and Trainium2 on the CPU path: the reduced run is
+# a smaller slice of the family; the full one is timed on the full torus and DCN. (The
+# two-slice v5e pod covers the one-slice one: the same reduced slice, the same torus.)
+for system, data in (("tpu-v5e:16x16*2", 128), ("tpu7x:4x4x8", 64), ("trn2:4x4*16", 64)):
+    exp = config.load("tiny-h100-dp-tp", [f"system.name={system}", f"parallelism.data={data}",
+        "parallelism.tensor=4", f"workload.global_batch={2 * data}"])
+    out[system] = pair(exp, backend="cpu")
+# Data parallelism placed outermost (across slices), as Llama 3 and MaxText place it:
+# which collectives cross DCN, and the extrapolation keeps the placement.
+for outer in ([], ["parallelism.outer=data"]):
+    exp = config.load("tiny-h100-dp-tp", ["system.name=tpu-v5e:4x4*2", "parallelism.data=4",
+        "parallelism.pipeline=2", "parallelism.tensor=4", "workload.global_batch=16",
+        "workload.microbatches=2", *outer])
+    r = runner.run(exp, backend="cpu")
+    out["outer=" + "".join(outer)] = sorted({(c.kind, ",".join(c.mesh_axes), c.link)
+                                             for c in r.collectives})
+exp = config.load("tiny-h100-dp-tp", ["system.name=h100:256", "parallelism.data=32",
+    "parallelism.pipeline=2", "parallelism.tensor=4", "workload.global_batch=64",
+    "workload.microbatches=2", "parallelism.outer=data"])
+out["h100 outer=data"] = pair(exp)
+# The distributed optimizer (ZeRO-1 over data): its gradient reduce-scatter and bf16 weight
+# all-gather span the data axis, their buffers the replica's whole shard on any count.
+exp = config.load("tiny-h100-dp-tp", ["system.name=h100:256", "parallelism.data=64",
+    "parallelism.tensor=4", "workload.global_batch=128", "precision.params=bfloat16",
+    "precision.master_weights=float32", "train.shard_optimizer_over_data=true"])
+out["zero"] = pair(exp)
+# FSDP with data: the embedding lookup's resharding depends on the replica count.
+exp = config.load("tiny-h100-dp-tp", ["system.name=h100:64", "parallelism.data=4",
+    "parallelism.fsdp=4", "parallelism.tensor=4", "workload.global_batch=16"])
+try:
+    runner.run(exp, max_compile_devices=32)
+    out["fsdp"] = ""
+except ConfigError as e:
+    out["fsdp"] = str(e)
 print(json.dumps(out))
 """
-
-
-def _compare(group: str) -> dict:
-    p = subprocess.run([sys.executable, "-c", _COMPARE, group], cwd=REPO, capture_output=True,
-                       text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
 
 @pytest.mark.slow
 def test_extrapolated_runs_equal_direct_compiles_up_to_2048_devices():
@@ -145,7 +129,10 @@ def test_extrapolated_runs_equal_direct_compiles_up_to_2048_devices():
     # collectives (kind, mesh axes, bytes, count, every replica group) and the same step.
     # (The smallest and the largest a process compiles directly; 512 and 1024 were the same
     # program with 64 and 128 replicas.)
-    out = _compare("h100")
+    p = subprocess.run([sys.executable, "-c", _COMPARE], cwd=REPO, capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
     for n in ("256", "2048"):
         r = out[n]
         assert r["same"], n
@@ -153,18 +140,6 @@ def test_extrapolated_runs_equal_direct_compiles_up_to_2048_devices():
         assert r["direct_from"] == ""
         for k in ("step", "mfu", "memory", "tokens"):
             assert r[k][0] == pytest.approx(r[k][1], rel=0.01), (n, k)
-    r = out["zero"]
-    assert r["same"] and ["reduce-scatter", "data"] in r["kinds"] and \
-        ["all-gather", "data"] in r["kinds"]
-    # The reduced compile updates 1/2 of the optimizer state where the full run updates
-    # 1/64: a little more elementwise work, the same memory (the model's, of the full run).
-    assert r["step"][0] == pytest.approx(r["step"][1], rel=0.05)
-    assert r["memory"][0] == r["memory"][1]
-
-
-@pytest.mark.slow
-def test_tpu_pods_tpu7x_and_trainium_extrapolate_from_a_smaller_slice():
-    out = _compare("families")
     for system, reduced in (("tpu-v5e:16x16*2", "tpu-v5e:1x8"),
                             ("tpu7x:4x4x8", "tpu7x:1x1x4"), ("trn2:4x4*16", "trn2:4x2")):
         r = out[system]
@@ -172,11 +147,6 @@ def test_tpu_pods_tpu7x_and_trainium_extrapolate_from_a_smaller_slice():
         assert r["from"].startswith(f"compiled on {reduced}, 8 devices (2 of the "), system
         for k in ("step", "mfu", "memory", "tokens"):
             assert r[k][0] == pytest.approx(r[k][1], rel=0.01), (system, k)
-
-
-@pytest.mark.slow
-def test_placement_decides_what_crosses_dcn_and_extrapolation_keeps_it():
-    out = _compare("placement")
     assert "cannot be read as it exactly" in out["fsdp"] and "\n" not in out["fsdp"]
     # By default pipeline is outermost: its transfers cross the two slices over DCN and the
     # gradient all-reduce stays on ICI; with data outermost it is the other way round.
@@ -188,6 +158,13 @@ def test_placement_decides_what_crosses_dcn_and_extrapolation_keeps_it():
     assert not any(k == "collective-permute" and link == "dcn" for k, _, link in data_out)
     r = out["h100 outer=data"]
     assert r["same"] and r["step"][0] == pytest.approx(r["step"][1], rel=0.01)
+    r = out["zero"]
+    assert r["same"] and ["reduce-scatter", "data"] in r["kinds"] and \
+        ["all-gather", "data"] in r["kinds"]
+    # The reduced compile updates 1/2 of the optimizer state where the full run updates
+    # 1/64: a little more elementwise work, the same memory (the model's, of the full run).
+    assert r["step"][0] == pytest.approx(r["step"][1], rel=0.05)
+    assert r["memory"][0] == r["memory"][1]
 
 
 @pytest.mark.slow
