@@ -34,11 +34,11 @@ EXIT_USAGE = 2
 
 
 def build_parser() -> Parser:
+    from experiments import diff as diff_mod
     from experiments.search import DEFAULT_AXES
-
-    f = parents(DEFAULT_AXES)
     from experiments.store import tool_version
 
+    f = parents(DEFAULT_AXES)
     p = Parser(prog="shardscope", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"shardscope {tool_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -120,8 +120,6 @@ def build_parser() -> Parser:
                     help="each system with the fastest sharding that fits from a search on it "
                          "(instead of the config's; --axes, --store, --workers, --budget "
                          "shape the search)")
-
-    from experiments import diff as diff_mod
 
     df = command("diff", "two run --json reports side by side: exit 1 when NEW adds "
                  "communication or slows the step past the thresholds", commands.cmd_diff,
