@@ -22,10 +22,10 @@ from meshes.power import Cost
 from meshes.power import estimate as estimate_energy
 from sharding.analysis import AnalysisInputs
 from sharding.collectives import Collective
+from sharding.compiled_memory import compiled_memory
 from sharding.compiler import (
     backend_of,
     compile_to_hlo,
-    compiled_memory,
     compiler_name,
     system_device_id,
 )

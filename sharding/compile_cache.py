@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 
 ENV = "SHARDSCOPE_COMPILE_CACHE"
-_FORMAT = 1
+_FORMAT = 2  # 2: target compiles keep the HBM share of their temporaries (hbm_temp)
 
 
 def folder() -> str:

@@ -27,14 +27,14 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 
 from meshes import GpuSystem, System, TpuSystem
 from meshes.chips import GPU_TARGETS
 from sharding import compile_cache
-from sharding.report import Memory
+from sharding.compiled_memory import TARGET_DUMP_OPTIONS, memory_stats
 
 # libtpu takes a lock file so that one process owns the TPU chips; deviceless compiles own
 # no chip, and several must run side by side (two `shardscope run`, `make test` next to
@@ -120,19 +120,6 @@ CPU_ANALYSIS_OPTIONS = {"xla_backend_optimization_level": 0,
                         "xla_llvm_disable_expensive_passes": True,
                         "xla_cpu_use_fusion_emitters": False}
 
-_MEMORY_FIELDS = ("argument", "output", "alias", "temp", "host_argument", "host_output",
-                  "host_temp")
-
-
-def _memory_stats(compiled) -> dict[str, int] | None:
-    try:
-        ma = compiled.memory_analysis()
-    except Exception:  # noqa: BLE001 -- backends without it raise assorted errors
-        ma = None
-    if ma is None:
-        return None
-    return {k: int(getattr(ma, f"{k}_size_in_bytes", 0) or 0) for k in _MEMORY_FIELDS}
-
 
 def compile_to_hlo(fn: Callable, *args, final_hlo: bool = False, fast_cpu: bool = True,
                    devices: Sequence = (), **kwargs) -> Compiled:
@@ -148,9 +135,9 @@ def compile_to_hlo(fn: Callable, *args, final_hlo: bool = False, fast_cpu: bool 
         lowered = jitted.lower(*args, **kwargs)
         t1 = time.perf_counter()
         timings["lower_s"] = t1 - t0
-        options = {} if final_hlo else {"xla_dump_to": dump,
-                                         "xla_dump_hlo_pass_re": "spmd-partitioning",
-                                         **(CPU_ANALYSIS_OPTIONS if fast_cpu else {})}
+        options = {"xla_dump_to": dump, **TARGET_DUMP_OPTIONS} if final_hlo else {
+            "xla_dump_to": dump, "xla_dump_hlo_pass_re": "spmd-partitioning",
+            **(CPU_ANALYSIS_OPTIONS if fast_cpu else {})}
         devices = list(devices)
         name = compile_cache.key(lowered.as_text(), options, devices, final_hlo) \
             if devices and compile_cache.folder() else ""
@@ -174,34 +161,12 @@ def compile_to_hlo(fn: Callable, *args, final_hlo: bool = False, fast_cpu: bool 
                 text = f.read()
         else:
             text = compiled.as_text()
-    out = Compiled(text, compiled, timings, xla_warnings(err), _memory_stats(compiled))
+        stats = memory_stats(compiled, dump if final_hlo else "")
+    out = Compiled(text, compiled, timings, xla_warnings(err), stats)
     if name:
         compile_cache.store(name, {"hlo_text": out.hlo_text, "memory": out.memory_stats,
                                    "warnings": out.warnings})
     return out
-
-
-def compiled_memory(stats: Mapping[str, int] | None, *, on_cpu: bool = True) -> Memory:
-    """Memory per device from the compiler's buffer assignment (`Compiled.memory_stats`:
-    arguments, outputs that do not alias them, temporaries): what MaxText's ahead-of-time
-    check sums. On XLA:CPU the temporaries are an upper bound for a bf16 program: the CPU
-    upcasts bf16 to f32. What the program keeps in host memory (offloaded activations) is
-    not HBM: it is noted."""
-    if stats is None:
-        return Memory(components=(), source="no compiler memory analysis")
-    host = sum(stats[f"host_{k}"] for k in ("argument", "output", "temp"))
-    return Memory(
-        components=(
-            ("arguments", float(stats["argument"])),
-            ("outputs not aliasing arguments",
-             float(max(0, stats["output"] - stats["alias"]))),
-            ("temporaries", float(stats["temp"])),
-        ),
-        source="XLA:CPU buffer assignment (bf16 temporaries upcast to f32: an upper bound)"
-        if on_cpu else "the target compiler's buffer assignment",
-        notes=(f"in host memory, not HBM: {host / 1e9:.2f} GB (offloaded)",) if host else (),
-        host_bytes=float(host),
-    )
 
 
 BACKENDS = ("auto", "cpu", "tpu", "gpu")

@@ -1,0 +1,82 @@
+"""The compiler's own memory figures: its memory analysis, and the HBM share of its
+temporaries read from the buffer assignment it dumps (sharding/compiler.py asks for it on
+a target compile)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Mapping
+
+from sharding.report import Memory
+
+_MEMORY_FIELDS = ("argument", "output", "alias", "temp", "host_argument", "host_output",
+                  "host_temp")
+
+# The target compiler's buffer assignment, dumped beside its final compile: its memory-usage
+# report totals each memory space. `temp_size_in_bytes` sums the temporaries of every space,
+# HBM's ("default") and the TPU's on-chip scratchpads (VMEM: a v5e program fills its 128
+# MiB) and host staging among them; only the default space is HBM. Its total spans the
+# arguments and outputs too.
+TARGET_DUMP_OPTIONS = {"xla_dump_hlo_as_text": True, "xla_dump_hlo_pass_re": "^$"}
+_SPACE = re.compile(r"^Memory Space: (\S+) \(color=\d+\)\s*\nTotal bytes: (\d+)", re.M)
+
+
+def memory_spaces(report: str) -> dict[str, int]:
+    """Bytes per memory space of XLA's memory-usage report (`*memory-usage-report.txt`):
+    {"default": ..., "vmem": ..., ...}; empty when the text has none."""
+    out: dict[str, int] = {}
+    for space, nbytes in _SPACE.findall(report):
+        out[space] = out.get(space, 0) + int(nbytes)
+    return out
+
+
+def memory_stats(compiled, dump: str = "") -> dict[str, int] | None:
+    """The compiler's memory analysis; with the dump folder of a target compile, also
+    `hbm_temp`: the temporaries in HBM (the default memory space less the arguments and
+    the outputs that do not alias them)."""
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 -- backends without it raise assorted errors
+        ma = None
+    if ma is None:
+        return None
+    stats = {k: int(getattr(ma, f"{k}_size_in_bytes", 0) or 0) for k in _MEMORY_FIELDS}
+    reports = sorted(glob.glob(os.path.join(dump, "*memory-usage-report.txt"))) if dump else []
+    if reports:
+        with open(reports[-1]) as f:
+            hbm = memory_spaces(f.read()).get("default")
+        if hbm is not None:
+            outputs = max(0, stats["output"] - stats["alias"])
+            stats["hbm_temp"] = max(0, hbm - stats["argument"] - outputs)
+    return stats
+
+
+def compiled_memory(stats: Mapping[str, int] | None, *, on_cpu: bool = True) -> Memory:
+    """Memory per device from the compiler's buffer assignment (`Compiled.memory_stats`:
+    arguments, outputs that do not alias them, temporaries): what MaxText's ahead-of-time
+    check sums. On XLA:CPU the temporaries are an upper bound for a bf16 program: the CPU
+    upcasts bf16 to f32. What the program keeps in host memory (offloaded activations) or
+    in other memory spaces than HBM (on-chip VMEM: `temp` counts them, `hbm_temp` does
+    not) is noted."""
+    if stats is None:
+        return Memory(components=(), source="no compiler memory analysis")
+    host = sum(stats[f"host_{k}"] for k in ("argument", "output", "temp"))
+    temp = stats.get("hbm_temp", stats["temp"])
+    notes = (f"in host memory, not HBM: {host / 1e9:.2f} GB (offloaded)",) if host else ()
+    if temp < stats["temp"]:
+        notes += (f"temporaries outside HBM (on-chip VMEM, host staging): "
+                  f"{(stats['temp'] - temp) / 1e9:.2f} GB, not counted",)
+    return Memory(
+        components=(
+            ("arguments", float(stats["argument"])),
+            ("outputs not aliasing arguments",
+             float(max(0, stats["output"] - stats["alias"]))),
+            ("temporaries", float(temp)),
+        ),
+        source="XLA:CPU buffer assignment (bf16 temporaries upcast to f32: an upper bound)"
+        if on_cpu else "the target compiler's buffer assignment",
+        notes=notes,
+        host_bytes=float(host),
+    )
