@@ -29,7 +29,11 @@ Rooms, in the order data flows through them:
 - `api.py`: `estimate` (the record timed on a system: the Report, built once), and the
   ways to make the record: `analyze` (compile a function), `analyze_hlo` (any dump),
   `analyze_module`, `analyze_plan`, `reanalyze` (a stored record on another system or
-  calibration).
+  calibration); without a system, `analyze` gives the collectives' bytes and counts alone.
+- `testing.py`: `assert_collectives` (limits on a report's collectives, by kind or kind
+  over mesh axes), meshes over fake CPU devices, collectives snapshots; the pytest plugin
+  (pytest_shardscope.py, outside this package) offers them as fixtures. `hlo_source.py`:
+  the file and line of an HLO instruction, for their messages.
 
 May import `meshes`; knows nothing of models or configs.
 
@@ -89,6 +93,7 @@ from sharding.rules import (
     rules_preset,
     use_rules,
 )
+from sharding.testing import assert_collectives
 
 __all__ = [
     "AnalysisInputs",
@@ -106,6 +111,7 @@ __all__ = [
     "analyze_hlo",
     "analyze_module",
     "analyze_plan",
+    "assert_collectives",
     "build_plan",
     "compile_to_hlo",
     "estimate",

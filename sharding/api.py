@@ -1,5 +1,8 @@
 """`analyze` any JAX function on a mesh; `analyze_hlo` any HLO dump.
 
+Without a system, `analyze` reads the collectives' bytes and counts and times nothing
+(`untimed`): what a test of the user's own sharding asserts on (sharding/testing.py).
+
 Orchestration only: compile (sharding/compiler.py), parse (sharding/hlo.py), count the
 collectives (sharding/collectives.py) and time them on the system's links (meshes/), cost
 the compute (sharding/compute.py), simulate the schedule (sharding/schedule.py), and build
@@ -29,7 +32,7 @@ from sharding.compiler import (
     compiler_name,
     system_device_id,
 )
-from sharding.compute import compute_cost, time_work
+from sharding.compute import ComputeCost, compute_cost, time_work
 from sharding.hlo import HloModule, parse_hlo
 from sharding.plan import Plan, build_plan
 from sharding.progress import stage
@@ -193,6 +196,29 @@ def estimate(inputs: AnalysisInputs, *, system: System,
     )
 
 
+def untimed(inputs: AnalysisInputs) -> Report:
+    """The Report of `inputs` on no system: its collectives' bytes, counts and mesh axes,
+    the compiler's memory figure, and no times (no links, no compute rates, no HBM to fit
+    in, so no step time, MFU or verdict)."""
+    plan = inputs.plan
+    if plan is None:
+        plan = build_plan(parse_hlo(inputs.hlo_text), mesh_shape=inputs.mesh_shape,
+                          axis_names=inputs.axis_names)
+    _check_group_ids(list(plan.collectives), plan.num_partitions)
+    nothing = ComputeCost(flops=0.0, matmul_flops=0.0, hbm_bytes=0.0, matmul_s=0.0,
+                          memory_bound_s=0.0, flops_by_dtype={})
+    return Report(
+        name=inputs.name, system="", num_devices=plan.num_partitions, compiler=inputs.compiler,
+        compiler_note=inputs.compiler_note, extrapolated_from=inputs.extrapolated_from,
+        collectives=list(plan.collectives), compute=nothing,
+        memory=inputs.memory or Memory(components=(), source="HLO text only"),
+        hbm_capacity_bytes=math.inf, peak_flops_per_device=0.0,
+        timings=dict(inputs.timings), unknown_ops=plan.unknown_ops,
+        warnings=(*inputs.warnings, *_promotion_note(list(plan.collectives)), *plan.notes),
+        inputs=dataclasses.replace(inputs, plan=plan),
+    )
+
+
 def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
               calibration: Calibration | None = None, device_ids: Sequence[int] | None = None,
               cost: Cost | None = None) -> Report:
@@ -239,7 +265,7 @@ def analyze(
     fn: Callable,
     *args,
     mesh: Mesh,
-    system: str | System,
+    system: str | System | None,
     compute_dtype: str | None = None,
     model_flops_per_step: float | None = None,
     tokens_per_step: float | None = None,
@@ -264,7 +290,8 @@ def analyze(
             allocated.
         mesh: the mesh the program is sharded over (device i of its row-major order is
             system device id `mesh.devices.flat[i].id`).
-        system: a system name like "gb200-nvl72:72" or a `meshes.System`.
+        system: a system name like "gb200-nvl72:72" or a `meshes.System`; None: no
+            system, so the collectives' bytes, counts and mesh axes and no times (`untimed`).
         compute_dtype: time matmuls at this dtype's peak (e.g. "float8").
         model_flops_per_step: for MFU; HLO matmul FLOPs are used when absent.
         tokens_per_step: for tokens/s.
@@ -316,6 +343,8 @@ def analyze(
         warnings=(*warnings, *c.warnings), name=name,
         host_transfer_bytes=host_transfer_bytes, pipeline=pipeline,
         fit_advice=tuple(fit_advice), timings={**(timings or {}), **c.timings})
+    if system is None:
+        return untimed(inputs)
     return estimate(inputs, system=system, calibration=calibration, cost=cost)
 
 

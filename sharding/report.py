@@ -147,6 +147,11 @@ class Report:
 
     # --- time ----------------------------------------------------------------------
     @property
+    def timed(self) -> bool:
+        """False for a report on no system (sharding.api.untimed): bytes and counts only."""
+        return bool(self.system)
+
+    @property
     def compute_s(self) -> float:
         return self.compute.compute_s
 
@@ -283,6 +288,8 @@ class Report:
 
     def time_bottleneck(self) -> str:
         """What limits the step's time (as if it fit), in words."""
+        if not self.timed:
+            return "untimed: no system given"
         step = self.step_time_s
         if step <= 0:
             return "nothing to run"
@@ -382,7 +389,7 @@ class Report:
             "memory": self.memory.to_dict(),
             "hbm_capacity_bytes": self.hbm_capacity_bytes,
             "hbm_bytes": self.compute.hbm_bytes,
-            "fits": self.fits if self.memory.known else None,
+            "fits": self.fits if self.memory.known and self.timed else None,
             "power_w": e.power_w if e else None,
             "energy_per_step_j": e.energy_per_step_j if e else None,
             "joules_per_token": e.joules_per_token if e else None,

@@ -63,6 +63,9 @@ def format_side_by_side(reports: list[tuple[str, Report]]) -> str:
 
 def format_report(r: Report) -> str:
     """The terminal report: collectives by row and by model operation, then the step."""
+    if not r.timed:
+        return "\n".join([*_collective_lines(r), "", "untimed: no system given, so the "
+                          "collectives' bytes and counts only (give one to time them)"])
     return "\n".join([*_collective_lines(r), "", *_summary_lines(r)])
 
 
@@ -70,7 +73,8 @@ def _collective_lines(r: Report) -> list[str]:
     lines = []
     title = f"{r.name}  " if r.name else ""
     placed = f": {r.placement}" if r.placement else ""
-    lines.append(f"{title}on {r.system} ({r.num_devices} devices{placed}), HLO from "
+    system = r.system or "no system"
+    lines.append(f"{title}on {system} ({r.num_devices} devices{placed}), HLO from "
                  f"{r.compiler}")
     if not r.fits:
         lines.append(f"DOES NOT FIT: needs {fmt_bytes(r.memory_per_device_bytes)} of HBM per "

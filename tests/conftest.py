@@ -22,6 +22,8 @@ if importlib.util.find_spec("jax_cuda12_plugin") is None and \
 
 import jax  # noqa: E402
 
+# The shardscope pytest plugin (pytest_shardscope.py) finds this count set and keeps it, as it
+# keeps any count a session chose before pytest configures (--fake-devices would override it).
 jax.config.update("jax_num_cpu_devices", 8)
 
 import pathlib  # noqa: E402
