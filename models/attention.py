@@ -5,10 +5,15 @@ on-chip memory, never in HBM, and the backward pass recomputes them from the sav
 log-sum-exp. `flash_attention` is that algorithm in plain JAX so that XLA compiles (and the
 explorer counts) the same FLOPs and residuals:
 
-- queries are split into static blocks; block i attends only to keys [0, (i+1) * block),
-  so the causal half is skipped as a real kernel skips masked tiles;
-- the forward pass saves only the output and the log-sum-exp (custom_vjp);
-- the backward pass recomputes each block's probabilities.
+- queries and keys are split into static blocks, and loops run over the tiles (query
+  block i, key block j) with j <= i: the causal half is skipped as a real kernel skips
+  masked tiles, and only the diagonal tiles (a loop of their own) are masked;
+- the forward pass keeps a running max and sum per query (the online softmax) and saves
+  only the output and the log-sum-exp (custom_vjp);
+- the backward pass recomputes each tile's probabilities.
+Being a loop, one tile's scores exist at a time, as in a kernel's on-chip memory: XLA
+cannot schedule every block's scores at once (the TPU compiler held 14 GB of them for a
+Llama 3 8B layer at 8192 tokens when the blocks were unrolled).
 
 Its ops run under the named scope `flash_attention`; the cost model treats the
 intermediates inside that scope as on-chip (see sharding/traffic.py).
@@ -23,6 +28,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from sharding.traffic import FUSED_KERNEL_SCOPE as FLASH_SCOPE
 
@@ -45,104 +52,139 @@ def block_size(seq: int, preferred: int = 512) -> int:
     return seq
 
 
-def _block_scores(q_BLKGE, k_BSKE, i: int, bq: int, causal: bool = True):
-    """Scaled f32 scores of query block i: causally masked against keys [0, (i+1) bq), or
-    against every key when not `causal`."""
-    e = q_BLKGE.shape[-1]
-    end = (i + 1) * bq if causal else k_BSKE.shape[1]
-    q_blk = q_BLKGE[:, i * bq:(i + 1) * bq]
-    s_BKGLS = jnp.einsum("blkge,bske->bkgls", q_blk, k_BSKE[:, :end]).astype(jnp.float32)
-    s_BKGLS = s_BKGLS * (e**-0.5)
+def _tiles(nq: int, nk: int, causal: bool) -> list[tuple[np.ndarray, bool]]:
+    """(query block, key block) of every tile computed, each (tiles, 2), with whether its
+    tiles are masked: when causal, the diagonal (masked) and the tiles below it (a kernel
+    skips the masked half above); otherwise every pair, unmasked. Two loops rather than one
+    whose mask depends on the tile: autodiff's remat would stack that mask per tile."""
+    def pairs(ij):
+        return np.array(ij, dtype=np.int32).reshape(-1, 2)
     if not causal:
+        return [(pairs([(i, j) for i in range(nq) for j in range(nk)]), False)]
+    below = pairs([(i, j) for i in range(nq) for j in range(i)])
+    return [(pairs([(i, i) for i in range(nq)]), True)] + ([(below, False)] if len(below) else [])
+
+
+def _tile_scores(q_BLKGE, k_BSKE, i, j, bq: int, bk: int, masked: bool):
+    """Scaled f32 scores of query block i against key block j (traced indices), causally
+    masked when the tile is on the diagonal."""
+    e = q_BLKGE.shape[-1]
+    q_blk = lax.dynamic_slice_in_dim(q_BLKGE, i * bq, bq, axis=1)
+    k_blk = lax.dynamic_slice_in_dim(k_BSKE, j * bk, bk, axis=1)
+    s_BKGLS = jnp.einsum("blkge,bske->bkgls", q_blk, k_blk).astype(jnp.float32) * (e**-0.5)
+    if not masked:
         return s_BKGLS
-    rows = jnp.arange(bq)[:, None] + i * bq
-    cols = jnp.arange(end)[None, :]
-    return jnp.where(cols <= rows, s_BKGLS, -1e30)
+    return jnp.where(jnp.tril(jnp.ones((bq, bk), dtype=bool)), s_BKGLS, -1e30)
 
 
-def _key_end(i: int, bq: int, seq_k: int, causal: bool) -> int:
-    return (i + 1) * bq if causal else seq_k
+def _at(x, start, size: int, axis: int):
+    return lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
-def _forward(q_BLKGE, k_BSKE, v_BSKE, bq: int, causal: bool = True):
-    nq = q_BLKGE.shape[1] // bq
-    outs, lses = [], []
-    for i in range(nq):
-        end = _key_end(i, bq, k_BSKE.shape[1], causal)
-        s_BKGLS = _block_scores(q_BLKGE, k_BSKE, i, bq, causal)
-        m_BKGL = jnp.max(s_BKGLS, axis=-1)
-        p_BKGLS = jnp.exp(s_BKGLS - m_BKGL[..., None])
-        l_BKGL = jnp.sum(p_BKGLS, axis=-1)
-        o_BLKGE = jnp.einsum("bkgls,bske->blkge", p_BKGLS.astype(v_BSKE.dtype),
-                             v_BSKE[:, :end]).astype(jnp.float32)
-        o_BLKGE = o_BLKGE / jnp.moveaxis(l_BKGL, 3, 1)[..., None]
-        outs.append(o_BLKGE.astype(q_BLKGE.dtype))
-        lses.append(m_BKGL + jnp.log(l_BKGL))
-    return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=-1)
+def _add_at(acc, update, start, axis: int):
+    """acc with `update` added to its slice at `start` along `axis` (in place in a loop)."""
+    return lax.dynamic_update_slice_in_dim(
+        acc, _at(acc, start, update.shape[axis], axis) + update.astype(acc.dtype), start, axis)
+
+
+def _forward(q_BLKGE, k_BSKE, v_BSKE, bq: int, bk: int, causal: bool = True):
+    """(output, f32 log-sum-exp (B, K, G, L)), one tile at a time with the online softmax:
+    a loop over the tiles, so that one tile's scores exist at a time."""
+    b, seq, kh, g, e = q_BLKGE.shape
+    o_BLKGE = jnp.zeros(q_BLKGE.shape, jnp.float32)
+    m_BKGL = jnp.full((b, kh, g, seq), -1e30, jnp.float32)
+    l_BKGL = jnp.zeros((b, kh, g, seq), jnp.float32)
+
+    def tile(masked, carry, ij):
+        o_BLKGE, m_BKGL, l_BKGL = carry
+        i, j = ij[0], ij[1]
+        s_BKGLS = _tile_scores(q_BLKGE, k_BSKE, i, j, bq, bk, masked)
+        m_blk, l_blk = _at(m_BKGL, i * bq, bq, 3), _at(l_BKGL, i * bq, bq, 3)
+        m_new = jnp.maximum(m_blk, jnp.max(s_BKGLS, axis=-1))
+        p_BKGLS = jnp.exp(s_BKGLS - m_new[..., None])
+        alpha_BKGL = jnp.exp(m_blk - m_new)
+        pv_BLKGE = jnp.einsum("bkgls,bske->blkge", p_BKGLS.astype(v_BSKE.dtype),
+                              _at(v_BSKE, j * bk, bk, 1)).astype(jnp.float32)
+        o_blk = _at(o_BLKGE, i * bq, bq, 1) * jnp.moveaxis(alpha_BKGL, 3, 1)[..., None]
+        o_BLKGE = lax.dynamic_update_slice_in_dim(o_BLKGE, o_blk + pv_BLKGE, i * bq, 1)
+        m_BKGL = lax.dynamic_update_slice_in_dim(m_BKGL, m_new, i * bq, 3)
+        l_BKGL = lax.dynamic_update_slice_in_dim(
+            l_BKGL, l_blk * alpha_BKGL + jnp.sum(p_BKGLS, axis=-1), i * bq, 3)
+        return (o_BLKGE, m_BKGL, l_BKGL), None
+
+    carry = (o_BLKGE, m_BKGL, l_BKGL)
+    for tiles, masked in _tiles(seq // bq, k_BSKE.shape[1] // bk, causal):
+        carry, _ = lax.scan(functools.partial(tile, masked), carry, tiles)
+    o_BLKGE, m_BKGL, l_BKGL = carry
+    o_BLKGE = o_BLKGE / jnp.moveaxis(l_BKGL, 3, 1)[..., None]
+    return o_BLKGE.astype(q_BLKGE.dtype), m_BKGL + jnp.log(l_BKGL)
 
 
 def _backward(q_BLKGE, k_BSKE, v_BSKE, o_BLKGE, lse_BKGL, do_BLKGE, dlse_BKGL, bq: int,
-              causal: bool):
-    """Gradients of (o, lse) = attention(q, k, v), recomputing each block's probabilities.
+              bk: int, causal: bool):
+    """Gradients of (o, lse) = attention(q, k, v), recomputing each tile's probabilities.
     With p = softmax(s): ds = p (dp - delta + dlse), delta = rowsum(do * o)."""
-    e = q_BLKGE.shape[-1]
-    scale = e**-0.5
-    nq = q_BLKGE.shape[1] // bq
+    scale = q_BLKGE.shape[-1]**-0.5
     delta_BKGL = jnp.einsum("blkge,blkge->bkgl", do_BLKGE.astype(jnp.float32),
                             o_BLKGE.astype(jnp.float32)) - dlse_BKGL
-    dq_blocks = []
-    dk_BSKE = jnp.zeros(k_BSKE.shape, jnp.float32)
-    dv_BSKE = jnp.zeros(v_BSKE.shape, jnp.float32)
-    for i in range(nq):
-        lo = i * bq
-        end = _key_end(i, bq, k_BSKE.shape[1], causal)
-        s_BKGLS = _block_scores(q_BLKGE, k_BSKE, i, bq, causal)
-        p_BKGLS = jnp.exp(s_BKGLS - lse_BKGL[..., lo:lo + bq, None])
-        do_blk = do_BLKGE[:, lo:lo + bq]
+    grads = tuple(jnp.zeros(x.shape, jnp.float32) for x in (q_BLKGE, k_BSKE, v_BSKE))
+
+    def tile(masked, carry, ij):
+        dq_BLKGE, dk_BSKE, dv_BSKE = carry
+        i, j = ij[0], ij[1]
+        s_BKGLS = _tile_scores(q_BLKGE, k_BSKE, i, j, bq, bk, masked)
+        p_BKGLS = jnp.exp(s_BKGLS - _at(lse_BKGL, i * bq, bq, 3)[..., None])
+        do_blk, q_blk = _at(do_BLKGE, i * bq, bq, 1), _at(q_BLKGE, i * bq, bq, 1)
+        k_blk, v_blk = _at(k_BSKE, j * bk, bk, 1), _at(v_BSKE, j * bk, bk, 1)
         dv_blk = jnp.einsum("bkgls,blkge->bske", p_BKGLS.astype(do_blk.dtype), do_blk)
-        dp_BKGLS = jnp.einsum("blkge,bske->bkgls", do_blk, v_BSKE[:, :end]).astype(jnp.float32)
-        ds_BKGLS = (p_BKGLS * (dp_BKGLS - delta_BKGL[..., lo:lo + bq, None]) * scale)
+        dp_BKGLS = jnp.einsum("blkge,bske->bkgls", do_blk, v_blk).astype(jnp.float32)
+        ds_BKGLS = p_BKGLS * (dp_BKGLS - _at(delta_BKGL, i * bq, bq, 3)[..., None]) * scale
         ds_BKGLS = ds_BKGLS.astype(q_BLKGE.dtype)
-        dq_blocks.append(jnp.einsum("bkgls,bske->blkge", ds_BKGLS, k_BSKE[:, :end]))
-        dk_blk = jnp.einsum("bkgls,blkge->bske", ds_BKGLS, q_BLKGE[:, lo:lo + bq])
-        dk_BSKE = dk_BSKE.at[:, :end].add(dk_blk.astype(jnp.float32))
-        dv_BSKE = dv_BSKE.at[:, :end].add(dv_blk.astype(jnp.float32))
-    dq_BLKGE = jnp.concatenate(dq_blocks, axis=1).astype(q_BLKGE.dtype)
-    return dq_BLKGE, dk_BSKE.astype(k_BSKE.dtype), dv_BSKE.astype(v_BSKE.dtype)
+        dq_BLKGE = _add_at(dq_BLKGE, jnp.einsum("bkgls,bske->blkge", ds_BKGLS, k_blk),
+                           i * bq, 1)
+        dk_BSKE = _add_at(dk_BSKE, jnp.einsum("bkgls,blkge->bske", ds_BKGLS, q_blk),
+                          j * bk, 1)
+        dv_BSKE = _add_at(dv_BSKE, dv_blk, j * bk, 1)
+        return (dq_BLKGE, dk_BSKE, dv_BSKE), None
+
+    for tiles, masked in _tiles(q_BLKGE.shape[1] // bq, k_BSKE.shape[1] // bk, causal):
+        grads, _ = lax.scan(functools.partial(tile, masked), grads, tiles)
+    dq, dk, dv = grads
+    return dq.astype(q_BLKGE.dtype), dk.astype(k_BSKE.dtype), dv.astype(v_BSKE.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _flash(q_BLKGE, k_BSKE, v_BSKE, bq):
-    return _forward(q_BLKGE, k_BSKE, v_BSKE, bq)[0]
+    return _forward(q_BLKGE, k_BSKE, v_BSKE, bq, bq)[0]
 
 
 def _flash_fwd(q_BLKGE, k_BSKE, v_BSKE, bq):
-    o_BLKGE, lse_BKGL = _forward(q_BLKGE, k_BSKE, v_BSKE, bq)
+    o_BLKGE, lse_BKGL = _forward(q_BLKGE, k_BSKE, v_BSKE, bq, bq)
     return o_BLKGE, (q_BLKGE, k_BSKE, v_BSKE, o_BLKGE, lse_BKGL)
 
 
 def _flash_bwd(bq, residuals, do_BLKGE):
     q_BLKGE, k_BSKE, v_BSKE, o_BLKGE, lse_BKGL = residuals
     return _backward(q_BLKGE, k_BSKE, v_BSKE, o_BLKGE, lse_BKGL, do_BLKGE,
-                     jnp.zeros_like(lse_BKGL), bq, True)
+                     jnp.zeros_like(lse_BKGL), bq, bq, True)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _flash_lse(q_BLKGE, k_BSKE, v_BSKE, bq, causal):
-    return _forward(q_BLKGE, k_BSKE, v_BSKE, bq, causal)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _flash_lse(q_BLKGE, k_BSKE, v_BSKE, bq, bk, causal):
+    return _forward(q_BLKGE, k_BSKE, v_BSKE, bq, bk, causal)
 
 
-def _flash_lse_fwd(q_BLKGE, k_BSKE, v_BSKE, bq, causal):
-    o_BLKGE, lse_BKGL = _forward(q_BLKGE, k_BSKE, v_BSKE, bq, causal)
+def _flash_lse_fwd(q_BLKGE, k_BSKE, v_BSKE, bq, bk, causal):
+    o_BLKGE, lse_BKGL = _forward(q_BLKGE, k_BSKE, v_BSKE, bq, bk, causal)
     return (o_BLKGE, lse_BKGL), (q_BLKGE, k_BSKE, v_BSKE, o_BLKGE, lse_BKGL)
 
 
-def _flash_lse_bwd(bq, causal, residuals, cotangents):
+def _flash_lse_bwd(bq, bk, causal, residuals, cotangents):
     do_BLKGE, dlse_BKGL = cotangents
-    return _backward(*residuals, do_BLKGE, dlse_BKGL, bq, causal)
+    return _backward(*residuals, do_BLKGE, dlse_BKGL, bq, bk, causal)
 
 
 _flash_lse.defvjp(_flash_lse_fwd, _flash_lse_bwd)
@@ -152,9 +194,12 @@ def flash_block(q_BLKGE, k_BSKE, v_BSKE, *, causal: bool, block: int = 512):
     """One block of a larger attention (context parallelism): (output, log-sum-exp (B, K,
     G, L) in f32) of q against k, v -- causal when they are the same positions, full when
     every key precedes every query -- for combining with other blocks' results."""
-    bq = block_size(q_BLKGE.shape[1], block)
+    bq, bk = block_size(q_BLKGE.shape[1], block), block_size(k_BSKE.shape[1], block)
+    if causal and (q_BLKGE.shape[1] != k_BSKE.shape[1]):
+        raise ValueError(f"causal attention needs as many queries as keys, got "
+                         f"{q_BLKGE.shape[1]} and {k_BSKE.shape[1]}")
     with jax.named_scope(FLASH_SCOPE):
-        return _flash_lse(q_BLKGE, k_BSKE, v_BSKE, bq, causal)
+        return _flash_lse(q_BLKGE, k_BSKE, v_BSKE, bq, bk, causal)
 
 
 def flash_attention(q_BLKGE, k_BSKE, v_BSKE, *, block: int = 512):

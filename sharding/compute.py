@@ -156,9 +156,12 @@ def work(module: HloModule) -> dict[str, Work]:
                           and DECODE_ATTENTION_SCOPE in inst.op_name)
                 io = 0.0 if on_chip else (_scope_io(inst, comp, DECODE_ATTENTION_SCOPE)
                                           if scoped else own_io)
-                matmuls.append(MatmulWork(inst.name, f, dt, io,
-                                          FUSED_KERNEL_SCOPE in inst.op_name,
-                                          not inside_fusion, operation_of(inst.op_name)))
+                # the fused attention kernel's matmuls are one kernel's work: its fixed
+                # overhead is not paid per tile
+                attention = FUSED_KERNEL_SCOPE in inst.op_name
+                matmuls.append(MatmulWork(inst.name, f, dt, io, attention,
+                                          not (inside_fusion or attention),
+                                          operation_of(inst.op_name)))
         found = [] if inside_fusion else kernels(comp, module, final=module.is_scheduled)
         reuse = l2_reuse(comp, found) if module.is_scheduled else [()] * len(found)
         kerns = tuple(

@@ -41,3 +41,24 @@ def test_flash_attention_skips_the_masked_half(cpu_devices):
         flops[name] = compute_cost(parse_hlo(text), chip).matmul_flops
     assert flops["dense"] == 2 * 2 * 256 * 256 * 64
     assert flops["flash"] == flops["dense"] * 10 / 16
+
+
+def test_flash_attention_holds_one_tiles_scores_at_a_time(cpu_devices):
+    # A loop over 128 x 128 tiles of a 1024-position sequence: no array of the forward or
+    # backward pass is larger than one tile's scores (the accumulators, L x H x E, are
+    # smaller here). Unrolled query blocks made a whole row of key blocks per query block
+    # (128 x 1024), and XLA could keep every block's at once (issue: will it fit).
+    from models.attention import flash_attention
+    from sharding.hlo import parse_hlo
+
+    b, seq, kv, g, e = 1, 1024, 2, 2, 8
+    q = jax.ShapeDtypeStruct((b, seq, kv, g, e), jnp.float32)
+    k = jax.ShapeDtypeStruct((b, seq, kv, e), jnp.float32)
+
+    def loss(q, k, v):
+        return jnp.sum(flash_attention(q, k, v, block=128))
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, k).as_text(dialect="hlo")
+    largest = max(s.num_elements for comp in parse_hlo(text).computations.values()
+                  for inst in comp.instructions for s in inst.shapes)
+    assert largest == b * kv * g * 128 * 128
