@@ -13,9 +13,11 @@ f32 and schedules for a CPU. So the estimate counts what a TPU/GPU step holds at
     up/gate outputs and its down projection;
   - none: also the norms, the attention output before projection, the MLP activation and
     the residual sums;
-- one layer's working set during its backward pass: every intermediate of the layer and
-  its gradient (the "none" set, twice);
-- the logits and their gradient, f32 (B x L x V), sharded over the vocab's mesh axes.
+- one layer's working set during its backward pass: what it recomputes, the gradients in
+  flight, flash attention's f32 gradient accumulators, and the layer's weights as the FSDP
+  all-gather brings them;
+- the logits and their gradient (B x L x V), sharded over the vocab's mesh axes, beside the
+  unembedding's gathered weights.
 
 Every split comes from the rule table (`AxisRules.ways`): the batch over the mesh axes of
 `batch` (data x fsdp x expert by default), the sequence over those of `seq` (context
@@ -115,6 +117,25 @@ def offload_bytes_per_step(cfg: ModelConfig, *, workload: Workload, precision: P
     return 2 * moved * tokens * workload.microbatches
 
 
+def gathered_weight_bytes(cfg: ModelConfig, *, precision: Precision,
+                          mesh_shape: Mapping[str, int], rules: AxisRules
+                          ) -> tuple[float, float]:
+    """(one layer's weights, the unembedding's) per device as the matmuls read them after
+    the FSDP all-gather, in the activations' dtype (the weights are cast, then gathered);
+    (0, 0) when the weights are not sharded further than the matmuls use them. Tensor (and
+    expert) parallelism keeps its share: only the FSDP ways are gathered."""
+    ways = _splits(rules, mesh_shape)
+    if rules.ways("embed", mesh_shape, params=True) <= ways["embed"]:
+        return 0.0, 0.0
+    c = _activation_bytes(precision)
+    d, e = cfg.d_model, cfg.head_dim
+    h, k = cfg.n_heads / ways["heads"], cfg.n_kv_heads / ways["kv_heads"]
+    experts = cfg.n_experts / rules.ways("experts", mesh_shape, params=True)
+    mlp = (3 if cfg.mlp == "swiglu" else 2) * d * cfg.d_ff / ways["mlp"] * experts
+    layer = (d * (2 * h + 2 * k) * e + mlp) * c
+    return layer, d * cfg.padded_vocab / ways["vocab"] * c
+
+
 def activation_components(
     cfg: ModelConfig,
     *,
@@ -162,24 +183,32 @@ def activation_components(
                                    rules=rules, local_tokens=tokens)
     per_layer = {"full": x, "minimal": minimal, "none": everything, "custom": custom}[remat]
     # A layer's backward holds what it recomputes of those (none with nothing to recompute)
-    # and its gradients in flight: the MLP's, the largest (its hidden's, gate's and up's,
-    # and the layer's input and output gradients).
+    # and its gradients in flight: the MLP's, the largest (its gate's and up's: the hidden's
+    # gradient becomes them in place, as the TPU compiler's buffer assignment shows, with 4
+    # hidden-sized buffers at the peak), and the layer's input and output gradients.
     # (a layer offloaded whole recomputes all it did not offload)
     recomputed = everything - (0 if offloaded_layers else per_layer) if remat != "none" \
         or offloaded_layers else 0.0
     recomputed = max(0.0, recomputed)
-    in_flight = (r * (f + mlp_in) + 2 * dr) * c
+    # ... and the attention's f32 gradient accumulators (q's, k's and v's: flash
+    # attention's backward adds each tile's share into them), and the layer's weights as
+    # the FSDP all-gather brings them
+    layer_weights, unembedding = gathered_weight_bytes(cfg, precision=precision,
+                                                       mesh_shape=mesh_shape, rules=rules)
+    in_flight = (r * mlp_in + 2 * dr) * c + (h + 2 * k) * e * _F32
     vocab = cfg.padded_vocab / ways["vocab"]
     layers = cfg.n_layers if layers is None else layers
     tiles = f", one of {vocab_tiles} tiles" if vocab_tiles > 1 else ""
     return [
         (f"saved activations ({remat} remat, {layers} layers)",
          layers * tokens * per_layer),
-        ("one layer's backward working set", tokens * (recomputed + in_flight)),
+        ("one layer's backward working set",
+         tokens * (recomputed + in_flight) + layer_weights),
         # the logits as the output projection made them, kept for the loss's backward pass
         # (models/train.py cross_entropy, whose f32 softmax fuses into its reductions), and
-        # their gradient, the projection's backward operand
-        (f"logits and their gradient{tiles}", tokens / vocab_tiles * vocab * 2 * c),
+        # their gradient, the projection's backward operand, beside its gathered weights
+        (f"logits and their gradient{tiles}",
+         tokens / vocab_tiles * vocab * 2 * c + unembedding),
     ]
 
 
