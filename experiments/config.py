@@ -225,7 +225,8 @@ _TYPES = {"int": int, "str": str, "float": (int, float), "float | None": (int, f
 
 def _check_type(key: str, v, want, minimum: int = 1) -> None:
     if want is int and (not isinstance(v, int) or isinstance(v, bool)):
-        raise ConfigError(f"{key}={v!r} must be an integer")
+        raise ConfigError(f"{key}={v!r} must be an integer: write it as a number, e.g. "
+                          f"{key.rsplit('.', 1)[-1]} = {max(minimum, 1)}")
     if want is int and v < minimum:
         raise ConfigError(f"{key}={v} must be at least {minimum}")
     if want is str and not isinstance(v, str):

@@ -96,7 +96,21 @@ def candidates(exp: Experiment) -> list[dict]:
 
 
 def _factors(n: int) -> list[int]:
-    return [k for k in range(2, n + 1) if n % k == 0][:3]
+    """Ways to move: the two fewest and the two most (all of them), so that a large data
+    axis can move whole to FSDP as well as in part."""
+    ks = [k for k in range(2, n + 1) if n % k == 0]
+    return sorted(set(ks[:2] + ks[-2:]))
+
+
+# Without a compile, parallelism moves are shown by what they add to the step: FSDP a
+# gather of each layer's weights (overlapped), tensor parallelism collectives in every
+# layer's critical path, pipeline parallelism a bubble.
+_DESTINATIONS = ("fsdp", "tensor", "pipeline")
+
+
+def _destination(changes: dict) -> int:
+    grown = [k.split(".", 1)[1] for k in changes if k.startswith("parallelism.")]
+    return min((_DESTINATIONS.index(a) for a in grown if a in _DESTINATIONS), default=0)
 
 
 def _knob(changes: dict) -> str:
@@ -130,7 +144,7 @@ def search(exp: Experiment, *, limit: int = 3, compile: bool = True, backend: st
     if not fitting:
         fitting = _greedy(singles, size, capacity)
     fitting.sort(key=lambda c: (_KNOBS.index(_knob(c)) if _knob(c) in _KNOBS else 9,
-                                len(c), -size(c)))
+                                len(c), _destination(c), -size(c)))
     out = []
     for changes in fitting[:limit if not compile else 2 * limit]:
         step = None

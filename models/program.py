@@ -9,6 +9,7 @@ from them here, once (`Precision.activations`, `Precision.quantized_weights`, ..
 from __future__ import annotations
 
 import dataclasses
+import difflib
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +70,9 @@ def described(help: str, default=dataclasses.MISSING, **kwargs):
 def check_choice(key: str, value, valid) -> None:
     """A ValueError naming the key, the value and the valid choices."""
     if value not in valid:
-        raise ValueError(f"{key}={value!r} is not one of {', '.join(map(repr, valid))}")
+        close = difflib.get_close_matches(str(value), [str(v) for v in valid], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{key}={value!r} is not one of {', '.join(map(repr, valid))}{hint}")
 
 
 def _check_count(key: str, value, minimum: int, what: str) -> None:

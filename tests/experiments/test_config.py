@@ -44,7 +44,11 @@ BAD = {
                       "precision.compute='float4': h100 has no FP4 tensor cores"),
     "int8 train": (TINY + '[precision]\nweights = "int8"\n',
                    "precision.weights='int8' applies to serving"),
-    "type": (TINY.replace("data = 2", 'data = "two"'), "parallelism.data='two' must be an integer"),
+    "type": (TINY.replace("data = 2", 'data = "two"'),
+             "parallelism.data='two' must be an integer: write it as a number, e.g. data = 1"),
+    "choice typo": (TINY + '[train]\nremat = "fulll"\n',
+                    "train.remat='fulll' is not one of 'none', 'minimal', 'full', 'custom' "
+                    "(did you mean 'full'?)"),
     "override key": (TINY.replace('name = "h100:8"', 'name = "h100:8"\nnic_gb = 100'),
                      "unknown key 'system.nic_gb'; did you mean 'system.nic_gbps'? valid keys in "
                      "[system]: allreduce_alpha_us, dcn_gbps, fabric, gpus_per_domain, name, "

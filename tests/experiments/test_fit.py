@@ -80,3 +80,16 @@ def test_the_search_combines_changes_when_no_single_one_is_enough():
     assert found and all(len(s.changes) >= 2 and s.fits and
                          s.memory_per_device_bytes <= cap for s in found)
     assert all(fit.memory_of(fit._changed(exp, s.changes)).total_bytes <= cap for s in found)
+
+
+def test_a_large_data_axis_can_move_whole_to_fsdp():
+    # Llama 3 70B over 32 data-parallel H100s: only sharding the weights and optimizer
+    # state over (nearly) all 32 fits; moving 2, 4 or 8 of the ways is not enough, and the
+    # search used to try no more than those.
+    exp = config_mod.load("tiny-h100-dp-tp", [
+        "model.preset='llama3-70b'", "model.n_kv_heads=8", "system.name='h100:32'",
+        "parallelism.data=32", "parallelism.tensor=1", "workload.seq_len=4096",
+        "workload.global_batch=32"])
+    found = fit.search(exp, compile=False, limit=3)
+    assert {"parallelism.data": 1, "parallelism.fsdp": 32} in [s.changes for s in found]
+    assert all(s.memory_per_device_bytes <= exp.system.chip.hbm_bytes for s in found)
