@@ -67,6 +67,7 @@ def runtime_reserve(system, communicators: int) -> list[Reserve]:
     nccl, source = NCCL_PER_COMMUNICATOR
     out = [CUDA_RESERVE]
     if communicators:
-        out.append(Reserve(f"NCCL buffers ({communicators} communicators)",
+        plural = "" if communicators == 1 else "s"
+        out.append(Reserve(f"NCCL buffers ({communicators} communicator{plural})",
                            nccl * communicators, source))
     return out

@@ -200,7 +200,7 @@ def activation_components(
     layers = cfg.n_layers if layers is None else layers
     tiles = f", one of {vocab_tiles} tiles" if vocab_tiles > 1 else ""
     return [
-        (f"saved activations ({remat} remat, {layers} layers)",
+        (f"saved activations ({'no' if remat == 'none' else remat} remat, {layers} layers)",
          layers * tokens * per_layer),
         ("one layer's backward working set",
          tokens * (recomputed + in_flight) + layer_weights),
