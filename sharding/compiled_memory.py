@@ -46,10 +46,11 @@ def memory_stats(compiled, dump: str = "") -> dict[str, int] | None:
     reports = sorted(glob.glob(os.path.join(dump, "*memory-usage-report.txt"))) if dump else []
     if reports:
         with open(reports[-1]) as f:
-            hbm = memory_spaces(f.read()).get("default")
-        if hbm is not None:
+            spaces = memory_spaces(f.read())
+        if "default" in spaces:
             outputs = max(0, stats["output"] - stats["alias"])
-            stats["hbm_temp"] = max(0, hbm - stats["argument"] - outputs)
+            stats["hbm_temp"] = max(0, spaces["default"] - stats["argument"] - outputs)
+            stats["other_spaces"] = sum(b for s, b in spaces.items() if s != "default")
     return stats
 
 
@@ -65,9 +66,15 @@ def compiled_memory(stats: Mapping[str, int] | None, *, on_cpu: bool = True) -> 
     host = sum(stats[f"host_{k}"] for k in ("argument", "output", "temp"))
     temp = stats.get("hbm_temp", stats["temp"])
     notes = (f"in host memory, not HBM: {host / 1e9:.2f} GB (offloaded)",) if host else ()
-    if temp < stats["temp"]:
-        notes += (f"temporaries outside HBM (on-chip VMEM, host staging): "
-                  f"{(stats['temp'] - temp) / 1e9:.2f} GB, not counted",)
+    if temp != stats["temp"]:
+        # The memory analysis' figure and the assignment's need not agree: on a v5e-256
+        # program the analysis counted 3.4 GB more than every memory space of the
+        # assignment together, while its own peak matched the HBM assignment. The
+        # assignment is the verdict; the difference is said.
+        notes += (f"the compiler's memory analysis counts {stats['temp'] / 1e9:.2f} GB of "
+                  f"temporaries; its buffer assignment places {temp / 1e9:.2f} GB in HBM "
+                  f"and {stats.get('other_spaces', 0) / 1e9:.2f} GB in other memory spaces "
+                  f"(VMEM, host): the verdict counts the HBM assignment",)
     return Memory(
         components=(
             ("arguments", float(stats["argument"])),
