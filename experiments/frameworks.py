@@ -117,8 +117,9 @@ def maxtext(exp: Experiment) -> list[str]:
     """YAML `key: value` lines, as overrides of MaxText's base.yml for its train.py."""
     par, w, n = exp.parallelism, exp.workload, exp.system.num_devices
     count, what = granules(exp.system)
-    lines = [f"# MaxText settings of {exp.name} (shardscope export; {n} devices, {count} "
-             f"{what}{'s' if count > 1 else ''} joined by dcn_*)",
+    where = (f"{count} {what}s of {n // count} joined by dcn_*" if count > 1
+             else f"one {what}: dcn_* all 1")
+    lines = [f"# MaxText settings of {exp.name} (shardscope export; {n} devices, {where})",
              f"{SYSTEM_LINE}{exp.system.name}"]
     lines += _maxtext_model(exp)
     split = ici_dcn(par.sizes(), par.outer, count, what)
@@ -235,9 +236,12 @@ def megatron(exp: Experiment) -> list[str]:
     par, w, m = exp.parallelism, exp.workload, exp.model
     n = exp.system.num_devices
     dp = n // (par.tensor * par.pipeline * par.sequence)
-    lines = [f"# Megatron-LM flags of {exp.name} (shardscope export; {n} GPUs: data-parallel "
+    lines = [f"# Megatron-LM flags of {exp.name} (shardscope export; {n} devices: data-parallel "
              f"size {dp} = {n} / (tensor {par.tensor} x pipeline {par.pipeline} x context "
              f"{par.sequence}), implied)",
+             *([f"# system.name={exp.system.name!r} is not a GPU system: Megatron-LM runs "
+                f"on GPUs; these flags are the same split on as many"]
+               if not hasattr(exp.system, "domain_size") else []),
              f"--tensor-model-parallel-size {par.tensor}",
              f"--pipeline-model-parallel-size {par.pipeline}"]
     if par.virtual_stages > 1:

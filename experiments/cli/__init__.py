@@ -162,8 +162,15 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        # import's KEY=VALUE overrides may follow its flags, as MaxText's command line has them
+        if extra and args.command == "import" and all("=" in x and not x.startswith("-")
+                                                      for x in extra):
+            args.overrides += extra
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help (0) or a flag argparse refused (2, its line printed)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
