@@ -121,6 +121,9 @@ def maxtext(exp: Experiment) -> list[str]:
              else f"one {what}: dcn_* all 1")
     lines = [f"# MaxText settings of {exp.name} (shardscope export; {n} devices, {where})",
              f"{SYSTEM_LINE}{exp.system.name}"]
+    if count > 1 and what == "slice":
+        lines.append(f"# MaxText counts the {count} slices from the devices (train_compile.py: "
+                     f"compile_topology_num_slices={count})")
     lines += _maxtext_model(exp)
     split = ici_dcn(par.sizes(), par.outer, count, what)
     for level, i in (("ici", 0), ("dcn", 1)):

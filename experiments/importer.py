@@ -8,6 +8,7 @@ one with a value shardscope cannot express is refused, naming it. MaxText's own 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -285,7 +286,7 @@ def _toml_value(v) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, str):
-        return f'"{v}"'
+        return json.dumps(v)  # TOML's basic strings escape as JSON's do
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return repr(v)
@@ -293,7 +294,7 @@ def _toml_value(v) -> str:
 
 def to_toml(raw: dict, source: str) -> str:
     lines = [f"# Imported from the MaxText config {source} (shardscope import maxtext).",
-             f'name = "{raw["name"]}"']
+             f"name = {_toml_value(raw['name'])}"]
     for table in ("model", "system", "parallelism", "workload", "precision", "train"):
         lines += ["", f"[{table}]"]
         lines += [f"{k} = {_toml_value(v)}" for k, v in raw[table].items()

@@ -146,6 +146,8 @@ def test_import_refuses_what_shardscope_cannot_express(override, named, tmp_path
 def test_bad_framework_and_missing_system_are_one_line(tmp_path, capsys):
     code, _, err = run_cli(["export", "tiny-h100-dp-tp", "--to", "jax"], capsys)
     assert code == 2 and "maxtext, megatron" in err and "Traceback" not in err
+    code, _, err = run_cli(["export", "llama3-70b-decode-h200-8", "--to", "megatron"], capsys)
+    assert code == 2 and "workload.kind='decode'" in err
     yml = tmp_path / "x.yml"
     yml.write_text("model_name: llama3-8b\nici_fsdp_parallelism: 8\n")
     code, _, err = run_cli(["import", "maxtext", str(yml), "--out", str(tmp_path / "b.toml")],
@@ -158,3 +160,23 @@ def test_bad_framework_and_missing_system_are_one_line(tmp_path, capsys):
     # MaxText's defaults for what the file leaves out: 12 sequences per device of 2048
     assert (exp.parallelism.fsdp, exp.workload.global_batch, exp.workload.seq_len) == \
         (8, 96, 2048)
+
+
+@pytest.mark.parametrize("name", [n for n in config.bundled_names()
+                                  if config.load(n).workload.kind == "train"])
+def test_every_bundled_training_config_exports_or_says_why(name):
+    from experiments import frameworks
+
+    exp = config.load(name)
+    assert "--tensor-model-parallel-size" in frameworks.export(exp, "megatron")
+    try:
+        text = frameworks.export(exp, "maxtext")
+    except config.ConfigError as e:
+        # a mesh axis across slices (nodes) unevenly, or GPUs in part of a domain
+        assert "straddles" in str(e) or "not whole NVLink domains" in str(e)
+        return
+    sizes = _lines(text)
+    for axis, maxtext_axis in frameworks.MAXTEXT_AXES.items():
+        # each axis is its ICI ways x its DCN ways
+        assert int(sizes[f"ici_{maxtext_axis}_parallelism"]) * \
+            int(sizes[f"dcn_{maxtext_axis}_parallelism"]) == getattr(exp.parallelism, axis)
