@@ -206,28 +206,13 @@ def _precision(keys: dict) -> dict:
 
 def _model(keys: dict) -> dict:
     name = keys.get("model_name", "default")
-    shape = {MODEL_KEYS[k]: keys[k] for k in MODEL_KEYS if k in keys}
-    if "mlp_activations" in keys:
-        acts = {tuple(v): k for k, v in MAXTEXT_ACTIVATIONS.items()}
-        got = tuple(keys["mlp_activations"] or ())
-        if got not in acts:
-            raise ConfigError(f"mlp_activations={list(got)}: valid: "
-                              f"{', '.join(str(v) for v in MAXTEXT_ACTIVATIONS.values())}")
-        shape["mlp"] = acts[got]
-    if keys.get("logits_via_embedding") is not None:
-        shape["tie_embeddings"] = bool(keys["logits_via_embedding"])
+    shape = _shape(keys) if name == "default" or keys.get("override_model_config") else {}
     if keys.get("capacity_factor", 0) == -1:
         shape["dropless"] = True
     elif "capacity_factor" in keys:
         shape["capacity_factor"] = keys["capacity_factor"]
     if keys.get("attention") == "dot_product":
         shape["attention"] = "dense"
-    block = keys.get("decoder_block")
-    if block == "gpt3":
-        shape.update(norm="layernorm", positions="learned")
-    elif block not in (None, "llama2", "mistral", "mixtral"):
-        raise ConfigError(f"decoder_block={block!r}: shardscope's blocks are llama2 "
-                          f"(RMSNorm, RoPE) and gpt3 (LayerNorm, learned positions)")
     if name != "default":
         if name not in PRESET_OF:
             raise ConfigError(f"model_name={name!r} is not a model shardscope knows; valid: "
@@ -238,6 +223,32 @@ def _model(keys: dict) -> dict:
     if missing:
         raise ConfigError(f"no model_name and no {', '.join(missing)}: give a MaxText "
                           f"model_name ({', '.join(sorted(PRESET_OF))}) or every shape key")
+    return shape
+
+
+def _shape(keys: dict) -> dict:
+    """The shape keys; with a model_name, MaxText's model file sets them (base.yml's values
+    are overridden) unless override_model_config."""
+    shape = {MODEL_KEYS[k]: keys[k] for k in MODEL_KEYS if k in keys}
+    if shape.get("max_seq_len", 1) < 1:  # base.yml's -1: no learned table
+        del shape["max_seq_len"]
+    if shape.get("n_experts", 1) <= 1:
+        shape.pop("n_shared_experts", None)
+    if "mlp_activations" in keys:
+        acts = {tuple(v): k for k, v in MAXTEXT_ACTIVATIONS.items()}
+        got = tuple(keys["mlp_activations"] or ())
+        if got not in acts:
+            raise ConfigError(f"mlp_activations={list(got)}: valid: "
+                              f"{', '.join(str(v) for v in MAXTEXT_ACTIVATIONS.values())}")
+        shape["mlp"] = acts[got]
+    if keys.get("logits_via_embedding") is not None:
+        shape["tie_embeddings"] = bool(keys["logits_via_embedding"])
+    block = keys.get("decoder_block")
+    if block == "gpt3":
+        shape.update(norm="layernorm", positions="learned")
+    elif block not in (None, "llama2", "mistral", "mixtral"):
+        raise ConfigError(f"decoder_block={block!r}: shardscope's blocks are llama2 "
+                          f"(RMSNorm, RoPE) and gpt3 (LayerNorm, learned positions)")
     return shape
 
 

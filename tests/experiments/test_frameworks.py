@@ -180,3 +180,25 @@ def test_every_bundled_training_config_exports_or_says_why(name):
         # each axis is its ICI ways x its DCN ways
         assert int(sizes[f"ici_{maxtext_axis}_parallelism"]) * \
             int(sizes[f"dcn_{maxtext_axis}_parallelism"]) == getattr(exp.parallelism, axis)
+
+
+def test_import_reads_maxtext_defaults_as_its_base_yml_has_them(tmp_path, capsys):
+    # lines as MaxText's base.yml writes them (-1: the devices left over; its base_* shape
+    # keys, which a model_name's own file overrides); v5e-256 x 2 slices
+    yml = tmp_path / "base.yml"
+    yml.write_text("run_name: ''\nmodel_name: llama2-7b  # a comment\nbase_emb_dim: 2048\n"
+                   "ici_fsdp_parallelism: -1\ndcn_data_parallelism: -1\n"
+                   "logical_axis_rules: [\n  ['activation_batch', ['data', 'fsdp']],\n]\n"
+                   "trainable_position_size: -1\nshared_experts: 1\n"
+                   "per_device_batch_size: 2.0\nlearning_rate: 3.e-5\n"
+                   "remat_policy: 'save_qkv_proj'\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--out", str(tmp_path / "b.toml"),
+                            "--system", "tpu-v5e:16x16*2"], capsys)
+    assert code == 0, err
+    exp = config.load(tmp_path / "b.toml")
+    assert exp.model == config.preset("llama2-7b")
+    # 2 slices over DCN on data, 256 chips per slice on FSDP; 2 sequences x 512 chips
+    assert (exp.parallelism.data, exp.parallelism.fsdp, exp.workload.global_batch) == \
+        (2, 256, 1024)
+    assert (exp.train.remat, exp.train.save) == ("custom", ("query_proj", "key_proj",
+                                                            "value_proj"))
