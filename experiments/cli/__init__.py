@@ -3,9 +3,9 @@
 Mistakes in what the user wrote end in one line on stderr and exit status 2.
 
 Rooms: `flags.py` declares every flag once (parent parsers and value types);
-`commands.py` the commands about one config (run, fit, inspect, systems, models, configs,
-keys); `studies.py` those over many (validate, calibrate, search, results, compare);
-`output.py` files, tables and progress.
+`commands.py` the commands about one config (run, fit, inspect, export, import, systems,
+models, configs, keys); `studies.py` those over many (validate, calibrate, search, results,
+compare); `output.py` files, tables and progress.
 """
 
 from __future__ import annotations
@@ -135,6 +135,20 @@ def build_parser() -> Parser:
                         metavar="PCT", help=f"the most the {help} may grow, in percent "
                                             f"(default {default:g})")
 
+    ex = command("export", "the config's sharding, batch, remat and precision as a "
+                 "framework's own settings", commands.cmd_export, "config", "out")
+    ex.add_argument("--to", required=True, metavar="FRAMEWORK",
+                    help="maxtext (its config keys) or megatron (its command-line flags)")
+    im = command("import", "a framework's config as an experiment config",
+                 commands.cmd_import, "out")
+    im.add_argument("framework", metavar="FRAMEWORK", help="maxtext")
+    im.add_argument("source", metavar="CONFIG.yml", help="the framework's config file")
+    im.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                    help="overrides as the framework's command line takes them, e.g. "
+                         "ici_fsdp_parallelism=8")
+    im.add_argument("--system", help="the system it runs on, e.g. tpu-v5e:16x16*4 (unless "
+                                     "the file names one: `shardscope export` writes it)")
+
     command("systems", "the system catalog", commands.cmd_systems)
     command("models", "the model presets", commands.cmd_models)
     command("configs", "the bundled experiment configs (run them by name)",
@@ -148,8 +162,15 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        # import's KEY=VALUE overrides may follow its flags, as MaxText's command line has them
+        if extra and args.command == "import" and all("=" in x and not x.startswith("-")
+                                                      for x in extra):
+            args.overrides += extra
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help (0) or a flag argparse refused (2, its line printed)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:

@@ -1,4 +1,5 @@
-"""The commands about one config or one thing: run, inspect, systems, models, configs."""
+"""The commands about one config or one thing: run, inspect, export, import, systems, models,
+configs."""
 
 from __future__ import annotations
 
@@ -213,3 +214,41 @@ def cmd_diff(args) -> int:
     if args.json:
         write_json(args.json, d.to_dict())
     return 0 if d.ok else 1
+
+
+def _emit(text: str, args) -> None:
+    """To stdout, or to --out; a file already there (a user's) is kept unless --force."""
+    if not args.out:
+        print(text, end="")
+        return
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise ConfigError(f"--out {args.out!r} exists; choose another name or add --force to "
+                          f"overwrite it")
+    write_text(args.out, text, flag="--out")
+
+
+def cmd_export(args) -> int:
+    from experiments import config as config_mod
+    from experiments import frameworks
+
+    if args.to not in frameworks.FRAMEWORKS:  # before loading: the flag's mistake first
+        raise ConfigError(f"--to {args.to!r} is not a framework shardscope exports to; "
+                          f"choose one of {', '.join(frameworks.FRAMEWORKS)}")
+    exp = config_mod.load(args.config, args.set or [])
+    _emit(frameworks.export(exp, args.to), args)
+    return 0
+
+
+def cmd_import(args) -> int:
+    from experiments import importer
+
+    if args.framework != "maxtext":
+        raise ConfigError(f"import {args.framework!r}: shardscope imports maxtext configs; "
+                          f"for Megatron-LM, write the experiment's [parallelism] by hand "
+                          f"(`shardscope keys parallelism`)")
+    if not args.out:
+        raise ConfigError("import needs --out EXP.toml (the experiment config to write; its "
+                          "name is the file's)")
+    _emit(importer.import_maxtext(args.source, args.overrides, args.system, args.out), args)
+    return 0

@@ -114,6 +114,10 @@ def parents(default_axes: tuple[str, ...]) -> dict[str, Parser]:
             "metavar": "CAL.toml", "help": "fitted efficiencies from `shardscope calibrate` "
                                            "(default: the catalog's, meshes/calibration.toml)"})),
         "json": _parent((("--json",), {"metavar": "OUT", "help": "write the result as JSON"})),
+        "out": _parent(
+            (("--out",), {"metavar": "FILE", "help": "write it to FILE (default: stdout); "
+                                                     "an existing file is kept unless --force"}),
+            (("--force",), {"action": "store_true", "help": "overwrite --out's file"})),
         "html": _parent((("--html",), {"metavar": "OUT", "help": "write an HTML page"})),
         "groups": _parent((("--groups",), {
             "action": "store_true",

@@ -1,0 +1,358 @@
+"""`shardscope export`: an experiment's sharding, batch, remat and precision as a training
+framework's own settings (MaxText's config keys, Megatron-LM's command-line flags).
+
+What the framework cannot express is said in a `# ...` line, never dropped. The way back
+in from MaxText is experiments/importer.py; both share the tables here (the mesh axes'
+MaxText names, the ICI / DCN split, the model names).
+"""
+
+from __future__ import annotations
+
+from experiments.config import ConfigError, Experiment
+from models.config import PRESETS
+from models.program import CHECKPOINT_NAMES, expand_names
+from sharding.rules import MESH_AXES
+
+FRAMEWORKS = ("maxtext", "megatron")
+
+# shardscope mesh axis -> MaxText's (its `ici_<name>_parallelism`, `dcn_<name>_parallelism`);
+# MaxText's context axis is context parallelism (attention over the split positions).
+MAXTEXT_AXES = {"pipeline": "pipeline", "data": "data", "fsdp": "fsdp", "expert": "expert",
+                "sequence": "context", "tensor": "tensor"}
+# shardscope preset -> MaxText model_name (MaxText/configs/models/<name>.yml)
+MAXTEXT_MODELS = {"llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b",
+                  "llama2-70b": "llama2-70b", "llama3-8b": "llama3-8b",
+                  "llama3-70b": "llama3-70b", "llama3-405b": "llama3-405b",
+                  "mixtral-8x7b": "mixtral-8x7b", "mixtral-8x22b": "mixtral-8x22b",
+                  "gpt3-175b": "gpt3-175b", "deepseek-v3": "deepseek3-671b",
+                  "qwen3-235b-a22b": "qwen3-235b-a22b", "gpt-oss-120b": "gpt-oss-120b"}
+MAXTEXT_ACTIVATIONS = {"swiglu": ["silu", "linear"], "gelu": ["gelu"], "relu": ["relu"]}
+# shardscope's remat policies that MaxText names alike (custom: its per-tensor keys)
+MAXTEXT_REMAT = {"full": "full", "minimal": "minimal"}
+SYSTEM_LINE = "# shardscope system: "
+
+
+def granules(exp_system) -> tuple[int, str]:
+    """How many ICI domains MaxText's DCN axes join, and what they are: a TPU system's
+    slices; a GPU system's nodes (its NVLink domains)."""
+    slices = getattr(exp_system, "num_slices", None)
+    if slices is not None:
+        return slices, "slice"
+    domain = getattr(exp_system, "domain_size", exp_system.num_devices)
+    if exp_system.num_devices <= domain:
+        return 1, "node"
+    if exp_system.num_devices % domain:
+        raise ConfigError(f"system.name={exp_system.name!r}: {exp_system.num_devices} GPUs are "
+                          f"not whole NVLink domains of {domain}, so MaxText's dcn_* (across "
+                          f"nodes) cannot be split; use a multiple of {domain} GPUs")
+    return exp_system.num_devices // domain, "node"
+
+
+def placement_order(outer: str) -> list[str]:
+    """The mesh axes from outermost (farthest apart) in, as sharding/mesh.py places them."""
+    if not outer:
+        return list(MESH_AXES)
+    return [outer, *(a for a in MESH_AXES if a != outer)]
+
+
+def ici_dcn(sizes: dict[str, int], outer: str, n_granules: int, what: str = "slice"
+            ) -> dict[str, tuple[int, int]]:
+    """Each mesh axis as (ICI, DCN) ways: the outermost axes cross the `n_granules` slices
+    (nodes), the major part of an axis first, as sharding.mesh.placement lays devices."""
+    left, out = n_granules, {}
+    for a in placement_order(outer):
+        size = sizes[a]
+        if left == 1 or size == 1:
+            out[a] = (size, 1)
+        elif size % left == 0:
+            out[a], left = (size // left, left), 1
+        elif left % size == 0:
+            out[a], left = (1, size), left // size
+        else:
+            raise ConfigError(f"parallelism.{a}={size} straddles the {n_granules} {what}s "
+                              f"unevenly: MaxText's dcn_{MAXTEXT_AXES[a]}_parallelism must be "
+                              f"whole {what}s; make the outer axes' sizes multiples or "
+                              f"divisors of {n_granules}")
+    return out
+
+
+def _number(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x
+
+
+def _chunk(exp: Experiment) -> int:
+    """Consecutive layers in each pipeline stage's chunk (shardscope rounds up)."""
+    par = exp.parallelism
+    return -(-exp.model.n_layers // (par.pipeline * par.virtual_stages))
+
+
+def _uneven(exp: Experiment, how: str) -> list[str]:
+    par, layers = exp.parallelism, exp.model.n_layers
+    slots = par.pipeline * par.virtual_stages * _chunk(exp)
+    if slots == layers:
+        return []
+    return [f"# {layers} layers in {slots} pipeline slots (shardscope leaves the last "
+            f"{slots - layers} empty): {how}"]
+
+
+def _check_train(exp: Experiment, to: str) -> None:
+    if exp.workload.kind != "train":
+        raise ConfigError(f"export --to {to} writes a training run's settings; workload.kind="
+                          f"{exp.workload.kind!r}: use a config with kind = \"train\"")
+
+
+def export(exp: Experiment, to: str) -> str:
+    """The framework's own settings for the config, one per line (comments: `# ...`)."""
+    if to not in FRAMEWORKS:
+        raise ConfigError(f"--to {to!r} is not a framework shardscope exports to; choose one "
+                          f"of {', '.join(FRAMEWORKS)}")
+    _check_train(exp, to)
+    lines = maxtext(exp) if to == "maxtext" else megatron(exp)
+    return "\n".join(lines) + "\n"
+
+
+# ---- MaxText ------------------------------------------------------------------------------
+
+def maxtext(exp: Experiment) -> list[str]:
+    """YAML `key: value` lines, as overrides of MaxText's base.yml for its train.py."""
+    par, w, n = exp.parallelism, exp.workload, exp.system.num_devices
+    count, what = granules(exp.system)
+    where = (f"{count} {what}s of {n // count} joined by dcn_*" if count > 1
+             else f"one {what}: dcn_* all 1")
+    lines = [f"# MaxText settings of {exp.name} (shardscope export; {n} devices, {where})",
+             f"{SYSTEM_LINE}{exp.system.name}"]
+    if count > 1 and what == "slice":
+        lines.append(f"# MaxText counts the {count} slices from the devices (train_compile.py: "
+                     f"compile_topology_num_slices={count})")
+    lines += _maxtext_model(exp)
+    split = ici_dcn(par.sizes(), par.outer, count, what)
+    for level, i in (("ici", 0), ("dcn", 1)):
+        for a in MESH_AXES:
+            lines.append(f"{level}_{MAXTEXT_AXES[a]}_parallelism: {split[a][i]}")
+    if par.sequence > 1:
+        strategy = "all_gather" if par.context_mode == "allgather" else "ring"
+        lines.append(f"context_parallel_strategy: {strategy}")
+    pipelined = par.pipeline > 1
+    per_device = w.global_batch / n if pipelined else w.micro_batch / n
+    lines += [f"per_device_batch_size: {_number(per_device)}",
+              f"max_target_length: {w.seq_len}",
+              f"gradient_accumulation_steps: {1 if pipelined else w.microbatches}"]
+    if pipelined:
+        lines += [f"num_pipeline_microbatches: {w.microbatches}",
+                  f"num_layers_per_pipeline_stage: {_chunk(exp)}",
+                  *_uneven(exp, "MaxText needs num_layers = stages x this x repeats"),
+                  f"# parallelism.pipeline_schedule={par.pipeline_schedule!r}: MaxText runs "
+                  f"its own circular pipeline schedule (no key chooses 1F1B or GPipe)"]
+    lines += _maxtext_remat(exp)
+    lines += _maxtext_precision(exp)
+    t = exp.train
+    lines += [f"shard_optimizer_over_data: {str(t.shard_optimizer_over_data).lower()}",
+              f"num_vocab_tiling: {t.num_vocab_tiling}",
+              f"opt_type: {t.optimizer}",
+              f"learning_rate: {t.learning_rate}",
+              f"adam_weight_decay: {t.weight_decay}"]
+    if t.offload_layers:
+        lines.append(f"# train.offload_layers={t.offload_layers} (the first layers' "
+                     f"activations on the host): no MaxText key; remat_policy applies to "
+                     f"every layer")
+    if par.tensor > 1 and par.rules != "maxtext":
+        lines.append(f"# parallelism.rules={par.rules!r} keeps the residual stream whole "
+                     f"over tensor; MaxText splits it (activation_embed over tensor: "
+                     f"rules = \"maxtext\" in shardscope)")
+    if par.sequence_parallel:
+        lines.append("# parallelism.sequence_parallel (Megatron's): MaxText's "
+                     "activation_embed over tensor splits the residual stream instead")
+    return lines
+
+
+def _maxtext_model(exp: Experiment) -> list[str]:
+    m = exp.model
+    if m.name in MAXTEXT_MODELS and m == PRESETS[m.name]():
+        lines = [f"model_name: {MAXTEXT_MODELS[m.name]}"]
+        if m.name == "deepseek-v3":
+            lines.append("# model deepseek-v3: shardscope models its multi-head latent "
+                         "attention by dimensions; MaxText's deepseek3-671b is the real MLA")
+        return lines
+    lines = [f"base_emb_dim: {m.d_model}", f"base_num_query_heads: {m.n_heads}",
+             f"base_num_kv_heads: {m.n_kv_heads}", f"base_mlp_dim: {m.d_ff}",
+             f"base_num_decoder_layers: {m.n_layers}", f"head_dim: {m.head_dim}",
+             f"vocab_size: {m.vocab}",
+             "mlp_activations: [" + ", ".join(f'"{a}"' for a in MAXTEXT_ACTIVATIONS[m.mlp])
+             + "]",
+             f"logits_via_embedding: {str(m.tie_embeddings).lower()}"]
+    if m.norm == "rmsnorm" and m.positions == "rope":
+        lines += ["decoder_block: llama2", f"rope_max_timescale: {_number(m.rope_theta)}"]
+    elif m.norm == "layernorm" and m.positions == "learned":
+        lines += ["decoder_block: gpt3", f"trainable_position_size: {m.max_seq_len}"]
+    else:
+        lines.append(f"# model.norm={m.norm!r} with model.positions={m.positions!r}: no "
+                     f"MaxText decoder_block has both")
+    if m.n_experts > 1:
+        lines += [f"num_experts: {m.n_experts}", f"num_experts_per_tok: {m.experts_per_token}",
+                  f"capacity_factor: {-1 if m.dropless else _number(m.capacity_factor)}"]
+        if m.n_shared_experts:
+            lines.append(f"shared_experts: {m.n_shared_experts}")
+        lines.append(f"# model.moe_group_size={m.moe_group_size}: shardscope's routing "
+                     f"groups, no MaxText key")
+    if m.attention == "dense":
+        lines.append("attention: dot_product")
+    if m.vocab_multiple != 128:
+        lines.append(f"# model.vocab_multiple={m.vocab_multiple}: no MaxText key")
+    return lines
+
+
+def _maxtext_remat(exp: Experiment) -> list[str]:
+    t = exp.train
+    if t.remat in MAXTEXT_REMAT:
+        return [f"remat_policy: {MAXTEXT_REMAT[t.remat]}"]
+    if t.remat == "none":
+        return ["# train.remat='none' (everything saved): MaxText always rematerialises "
+                "within a layer; the nearest is custom with every tensor kept on device",
+                "remat_policy: custom",
+                *(f"{name}: device" for name in expand_names(CHECKPOINT_NAMES))]
+    where = {**dict.fromkeys(expand_names(t.save), "device"),
+             **dict.fromkeys(expand_names(t.offload), "offload")}
+    return ["remat_policy: custom", *(f"{name}: {where[name]}" for name in where)]
+
+
+def _maxtext_precision(exp: Experiment) -> list[str]:
+    p = exp.precision
+    lines = [f"weight_dtype: {p.params}", f"dtype: {p.activations}"]
+    if p.compute == "float8":
+        lines.append("quantization: fp8")
+    elif p.compute == "float4":
+        lines.append("# precision.compute='float4' (block-scaled FP4 matmuls): no MaxText "
+                     "quantization mode; dtype bfloat16 above")
+    if p.master_weights:
+        lines.append(f"# precision.master_weights={p.master_weights!r} (an fp32 copy of the "
+                     f"bfloat16 weights in the optimizer): no MaxText key of its own")
+    if p.gradient_dtype != "float32":
+        lines.append(f"# precision.grad_reduce={p.grad_reduce!r}: MaxText reduces gradients "
+                     f"in weight_dtype; no key of its own")
+    return lines
+
+
+# ---- Megatron-LM --------------------------------------------------------------------------
+
+def megatron(exp: Experiment) -> list[str]:
+    """pretrain_gpt.py's flags, one per line."""
+    par, w, m = exp.parallelism, exp.workload, exp.model
+    n = exp.system.num_devices
+    dp = n // (par.tensor * par.pipeline * par.sequence)
+    lines = [f"# Megatron-LM flags of {exp.name} (shardscope export; {n} devices: data-parallel "
+             f"size {dp} = {n} / (tensor {par.tensor} x pipeline {par.pipeline} x context "
+             f"{par.sequence}), implied)",
+             *([f"# system.name={exp.system.name!r} is not a GPU system: Megatron-LM runs "
+                f"on GPUs; these flags are the same split on as many"]
+               if not hasattr(exp.system, "domain_size") else []),
+             f"--tensor-model-parallel-size {par.tensor}",
+             f"--pipeline-model-parallel-size {par.pipeline}"]
+    if par.virtual_stages > 1:
+        lines.append(f"--num-layers-per-virtual-pipeline-stage {_chunk(exp)}")
+    if par.pipeline > 1:
+        lines += _uneven(exp, "Megatron: --decoder-first-pipeline-num-layers and "
+                         "--decoder-last-pipeline-num-layers")
+    if par.pipeline > 1 and par.pipeline_schedule != "1f1b":
+        lines.append(f"# parallelism.pipeline_schedule={par.pipeline_schedule!r}: Megatron "
+                     f"runs 1F1B (no GPipe schedule)")
+    if par.sequence > 1:
+        comm = "all_gather" if par.context_mode == "allgather" else "p2p"
+        lines += [f"--context-parallel-size {par.sequence}", f"--cp-comm-type {comm}"]
+    if par.expert > 1:
+        lines.append(f"--expert-model-parallel-size {par.expert}")
+    if par.sequence_parallel:
+        lines.append("--sequence-parallel")
+    if exp.train.shard_optimizer_over_data or par.fsdp > 1:
+        lines.append("--use-distributed-optimizer")
+    if par.fsdp > 1:
+        lines.append(f"# parallelism.fsdp={par.fsdp}: FSDP has no Megatron equivalent beyond "
+                     f"the distributed optimizer (its ranks count in the data-parallel size; "
+                     f"parameters and gradients stay whole on each)")
+    if par.rules != "default":
+        lines.append(f"# parallelism.rules={par.rules!r}: Megatron shards by its own layers "
+                     f"(--sequence-parallel is its residual-stream split)")
+    micro = w.micro_batch / dp
+    lines += [f"--micro-batch-size {_number(micro)}", f"--global-batch-size {w.global_batch}",
+              f"--seq-length {w.seq_len}", f"--max-position-embeddings "
+              f"{max(w.seq_len, m.max_seq_len) if m.positions == 'learned' else w.seq_len}"]
+    if not float(micro).is_integer():
+        lines.append(f"# the micro-batch of {w.micro_batch} sequences does not split over "
+                     f"the {dp} data-parallel ranks: Megatron needs a whole number each")
+    lines += _megatron_remat(exp) + _megatron_precision(exp) + _megatron_model(exp)
+    if exp.train.num_vocab_tiling > 1:
+        lines.append(f"# train.num_vocab_tiling={exp.train.num_vocab_tiling}: no Megatron "
+                     f"flag (its fused cross-entropy keeps the whole logits)")
+    lines += [f"--lr {exp.train.learning_rate}", f"--weight-decay {exp.train.weight_decay}",
+              "--optimizer adam"]
+    return lines
+
+
+def _megatron_remat(exp: Experiment) -> list[str]:
+    t = exp.train
+    lines = {"none": [],
+             "full": ["--recompute-granularity full", "--recompute-method uniform",
+                      "--recompute-num-layers 1"],
+             "minimal": ["--recompute-granularity selective",
+                         "# train.remat='minimal' keeps the matmul outputs; Megatron's "
+                         "selective recomputes the attention core"],
+             "custom": [f"# train.remat='custom' (save {', '.join(t.save) or '-'}; offload "
+                        f"{', '.join(t.offload) or '-'}): no Megatron flag names tensors"]}
+    out = lines[t.remat]
+    if t.offload_layers:
+        out.append(f"# train.offload_layers={t.offload_layers}: Megatron-core's "
+                   f"TransformerConfig.cpu_offloading_num_layers (no pretrain_gpt.py flag)")
+    return out
+
+
+def _megatron_precision(exp: Experiment) -> list[str]:
+    p, out = exp.precision, []
+    if p.activations == "bfloat16":
+        out.append("--bf16")
+        if p.params == "float32":
+            out.append("# precision.params='float32': Megatron --bf16 keeps bf16 weights and "
+                       "their fp32 copy in the optimizer (shardscope: params bfloat16, "
+                       "master_weights float32)")
+        elif not p.master_weights:
+            out.append("# precision.master_weights='': Megatron --bf16 always keeps an fp32 "
+                       "copy in the optimizer")
+    if p.compute == "float8":
+        out.append("--fp8-format hybrid")
+    elif p.compute == "float4":
+        out += ["--fp4-format e2m1", "# precision.compute='float4': Megatron-core's NVFP4 "
+                "recipe (recent versions)"]
+    if p.gradient_dtype == "bfloat16":
+        out.append("--grad-reduce-in-bf16")
+    return out
+
+
+def _megatron_model(exp: Experiment) -> list[str]:
+    m = exp.model
+    out = [f"--num-layers {m.n_layers}", f"--hidden-size {m.d_model}",
+           f"--ffn-hidden-size {m.d_ff}", f"--num-attention-heads {m.n_heads}",
+           f"--kv-channels {m.head_dim}"]
+    if m.n_kv_heads != m.n_heads:
+        out += ["--group-query-attention", f"--num-query-groups {m.n_kv_heads}"]
+    out += [f"--vocab-size {m.vocab}", f"--make-vocab-size-divisible-by {m.vocab_multiple}",
+            "--disable-bias-linear"]
+    out += {"swiglu": ["--swiglu"], "gelu": [],
+            "relu": ["# model.mlp='relu': Megatron's MLP is GeLU unless --swiglu "
+                     "(--squared-relu is another function)"]}[m.mlp]
+    out.append("--normalization " + ("RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"))
+    if m.positions == "rope":
+        out += ["--position-embedding-type rope", f"--rotary-base {_number(m.rope_theta)}"]
+    else:
+        out.append("--position-embedding-type learned_absolute")
+    if not m.tie_embeddings:
+        out.append("--untie-embeddings-and-output-weights")
+    if m.n_experts > 1:
+        out += [f"--num-experts {m.n_experts}", f"--moe-router-topk {m.experts_per_token}"]
+        if not m.dropless:
+            out.append(f"--moe-expert-capacity-factor {_number(m.capacity_factor)}")
+        if m.n_shared_experts:
+            out.append(f"--moe-shared-expert-intermediate-size "
+                       f"{m.n_shared_experts * m.d_ff}")
+        out.append(f"# model.moe_group_size={m.moe_group_size}: Megatron routes each "
+                   f"micro-batch's tokens together (no group size)")
+    if m.attention == "dense":
+        out.append("--attention-backend unfused")
+    return out

@@ -1,0 +1,325 @@
+"""`shardscope import maxtext`: a MaxText config (its YAML, with `key=value` overrides as its
+train.py takes them) as an experiment config.
+
+Only the keys `shardscope export --to maxtext` writes are read (experiments/frameworks.py);
+one with a value shardscope cannot express is refused, naming it. MaxText's own defaults
+(its base.yml) stand in for the keys the file leaves out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from experiments import config as config_mod
+from experiments.config import ConfigError
+from experiments.frameworks import (
+    MAXTEXT_ACTIVATIONS,
+    MAXTEXT_AXES,
+    MAXTEXT_MODELS,
+    SYSTEM_LINE,
+    granules,
+    ici_dcn,
+)
+from meshes import get_system
+from models.program import CHECKPOINT_NAMES
+from sharding.rules import MESH_AXES
+
+# MaxText's base.yml defaults of the keys read here (`-1`: the devices left over)
+DEFAULTS = {"ici_fsdp_parallelism": -1, "dcn_data_parallelism": -1,
+            "per_device_batch_size": 12.0, "max_target_length": 2048,
+            "gradient_accumulation_steps": 1, "num_pipeline_microbatches": -1,
+            "num_layers_per_pipeline_stage": 1, "remat_policy": "full",
+            "weight_dtype": "float32", "dtype": "bfloat16", "quantization": "",
+            "shard_optimizer_over_data": False, "num_vocab_tiling": 1, "opt_type": "adamw"}
+# MaxText mesh axes shardscope has no axis for: they must stay 1
+UNSUPPORTED_AXES = ("fsdp_transpose", "tensor_transpose", "tensor_sequence", "autoregressive",
+                    "context_autoregressive", "stage")
+# MaxText's named remat policies that are a set of saved tensors
+NAMED_REMAT = {
+    "save_qkv_proj": ("query_proj", "key_proj", "value_proj"),
+    "save_out_proj": ("out_proj",),
+    "save_dot_except_mlp": ("query_proj", "key_proj", "value_proj", "out_proj"),
+    "save_dot_except_mlpwi": ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwo"),
+    "save_dot_with_context_except_mlp": ("query_proj", "key_proj", "value_proj", "context",
+                                         "out_proj"),
+}
+REMAT_CHOICES = ("full", "minimal", "custom", *NAMED_REMAT)
+MODEL_KEYS = {"base_emb_dim": "d_model", "base_num_query_heads": "n_heads",
+              "base_num_kv_heads": "n_kv_heads", "base_mlp_dim": "d_ff",
+              "base_num_decoder_layers": "n_layers", "head_dim": "head_dim",
+              "vocab_size": "vocab", "num_experts": "n_experts",
+              "num_experts_per_tok": "experts_per_token", "shared_experts": "n_shared_experts",
+              "rope_max_timescale": "rope_theta", "trainable_position_size": "max_seq_len"}
+PRESET_OF = {v: k for k, v in MAXTEXT_MODELS.items()}
+PRESET_OF.update({"llama3.1-8b": "llama3-8b", "llama3.1-70b": "llama3-70b",
+                  "llama3.1-405b": "llama3-405b"})
+
+
+def scalar(text: str):
+    """A YAML scalar or flow list of the simple kind MaxText configs use."""
+    t = text.strip()
+    if t.startswith("[") and t.endswith("]"):
+        return [scalar(x) for x in t[1:-1].split(",") if x.strip()]
+    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
+        return t[1:-1]
+    low = t.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "none", "~", ""):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(t)
+        except ValueError:
+            pass
+    return t
+
+
+def parse_yaml(text: str) -> tuple[dict, str]:
+    """The top-level `key: value` lines (nested blocks skipped) and the system a
+    `# shardscope system: NAME` line names ("" if none)."""
+    out, system = {}, ""
+    for line in text.splitlines():
+        if line.startswith(SYSTEM_LINE):
+            system = line[len(SYSTEM_LINE):].strip()
+        if not line.strip() or line[0] in " \t-#[]":
+            continue
+        key, colon, value = line.partition(":")
+        if colon and key.strip():
+            value = value.split(" #", 1)[0]
+            out[key.strip()] = scalar(value)
+    return out, system
+
+
+def read_maxtext(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"MaxText config {str(path)!r} not found; give its YAML, e.g. one "
+                          f"written by `shardscope export CONFIG --to maxtext --out X.yml`")
+    keys, system = parse_yaml(p.read_text())
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"override {item!r}: expected key=value as MaxText's train.py "
+                              f"takes them, e.g. ici_fsdp_parallelism=8")
+        keys[key.strip()] = scalar(value)
+    return keys, system
+
+
+def _int(keys: dict, key: str) -> int:
+    v = keys.get(key, DEFAULTS.get(key, 1))
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ConfigError(f"{key}={v!r} must be a whole number (-1: the devices left over)")
+    return v
+
+
+def _resolve(ways: dict[str, int], total: int, level: str) -> dict[str, int]:
+    """`-1` (at most one) is what the others leave of `total`."""
+    what = "devices per slice (node)" if level == "ici" else "slices (nodes)"
+    auto = [a for a, v in ways.items() if v == -1]
+    known = math.prod(v for v in ways.values() if v != -1)
+    bad = [a for a, v in ways.items() if v < 1 and v != -1]
+    if bad:
+        key = f"{level}_{MAXTEXT_AXES[bad[0]]}_parallelism"
+        raise ConfigError(f"{key}={ways[bad[0]]} must be a size of 1 or more, or -1 (the "
+                          f"{what} left over)")
+    if len(auto) > 1:
+        raise ConfigError(f"{', '.join(f'{level}_{MAXTEXT_AXES[a]}_parallelism' for a in auto)}"
+                          f" are all -1; keep at most one -1 per {level}_*")
+    if total % known or (not auto and known != total):
+        raise ConfigError(f"{level}_*_parallelism multiply to {known}, but the system has "
+                          f"{total} {what}; make their product {total} or set one to -1")
+    if auto:
+        ways[auto[0]] = total // known
+    return ways
+
+
+def parallelism(keys: dict, system) -> dict:
+    """[parallelism] from ici_* x dcn_*, with `outer` where the DCN axis is not the
+    outermost of shardscope's order."""
+    for name in UNSUPPORTED_AXES:
+        for level in ("ici", "dcn"):
+            if _int(keys, f"{level}_{name}_parallelism") != 1:
+                raise ConfigError(f"{level}_{name}_parallelism="
+                                  f"{keys[f'{level}_{name}_parallelism']}: shardscope has no "
+                                  f"{name} axis; valid axes: "
+                                  f"{', '.join(MAXTEXT_AXES.values())}; set it to 1")
+    count, what = granules(system)
+    per = system.num_devices // count
+    split = {}
+    for level, total in (("ici", per), ("dcn", count)):
+        ways = {a: _int(keys, f"{level}_{MAXTEXT_AXES[a]}_parallelism") for a in MESH_AXES}
+        seq = _int(keys, f"{level}_sequence_parallelism")
+        if seq != 1 and ways["sequence"] != 1:
+            raise ConfigError(f"{level}_sequence_parallelism={seq} and {level}_context_"
+                              f"parallelism={ways['sequence']}: shardscope has one context-"
+                              f"parallel axis; set one of them to 1")
+        ways["sequence"] = ways["sequence"] if seq == 1 else seq
+        split[level] = _resolve(ways, total, level)
+    sizes = {a: split["ici"][a] * split["dcn"][a] for a in MESH_AXES}
+    want = {a: (split["ici"][a], split["dcn"][a]) for a in MESH_AXES}
+    dcn_axes = [a for a in MESH_AXES if split["dcn"][a] > 1]
+    for outer in ("", *dcn_axes):
+        if ici_dcn(sizes, outer, count, what) == want:
+            out = {a: s for a, s in sizes.items() if s > 1}
+            return {**out, **({"outer": outer} if outer else {}), "rules": "maxtext"}
+    raise ConfigError(f"dcn_*_parallelism over {', '.join(dcn_axes)} with their ici_* parts: "
+                      f"shardscope places one axis outermost (parallelism.outer); put the "
+                      f"{what}s on one axis, or on axes whose ici_*_parallelism is 1")
+
+
+def _remat(keys: dict) -> dict:
+    policy = keys.get("remat_policy", DEFAULTS["remat_policy"])
+    if policy not in REMAT_CHOICES:
+        raise ConfigError(f"remat_policy={policy!r} has no shardscope equivalent; valid: "
+                          f"{', '.join(REMAT_CHOICES)}")
+    if policy in ("full", "minimal"):
+        return {"remat": policy}
+    if policy in NAMED_REMAT:
+        return {"remat": "custom", "save": list(NAMED_REMAT[policy])}
+    save, offload = [], []
+    for name in CHECKPOINT_NAMES:
+        where = keys.get(name, "remat")
+        if where not in ("remat", "device", "offload"):
+            raise ConfigError(f"{name}={where!r}: valid: remat, device, offload")
+        {"device": save, "offload": offload, "remat": []}[where].append(name)
+    for name in ("mlpwi_0", "mlpwi_1"):
+        if keys.get(name, "remat") != "remat":
+            raise ConfigError(f"{name}={keys[name]!r}: shardscope saves the MLP's input "
+                              f"matmuls together; use mlpwi: {keys[name]} instead")
+    return {"remat": "custom", "save": save, "offload": offload}
+
+
+def _precision(keys: dict) -> dict:
+    params, dtype = keys.get("weight_dtype", "float32"), keys.get("dtype", "bfloat16")
+    quant = keys.get("quantization") or ""
+    for key, v, valid in (("weight_dtype", params, ("float32", "bfloat16")),
+                          ("dtype", dtype, ("bfloat16", "float32")),
+                          ("quantization", quant, ("", "fp8"))):
+        if v not in valid:
+            raise ConfigError(f"{key}={v!r} has no shardscope training equivalent; valid: "
+                              f"{', '.join(repr(x) for x in valid)}")
+    return {"params": params, "compute": "float8" if quant == "fp8" else dtype}
+
+
+def _model(keys: dict) -> dict:
+    name = keys.get("model_name", "default")
+    shape = _shape(keys) if name == "default" or keys.get("override_model_config") else {}
+    if keys.get("capacity_factor", 0) == -1:
+        shape["dropless"] = True
+    elif "capacity_factor" in keys:
+        shape["capacity_factor"] = keys["capacity_factor"]
+    if keys.get("attention") == "dot_product":
+        shape["attention"] = "dense"
+    if name != "default":
+        if name not in PRESET_OF:
+            raise ConfigError(f"model_name={name!r} is not a model shardscope knows; valid: "
+                              f"{', '.join(sorted(PRESET_OF))}; or give base_emb_dim, "
+                              f"base_num_query_heads, ... for its shape")
+        return {"preset": PRESET_OF[name], **shape}
+    missing = [k for k in list(MODEL_KEYS)[:7] if k not in keys]
+    if missing:
+        raise ConfigError(f"no model_name and no {', '.join(missing)}: give a MaxText "
+                          f"model_name ({', '.join(sorted(PRESET_OF))}) or every shape key")
+    return shape
+
+
+def _shape(keys: dict) -> dict:
+    """The shape keys; with a model_name, MaxText's model file sets them (base.yml's values
+    are overridden) unless override_model_config."""
+    shape = {MODEL_KEYS[k]: keys[k] for k in MODEL_KEYS if k in keys}
+    if shape.get("max_seq_len", 1) < 1:  # base.yml's -1: no learned table
+        del shape["max_seq_len"]
+    if shape.get("n_experts", 1) <= 1:
+        shape.pop("n_shared_experts", None)
+    if "mlp_activations" in keys:
+        acts = {tuple(v): k for k, v in MAXTEXT_ACTIVATIONS.items()}
+        got = tuple(keys["mlp_activations"] or ())
+        if got not in acts:
+            raise ConfigError(f"mlp_activations={list(got)}: valid: "
+                              f"{', '.join(str(v) for v in MAXTEXT_ACTIVATIONS.values())}")
+        shape["mlp"] = acts[got]
+    if keys.get("logits_via_embedding") is not None:
+        shape["tie_embeddings"] = bool(keys["logits_via_embedding"])
+    block = keys.get("decoder_block")
+    if block == "gpt3":
+        shape.update(norm="layernorm", positions="learned")
+    elif block not in (None, "llama2", "mistral", "mixtral"):
+        raise ConfigError(f"decoder_block={block!r}: shardscope's blocks are llama2 "
+                          f"(RMSNorm, RoPE) and gpt3 (LayerNorm, learned positions)")
+    return shape
+
+
+def to_experiment(keys: dict, system_name: str, name: str) -> dict:
+    """The experiment's tables (as a TOML file holds them), checked by the config loader."""
+    try:
+        system = get_system(system_name)
+    except ValueError as e:
+        raise ConfigError(f"--system: {e}") from None
+    par = parallelism(keys, system)
+    micro, ga = _int(keys, "num_pipeline_microbatches"), _int(keys, "gradient_accumulation_steps")
+    pipelined = par.get("pipeline", 1) > 1
+    if pipelined and micro != -1 and ga > 1:
+        raise ConfigError(f"gradient_accumulation_steps={ga} with num_pipeline_microbatches="
+                          f"{micro}: shardscope's microbatches are both; set "
+                          f"gradient_accumulation_steps=1")
+    microbatches = (micro if micro != -1 else par["pipeline"]) if pipelined else ga
+    per_device = keys.get("per_device_batch_size", DEFAULTS["per_device_batch_size"])
+    batch = per_device * system.num_devices * (1 if pipelined else ga)
+    if not float(batch).is_integer() or batch < 1:
+        raise ConfigError(f"per_device_batch_size={per_device} x {system.num_devices} devices "
+                          f"is {batch:g} sequences; make it a whole number")
+    model = _model(keys)
+    if pipelined:
+        layers = model.get("n_layers") or config_mod.preset(model["preset"]).n_layers
+        per_stage = _int(keys, "num_layers_per_pipeline_stage")
+        par["virtual_stages"] = -(-layers // (par["pipeline"] * per_stage))
+    raw = {"name": name, "model": model, "system": {"name": system.name}, "parallelism": par,
+           "workload": {"seq_len": _int(keys, "max_target_length"),
+                        "global_batch": int(batch), "microbatches": microbatches},
+           "precision": _precision(keys),
+           "train": {**_remat(keys), "num_vocab_tiling": _int(keys, "num_vocab_tiling"),
+                     "shard_optimizer_over_data": bool(keys.get("shard_optimizer_over_data"))}}
+    if keys.get("opt_type", "adamw") != "adamw":
+        raise ConfigError(f"opt_type={keys['opt_type']!r}: shardscope models adamw; set "
+                          f"opt_type=adamw")
+    for key, field in (("learning_rate", "learning_rate"),
+                       ("adam_weight_decay", "weight_decay")):
+        if key in keys:
+            raw["train"][field] = keys[key]
+    config_mod.from_dict(raw)  # its checks, naming the config's keys
+    return raw
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, str):
+        return json.dumps(v)  # TOML's basic strings escape as JSON's do
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def to_toml(raw: dict, source: str) -> str:
+    lines = [f"# Imported from the MaxText config {source} (shardscope import maxtext).",
+             f"name = {_toml_value(raw['name'])}"]
+    for table in ("model", "system", "parallelism", "workload", "precision", "train"):
+        lines += ["", f"[{table}]"]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in raw[table].items()
+                  if v not in ([], None)]
+    return "\n".join(lines) + "\n"
+
+
+def import_maxtext(path: str, overrides: list[str], system: str | None, out: str) -> str:
+    """The experiment TOML of a MaxText config; `system` unless the file names one."""
+    keys, named = read_maxtext(path, overrides)
+    system = system or named
+    if not system:
+        raise ConfigError(f"{path}: a MaxText config does not say which machine it runs on; "
+                          f"give --system NAME (e.g. --system tpu-v5e:16x16*4; "
+                          f"`shardscope systems` lists them)")
+    raw = to_experiment(keys, system, Path(out).stem)
+    return to_toml(raw, Path(path).name)

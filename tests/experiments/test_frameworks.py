@@ -1,0 +1,204 @@
+"""`shardscope export` / `import maxtext` (experiments/frameworks.py, importer.py): config
+transformations only, nothing compiled."""
+
+import pytest
+
+from experiments import config
+from tests.helpers import run_cli
+
+ROUND_TRIPS = [
+    # the bundled TPU recipe: FSDP 8 on one v6e slice, custom remat offloading 5 tensors
+    "tpu-recipes-v6e-8-llama3-8b",
+    # FSDP 8 across the H100 nodes x TP 8 inside each, 8 microbatches
+    "llama3-70b-h100-64-fsdp-tp",
+    # 4 v5e-256 slices: data 4 over DCN, FSDP 256 over ICI; a shape, not a preset
+    "experiments/validation/maxtext-16b-v5e-4x256-dp4-fsdp256.toml",
+    # expert parallelism on one v6e-256 slice
+    "mixtral-8x7b-v6e-256-ep",
+]
+
+
+def _export(capsys, *args) -> str:
+    code, out, err = run_cli(["export", *args], capsys)
+    assert code == 0, err
+    return out
+
+
+def _lines(text: str) -> dict[str, str]:
+    return dict(ln.split(": ", 1) for ln in text.splitlines() if ln and not ln.startswith("#"))
+
+
+@pytest.mark.parametrize("name", ROUND_TRIPS)
+def test_maxtext_export_then_import_gives_the_experiment_back(name, tmp_path, capsys):
+    yml, back = tmp_path / "x.yml", tmp_path / "back.toml"
+    code, _, err = run_cli(["export", name, "--to", "maxtext", "--out", str(yml)], capsys)
+    assert code == 0, err
+    # no --system: the export names it in a comment line the import reads
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--out", str(back)], capsys)
+    assert code == 0, err
+    a, b = config.load(name), config.load(back)
+    assert b.system.name == a.system.name
+    assert b.parallelism.sizes() == a.parallelism.sizes()
+    assert b.parallelism.outer == a.parallelism.outer
+    assert b.workload == a.workload  # seq_len, global batch, microbatches
+    assert b.train == a.train  # remat, save / offload names, vocab tiling, optimizer
+    assert b.model == a.model
+    assert (b.precision.params, b.precision.compute) == (a.precision.params,
+                                                         a.precision.compute)
+
+
+def test_maxtext_export_splits_ici_and_dcn(capsys):
+    keys = _lines(_export(capsys, "experiments/validation/maxtext-16b-v5e-4x256-dp4-fsdp256"
+                          ".toml", "--to", "maxtext"))
+    # 4 slices of 256: data 4 whole over DCN, FSDP 256 inside each slice
+    assert (keys["dcn_data_parallelism"], keys["ici_fsdp_parallelism"]) == ("4", "256")
+    assert (keys["ici_data_parallelism"], keys["dcn_fsdp_parallelism"]) == ("1", "1")
+    # 6144 sequences over 1024 chips, one microbatch
+    assert keys["per_device_batch_size"] == "6"
+    keys = _lines(_export(capsys, "llama3-70b-h100-64-fsdp-tp", "--to", "maxtext"))
+    # 8 HGX nodes: tensor 8 (innermost) fills each node, FSDP 8 crosses them
+    assert (keys["ici_tensor_parallelism"], keys["dcn_fsdp_parallelism"]) == ("8", "8")
+    # 256 sequences / 8 accumulation steps / 64 GPUs
+    assert keys["per_device_batch_size"] == "0.5"
+    assert keys["gradient_accumulation_steps"] == "8"
+    assert keys["remat_policy"] == "full"
+
+
+def test_dcn_moves_to_the_outer_axis(tmp_path, capsys):
+    # FSDP outermost: the 4 slices split FSDP; data stays in each slice
+    name = "experiments/validation/maxtext-16b-v5e-4x256-dp4-fsdp256.toml"
+    keys = _lines(_export(capsys, name, "--to", "maxtext", "--set", "parallelism.outer=fsdp"))
+    assert (keys["dcn_fsdp_parallelism"], keys["ici_fsdp_parallelism"]) == ("4", "64")
+    assert (keys["ici_data_parallelism"], keys["dcn_data_parallelism"]) == ("4", "1")
+    yml = tmp_path / "x.yml"
+    yml.write_text("\n".join(f"{k}: {v}" for k, v in keys.items()))
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--system", "tpu-v5e:16x16*4",
+                            "--out", str(tmp_path / "b.toml")], capsys)
+    assert code == 0, err
+    assert config.load(tmp_path / "b.toml").parallelism.outer == "fsdp"
+
+
+def test_megatron_export_of_an_interleaved_pipeline(capsys):
+    out = _export(capsys, "llama3-70b-h100-64-tp4-pp8-interleaved", "--to", "megatron")
+    flags = [ln for ln in out.splitlines() if ln.startswith("--")]
+    for flag in (
+        "--tensor-model-parallel-size 4",
+        "--pipeline-model-parallel-size 8",
+        # 80 layers / (8 stages x 5 virtual stages)
+        "--num-layers-per-virtual-pipeline-stage 2",
+        # 128 sequences / 64 microbatches / data-parallel 2 (= 64 GPUs / (4 x 8))
+        "--micro-batch-size 1",
+        "--global-batch-size 128",
+        "--seq-length 8192",
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--bf16", "--fp8-format hybrid", "--grad-reduce-in-bf16",
+        "--num-layers 80", "--hidden-size 8192", "--ffn-hidden-size 28672",
+        "--num-attention-heads 64", "--group-query-attention", "--num-query-groups 8",
+        "--kv-channels 128", "--swiglu",
+    ):
+        assert flag in flags, flag
+    assert not any(f.startswith("--recompute") for f in flags)  # remat none
+    assert not any(f.startswith("--context-parallel-size") for f in flags)
+    assert "data-parallel size 2 = 64 / (tensor 4 x pipeline 8 x context 1)" in out
+
+
+def test_megatron_says_what_it_cannot_express(capsys):
+    out = _export(capsys, "llama3-70b-h100-64-fsdp-tp", "--to", "megatron")
+    assert "# parallelism.fsdp=8: FSDP has no Megatron equivalent beyond the distributed " \
+           "optimizer" in out
+    assert "--recompute-granularity full" in out
+    out = _export(capsys, "tpu-recipes-v6e-8-llama3-8b", "--to", "megatron")
+    assert "# train.remat='custom'" in out  # the offloaded names, said not dropped
+
+
+def test_out_keeps_a_file_unless_force(tmp_path, capsys):
+    mine = tmp_path / "mine.yml"
+    mine.write_text("precious\n")
+    code, _, err = run_cli(["export", "tiny-h100-dp-tp", "--to", "maxtext", "--out",
+                            str(mine)], capsys)
+    assert code == 2 and "--force" in err and mine.read_text() == "precious\n"
+    code, _, err = run_cli(["export", "tiny-h100-dp-tp", "--to", "maxtext", "--out",
+                            str(mine), "--force"], capsys)
+    assert code == 0, err
+    assert "ici_tensor_parallelism" in mine.read_text()
+
+
+@pytest.mark.parametrize("override,named", [
+    ("ici_tensor_transpose_parallelism=2", "ici_tensor_transpose_parallelism=2"),
+    ("remat_policy=minimal_offloaded", "remat_policy='minimal_offloaded'"),
+    ("quantization=int8", "quantization='int8'"),
+    ("ici_fsdp_parallelism=4", "ici_*_parallelism multiply to 4"),
+    ("model_name=gemma2-9b", "model_name='gemma2-9b'"),
+    ("mlpwi_0=offload", "mlpwi_0='offload'"),
+])
+def test_import_refuses_what_shardscope_cannot_express(override, named, tmp_path, capsys):
+    yml = tmp_path / "x.yml"
+    code, _, err = run_cli(["export", "tpu-recipes-v6e-8-llama3-8b", "--to", "maxtext",
+                            "--out", str(yml)], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["import", "maxtext", str(yml), override, "--out",
+                              str(tmp_path / "b.toml")], capsys)
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "b.toml").exists()
+
+
+def test_bad_framework_and_missing_system_are_one_line(tmp_path, capsys):
+    code, _, err = run_cli(["export", "tiny-h100-dp-tp", "--to", "jax"], capsys)
+    assert code == 2 and "maxtext, megatron" in err and "Traceback" not in err
+    code, _, err = run_cli(["export", "llama3-70b-decode-h200-8", "--to", "megatron"], capsys)
+    assert code == 2 and "workload.kind='decode'" in err
+    yml = tmp_path / "x.yml"
+    yml.write_text("model_name: llama3-8b\nici_fsdp_parallelism: 8\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--out", str(tmp_path / "b.toml")],
+                           capsys)
+    assert code == 2 and "--system" in err
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--system", "tpu-v6e:2x4",
+                            "--out", str(tmp_path / "b.toml")], capsys)
+    assert code == 0, err
+    exp = config.load(tmp_path / "b.toml")
+    # MaxText's defaults for what the file leaves out: 12 sequences per device of 2048
+    assert (exp.parallelism.fsdp, exp.workload.global_batch, exp.workload.seq_len) == \
+        (8, 96, 2048)
+
+
+@pytest.mark.parametrize("name", [n for n in config.bundled_names()
+                                  if config.load(n).workload.kind == "train"])
+def test_every_bundled_training_config_exports_or_says_why(name):
+    from experiments import frameworks
+
+    exp = config.load(name)
+    assert "--tensor-model-parallel-size" in frameworks.export(exp, "megatron")
+    try:
+        text = frameworks.export(exp, "maxtext")
+    except config.ConfigError as e:
+        # a mesh axis across slices (nodes) unevenly, or GPUs in part of a domain
+        assert "straddles" in str(e) or "not whole NVLink domains" in str(e)
+        return
+    sizes = _lines(text)
+    for axis, maxtext_axis in frameworks.MAXTEXT_AXES.items():
+        # each axis is its ICI ways x its DCN ways
+        assert int(sizes[f"ici_{maxtext_axis}_parallelism"]) * \
+            int(sizes[f"dcn_{maxtext_axis}_parallelism"]) == getattr(exp.parallelism, axis)
+
+
+def test_import_reads_maxtext_defaults_as_its_base_yml_has_them(tmp_path, capsys):
+    # lines as MaxText's base.yml writes them (-1: the devices left over; its base_* shape
+    # keys, which a model_name's own file overrides); v5e-256 x 2 slices
+    yml = tmp_path / "base.yml"
+    yml.write_text("run_name: ''\nmodel_name: llama2-7b  # a comment\nbase_emb_dim: 2048\n"
+                   "ici_fsdp_parallelism: -1\ndcn_data_parallelism: -1\n"
+                   "logical_axis_rules: [\n  ['activation_batch', ['data', 'fsdp']],\n]\n"
+                   "trainable_position_size: -1\nshared_experts: 1\n"
+                   "per_device_batch_size: 2.0\nlearning_rate: 3.e-5\n"
+                   "remat_policy: 'save_qkv_proj'\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--out", str(tmp_path / "b.toml"),
+                            "--system", "tpu-v5e:16x16*2"], capsys)
+    assert code == 0, err
+    exp = config.load(tmp_path / "b.toml")
+    assert exp.model == config.preset("llama2-7b")
+    # 2 slices over DCN on data, 256 chips per slice on FSDP; 2 sequences x 512 chips
+    assert (exp.parallelism.data, exp.parallelism.fsdp, exp.workload.global_batch) == \
+        (2, 256, 1024)
+    assert (exp.train.remat, exp.train.save) == ("custom", ("query_proj", "key_proj",
+                                                            "value_proj"))
