@@ -162,9 +162,11 @@ def build_step(exp: Experiment, mesh, *, quiet: bool = False) -> Step:
                                       virtual_stages=exp.parallelism.virtual_stages,
                                       pipeline_schedule=exp.parallelism.pipeline_schedule,
                                       context_mode=exp.parallelism.context_mode)
+        # the TPU compiler fuses elementwise producers into matmul operands
+        tpu = getattr(getattr(exp.system, "family", None), "compiler", "") == "tpu"
         memory = training_memory(exp.model, program, workload=exp.workload,
                                  precision=exp.precision, train=exp.train,
-                                 mesh_shape=mesh_shape, rules=rules)
+                                 mesh_shape=mesh_shape, rules=rules, fuses_matmul_inputs=tpu)
         host = offload_bytes_per_step(exp.model, workload=exp.workload, precision=exp.precision,
                                       train=exp.train, mesh_shape=mesh_shape, rules=rules)
     except ValueError as e:

@@ -149,11 +149,14 @@ def activation_components(
     save: tuple[str, ...] = (),
     vocab_tiles: int = 1,
     offloaded_layers: int = 0,
+    fuses_matmul_inputs: bool = False,
 ) -> list[tuple[str, float]]:
     """(name, bytes per device) of the activation memory of one micro-batch over `layers`
     layers (all of them by default; a pipeline stage's share with pipeline parallelism).
     With "custom" remat only the `save` names stay in HBM (offloaded ones are in host
-    memory)."""
+    memory). `fuses_matmul_inputs`: the compiler fuses an elementwise producer into a matmul's
+    operand (the TPU compiler's `convolution_maximum_fusion`), so a recomputed MLP activation
+    is never held in HBM."""
     ways = _splits(rules, mesh_shape)
     c = _activation_bytes(precision)
     tokens = micro_batch // ways["batch"] * seq_len // ways["seq"]  # per device
@@ -189,6 +192,8 @@ def activation_components(
     # (a layer offloaded whole recomputes all it did not offload)
     recomputed = everything - (0 if offloaded_layers else per_layer) if remat != "none" \
         or offloaded_layers else 0.0
+    if fuses_matmul_inputs and q8 == c:
+        recomputed -= r * f * c  # the activation, fused into the down projection's operand
     recomputed = max(0.0, recomputed)
     # ... and the attention's f32 gradient accumulators (q's, k's and v's: flash
     # attention's backward adds each tile's share into them), and the layer's weights as
@@ -214,8 +219,9 @@ def activation_components(
 
 def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Workload,
                     precision: Precision, train: Train, mesh_shape: Mapping[str, int],
-                    rules: AxisRules) -> Memory:
-    """Memory per device of a training step: exact state, analytic activations."""
+                    rules: AxisRules, fuses_matmul_inputs: bool = False) -> Memory:
+    """Memory per device of a training step: exact state, analytic activations
+    (`fuses_matmul_inputs`: see activation_components)."""
     plan = program.pipeline
     if plan is None:
         # the first offload_layers layers keep nothing in HBM (models/transformer.py)
@@ -224,14 +230,15 @@ def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Worklo
             precision=precision, remat=train.remat, mesh_shape=mesh_shape, rules=rules,
             save=train.save, vocab_tiles=train.num_vocab_tiling,
             layers=cfg.n_layers - train.offload_layers,
-            offloaded_layers=train.offload_layers)
+            offloaded_layers=train.offload_layers, fuses_matmul_inputs=fuses_matmul_inputs)
     else:
         # A stage holds the activations of its own layer slots for the microbatches its
         # schedule keeps in flight (models/pipeline.py: Pipeline.in_flight).
         saved, *rest = activation_components(
             cfg, micro_batch=workload.micro_batch, seq_len=workload.seq_len,
             precision=precision, remat=train.remat, mesh_shape=mesh_shape, rules=rules,
-            layers=plan.slots_per_stage, save=train.save, vocab_tiles=train.num_vocab_tiling)
+            layers=plan.slots_per_stage, save=train.save, vocab_tiles=train.num_vocab_tiling,
+            fuses_matmul_inputs=fuses_matmul_inputs)
         activations = [(f"{saved[0][:-1]}, {plan.in_flight:g} microbatches in flight)",
                         saved[1] * plan.in_flight), *rest]
     # The loss's logits live at the end of the forward pass, a layer's backward working set

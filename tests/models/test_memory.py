@@ -23,6 +23,14 @@ def test_activation_memory_by_hand():
     # The fused cross-entropy keeps the bf16 logits and their bf16 gradient (its f32 upcast
     # fuses into the reductions): 2 + 2 bytes per logit.
     assert parts["logits and their gradient"] == 2 * tokens * 128256 * 2
+    # The TPU compiler fuses the recomputed MLP activation (B x L x d_ff) into the down
+    # projection's operand: the layer's backward holds it nowhere.
+    fused = dict(activation_components(cfg, micro_batch=36, seq_len=8192,
+                                       precision=models.Precision(), remat="full",
+                                       mesh_shape={"data": 9, "fsdp": 1, "tensor": 1},
+                                       rules=sharding.default_rules(), fuses_matmul_inputs=True))
+    key = "one layer's backward working set"
+    assert parts[key] - fused[key] == tokens * 14336 * 2
     minimal = dict(activation_components(cfg, micro_batch=36, seq_len=8192,
                                          precision=models.Precision(), remat="minimal",
                                          mesh_shape={"data": 9}, rules=sharding.default_rules()))

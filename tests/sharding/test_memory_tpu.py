@@ -67,12 +67,11 @@ def test_the_tpu_compiler_keeps_offloaded_tensors_in_host_memory(compiled):
 
 @pytest.mark.parametrize("how", ["save", "offload"])
 def test_the_memory_model_against_the_tpu_compiler(compiled, how):
-    # Measured 2026-12-03: the model reads 14% (saved) and 2% (offloaded) above the
-    # compiler's HBM: on so small a program the compiler's layer backward holds less than
-    # the model's working set, whose terms come from the large runs below.
+    # Measured 2026-12-03: the model reads 5% above (saved) and 7% below (offloaded) the
+    # compiler's HBM.
     exp, compiler = compiled[how]
     assert runner.memory_of(exp).program_bytes == pytest.approx(compiler.program_bytes,
-                                                                rel=0.15)
+                                                                rel=0.10)
 
 
 EXPERIMENTS = pathlib.Path(__file__).parents[2] / "experiments"
@@ -85,11 +84,13 @@ EXPERIMENTS = pathlib.Path(__file__).parents[2] / "experiments"
     "validation/llama3-8b-v6e-16-fsdp16.toml",
     # 30.06 and 28.15 GB (-6.4%)
     "validation/llama3-70b-v6e-32-fsdp32.toml",
+    # 9.44 and 10.31 GB (+9.2%): a layer's backward at the peak (the others: the logits)
+    "validation/maxtext-16b-v5e-256-fsdp256.toml",
 ])
 def test_a_published_run_fits_on_the_tpu_compiler_and_the_model_agrees(path, cpu_devices):
-    # The runs' recipes ran on these slices (each offloads its layers' activations to host
-    # memory), so the compiler's verdict must be "fits"; and the memory model, which is the
-    # verdict on the CPU path, within 10% of the compiler's HBM figure.
+    # The runs' recipes ran on these slices, so the compiler's verdict must be "fits"; and
+    # the memory model, which is the verdict on the CPU path, within 10% of the compiler's
+    # HBM figure.
     exp = config.load(EXPERIMENTS / path)
     rep = runner.run(exp, backend="tpu")
     assert rep.memory.total_bytes <= exp.system.chip.hbm_bytes
