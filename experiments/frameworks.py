@@ -26,6 +26,16 @@ MAXTEXT_MODELS = {"llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b",
                   "mixtral-8x7b": "mixtral-8x7b", "mixtral-8x22b": "mixtral-8x22b",
                   "gpt3-175b": "gpt3-175b", "deepseek-v3": "deepseek3-671b",
                   "qwen3-235b-a22b": "qwen3-235b-a22b", "gpt-oss-120b": "gpt-oss-120b"}
+# MaxText's model keys -> shardscope's [model] fields; the first seven, the shape, are
+# written for every model that is not a MaxText model_name
+MAXTEXT_MODEL_KEYS = {
+    "base_emb_dim": "d_model", "base_num_query_heads": "n_heads",
+    "base_num_kv_heads": "n_kv_heads", "base_mlp_dim": "d_ff",
+    "base_num_decoder_layers": "n_layers", "head_dim": "head_dim", "vocab_size": "vocab",
+    "num_experts": "n_experts", "num_experts_per_tok": "experts_per_token",
+    "shared_experts": "n_shared_experts", "rope_max_timescale": "rope_theta",
+    "trainable_position_size": "max_seq_len"}
+MAXTEXT_SHAPE_KEYS = tuple(MAXTEXT_MODEL_KEYS)[:7]
 MAXTEXT_ACTIVATIONS = {"swiglu": ["silu", "linear"], "gelu": ["gelu"], "relu": ["relu"]}
 # shardscope's remat policies that MaxText names alike (custom: its per-tensor keys)
 MAXTEXT_REMAT = {"full": "full", "minimal": "minimal"}
@@ -173,11 +183,8 @@ def _maxtext_model(exp: Experiment) -> list[str]:
             lines.append("# model deepseek-v3: shardscope models its multi-head latent "
                          "attention by dimensions; MaxText's deepseek3-671b is the real MLA")
         return lines
-    lines = [f"base_emb_dim: {m.d_model}", f"base_num_query_heads: {m.n_heads}",
-             f"base_num_kv_heads: {m.n_kv_heads}", f"base_mlp_dim: {m.d_ff}",
-             f"base_num_decoder_layers: {m.n_layers}", f"head_dim: {m.head_dim}",
-             f"vocab_size: {m.vocab}",
-             "mlp_activations: [" + ", ".join(f'"{a}"' for a in MAXTEXT_ACTIVATIONS[m.mlp])
+    lines = [f"{key}: {getattr(m, MAXTEXT_MODEL_KEYS[key])}" for key in MAXTEXT_SHAPE_KEYS]
+    lines += ["mlp_activations: [" + ", ".join(f'"{a}"' for a in MAXTEXT_ACTIVATIONS[m.mlp])
              + "]",
              f"logits_via_embedding: {str(m.tie_embeddings).lower()}"]
     if m.norm == "rmsnorm" and m.positions == "rope":

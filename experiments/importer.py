@@ -17,7 +17,9 @@ from experiments.config import ConfigError
 from experiments.frameworks import (
     MAXTEXT_ACTIVATIONS,
     MAXTEXT_AXES,
+    MAXTEXT_MODEL_KEYS,
     MAXTEXT_MODELS,
+    MAXTEXT_SHAPE_KEYS,
     SYSTEM_LINE,
     granules,
     ici_dcn,
@@ -46,12 +48,6 @@ NAMED_REMAT = {
                                          "out_proj"),
 }
 REMAT_CHOICES = ("full", "minimal", "custom", *NAMED_REMAT)
-MODEL_KEYS = {"base_emb_dim": "d_model", "base_num_query_heads": "n_heads",
-              "base_num_kv_heads": "n_kv_heads", "base_mlp_dim": "d_ff",
-              "base_num_decoder_layers": "n_layers", "head_dim": "head_dim",
-              "vocab_size": "vocab", "num_experts": "n_experts",
-              "num_experts_per_tok": "experts_per_token", "shared_experts": "n_shared_experts",
-              "rope_max_timescale": "rope_theta", "trainable_position_size": "max_seq_len"}
 PRESET_OF = {v: k for k, v in MAXTEXT_MODELS.items()}
 PRESET_OF.update({"llama3.1-8b": "llama3-8b", "llama3.1-70b": "llama3-70b",
                   "llama3.1-405b": "llama3-405b"})
@@ -219,7 +215,7 @@ def _model(keys: dict) -> dict:
                               f"{', '.join(sorted(PRESET_OF))}; or give base_emb_dim, "
                               f"base_num_query_heads, ... for its shape")
         return {"preset": PRESET_OF[name], **shape}
-    missing = [k for k in list(MODEL_KEYS)[:7] if k not in keys]
+    missing = [k for k in MAXTEXT_SHAPE_KEYS if k not in keys]
     if missing:
         raise ConfigError(f"no model_name and no {', '.join(missing)}: give a MaxText "
                           f"model_name ({', '.join(sorted(PRESET_OF))}) or every shape key")
@@ -229,7 +225,7 @@ def _model(keys: dict) -> dict:
 def _shape(keys: dict) -> dict:
     """The shape keys; with a model_name, MaxText's model file sets them (base.yml's values
     are overridden) unless override_model_config."""
-    shape = {MODEL_KEYS[k]: keys[k] for k in MODEL_KEYS if k in keys}
+    shape = {MAXTEXT_MODEL_KEYS[k]: keys[k] for k in MAXTEXT_MODEL_KEYS if k in keys}
     if shape.get("max_seq_len", 1) < 1:  # base.yml's -1: no learned table
         del shape["max_seq_len"]
     if shape.get("n_experts", 1) <= 1:

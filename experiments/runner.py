@@ -163,10 +163,10 @@ def build_step(exp: Experiment, mesh, *, quiet: bool = False) -> Step:
                                       pipeline_schedule=exp.parallelism.pipeline_schedule,
                                       context_mode=exp.parallelism.context_mode)
         # the TPU compiler fuses elementwise producers into matmul operands
-        tpu = getattr(getattr(exp.system, "family", None), "compiler", "") == "tpu"
         memory = training_memory(exp.model, program, workload=exp.workload,
                                  precision=exp.precision, train=exp.train,
-                                 mesh_shape=mesh_shape, rules=rules, fuses_matmul_inputs=tpu)
+                                 mesh_shape=mesh_shape, rules=rules,
+                                 fuses_matmul_inputs=compiler.is_tpu(exp.system))
         host = offload_bytes_per_step(exp.model, workload=exp.workload, precision=exp.precision,
                                       train=exp.train, mesh_shape=mesh_shape, rules=rules)
     except ValueError as e:

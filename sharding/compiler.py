@@ -186,7 +186,7 @@ def gpu_compiler_installed() -> bool:
     return importlib.util.find_spec("jax_cuda12_plugin") is not None
 
 
-def _is_tpu(system: System) -> bool:
+def is_tpu(system: System) -> bool:
     """A system the TPU compiler builds for (a torus family whose compiler is libtpu)."""
     return isinstance(system, TpuSystem) and system.family.compiler == "tpu"
 
@@ -213,7 +213,7 @@ class RealCompiler:
 # `installed` looks the check up when called, so that a test can pretend an extra is absent.
 REAL_COMPILERS: dict[str, RealCompiler] = {
     "tpu": RealCompiler(
-        "the TPU compiler", _is_tpu, lambda: tpu_compiler_installed(), "libtpu", TPU_EXTRA,
+        "the TPU compiler", is_tpu, lambda: tpu_compiler_installed(), "libtpu", TPU_EXTRA,
         lambda s: "the TPU compiler (libtpu, deviceless"
                   + (f" {topology_name(s)})" if isinstance(s, TpuSystem) else ")"),
         lambda s: tpu_devices(s)),
