@@ -118,6 +118,14 @@ def verdict_memory(model: Memory | None, compiled: Memory, *, real_compiler: boo
                                compiler_source=compiled.source)
 
 
+def _plan_of(inputs: AnalysisInputs) -> Plan:
+    """The record's read program, read from its HLO text when it has none."""
+    if inputs.plan is not None:
+        return inputs.plan
+    return build_plan(parse_hlo(inputs.hlo_text), mesh_shape=inputs.mesh_shape,
+                      axis_names=inputs.axis_names)
+
+
 def estimate(inputs: AnalysisInputs, *, system: System,
              calibration: Calibration | None = None, cost: Cost | None = None) -> Report:
     """The Report of `inputs` timed on `system`, built once: the collectives placed on its
@@ -127,10 +135,8 @@ def estimate(inputs: AnalysisInputs, *, system: System,
     calibration = catalog_calibration() if calibration is None else calibration
     timings = dict(inputs.timings)
     t0 = time.perf_counter()
-    plan = inputs.plan
-    if plan is None:
-        plan = build_plan(parse_hlo(inputs.hlo_text), mesh_shape=inputs.mesh_shape,
-                          axis_names=inputs.axis_names)
+    plan = _plan_of(inputs)
+    if inputs.plan is None:
         timings["read_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
     n = plan.num_partitions
@@ -200,10 +206,7 @@ def untimed(inputs: AnalysisInputs) -> Report:
     """The Report of `inputs` on no system: its collectives' bytes, counts and mesh axes,
     the compiler's memory figure, and no times (no links, no compute rates, no HBM to fit
     in, so no step time, MFU or verdict)."""
-    plan = inputs.plan
-    if plan is None:
-        plan = build_plan(parse_hlo(inputs.hlo_text), mesh_shape=inputs.mesh_shape,
-                          axis_names=inputs.axis_names)
+    plan = _plan_of(inputs)
     _check_group_ids(list(plan.collectives), plan.num_partitions)
     nothing = ComputeCost(flops=0.0, matmul_flops=0.0, hbm_bytes=0.0, matmul_s=0.0,
                           memory_bound_s=0.0, flops_by_dtype={})
