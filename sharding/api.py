@@ -181,6 +181,8 @@ def estimate(inputs: AnalysisInputs, *, system: System,
         memory=inputs.memory or Memory(components=(), source="HLO text only"),
         hbm_capacity_bytes=system.chip.hbm_bytes,
         peak_flops_per_device=system.chip.peak_for(inputs.compute_dtype or "bfloat16"),
+        peak_flops_by_dtype={dt: system.chip.peak_for(dt)
+                             for dt in (*step_cost.flops_by_dtype, "bfloat16")},
         model_flops_per_step=inputs.model_flops_per_step,
         tokens_per_step=tokens,
         sequences_per_step=inputs.sequences_per_step,

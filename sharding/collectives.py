@@ -287,3 +287,18 @@ def extract_collectives(
                 )
             )
     return out, unknown
+
+
+def collective_dict(c: Collective, groups: bool = True) -> dict:
+    """A collective's fields, JSON-ready (the report's `collectives`); `groups=False`
+    keeps the first replica group only."""
+    # Its fields are plain values but for the tuples below (asdict would deep-copy every
+    # replica group first: most of the time of a report with thousands of devices).
+    d = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+    d["shape"] = list(c.shape)
+    d["mesh_axes"] = list(c.mesh_axes)
+    # Groups can be thousands of ids: all of them for tools that map placement, or the
+    # first with the count.
+    d["groups"] = [list(g) for g in (c.groups if groups else c.groups[:1])]
+    d["group_count"] = len(c.groups)
+    return d

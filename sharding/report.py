@@ -13,7 +13,7 @@ from collections import defaultdict
 
 from meshes.calibration import IDENTITY, Calibration
 from meshes.power import Energy
-from sharding.collectives import Collective
+from sharding.collectives import Collective, collective_dict
 from sharding.compute import ComputeCost
 from sharding.hlo import operation_of
 from sharding.units import fmt_bytes
@@ -115,6 +115,8 @@ class Report:
     hbm_capacity_bytes: float
     peak_flops_per_device: float
     model_flops_per_step: float | None = None
+    # The chip's peak for each format the matmuls ran in, and bf16's (meshes/chips.py).
+    peak_flops_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
     tokens_per_step: float | None = None
     sequences_per_step: float | None = None  # for tokens/s per user when serving
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -214,14 +216,37 @@ class Report:
 
     @property
     def mfu(self) -> float | None:
-        """Model FLOPs per second over the devices' peak; hardware FLOPs from the HLO when
-        no model FLOP count was given."""
-        flops = self.model_flops_per_step
-        if flops is None:
-            flops = self.compute.matmul_flops * self.num_devices
+        """Model FLOPs (the HLO's matmul FLOPs without a count) per second over the peak."""
         if self.step_time_s <= 0:
             return None
-        return flops / (self.step_time_s * self.num_devices * self.peak_flops_per_device)
+        return self._flops() / (self.step_time_s * self.num_devices * self.peak_flops_per_device)
+
+    @property
+    def mfu_bf16(self) -> float | None:
+        """MFU against the bf16 peak, whatever format the matmuls run in."""
+        return self._mfu_at({"bfloat16": 1.0})
+
+    @property
+    def mfu_format(self) -> float | None:
+        """MFU against each matmul format's peak, the model FLOPs split over the formats as
+        the step's matmul FLOPs are (NVFP4: FP4 projections, bf16 attention)."""
+        return self._mfu_at(self.matmul_flops_by_format or {"bfloat16": 1.0})
+
+    @property
+    def matmul_flops_by_format(self) -> dict[str, float]:
+        """Each matmul format's share of the step's matmul FLOPs."""
+        total = self.compute.matmul_flops
+        return {d: f / total for d, f in self.compute.flops_by_dtype.items() if f and total}
+
+    def _mfu_at(self, shares: dict[str, float]) -> float | None:
+        if self.step_time_s <= 0 or not self.peak_flops_by_dtype:
+            return None
+        at_peak_s = self._flops() * sum(s / self.peak_flops_by_dtype[d] for d, s in shares.items())
+        return at_peak_s / (self.step_time_s * self.num_devices)
+
+    def _flops(self) -> float:
+        f = self.model_flops_per_step
+        return self.compute.matmul_flops * self.num_devices if f is None else f
 
     # --- memory --------------------------------------------------------------------
     @property
@@ -377,6 +402,9 @@ class Report:
             "tokens_per_s_per_user": self.tokens_per_s_per_user,
             "time_per_output_token_s": self.time_per_output_token_s,
             "mfu": self.mfu,
+            "mfu_bf16": self.mfu_bf16,
+            "mfu_format": self.mfu_format,
+            "matmul_flops_by_format": self.matmul_flops_by_format,
             "compute_s": self.compute_s,
             "matmul_s": self.compute.matmul_s,
             "memory_bound_s": self.compute.memory_bound_s,
@@ -395,7 +423,7 @@ class Report:
             "joules_per_token": e.joules_per_token if e else None,
             "usd_per_million_tokens": e.usd_per_million_tokens if e else None,
             "power": e.to_dict() if e else None,
-            "collectives": [_collective_dict(c, groups) for c in self.collectives],
+            "collectives": [collective_dict(c, groups) for c in self.collectives],
             "by_kind": self.by_kind(),
             "by_link": self.by_link(),
             "by_operation": self.by_operation(),
@@ -420,15 +448,3 @@ class Report:
 
         return format_report(self)
 
-
-def _collective_dict(c: Collective, groups: bool = True) -> dict:
-    # Its fields are plain values but for the tuples below (asdict would deep-copy every
-    # replica group first: most of the time of a report with thousands of devices).
-    d = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
-    d["shape"] = list(c.shape)
-    d["mesh_axes"] = list(c.mesh_axes)
-    # Groups can be thousands of ids: all of them for tools that map placement, or the
-    # first with the count.
-    d["groups"] = [list(g) for g in (c.groups if groups else c.groups[:1])]
-    d["group_count"] = len(c.groups)
-    return d

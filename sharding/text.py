@@ -206,6 +206,12 @@ def _summary_lines(r: Report) -> list[str]:
     if r.mfu is not None:
         what = "model FLOPs" if r.model_flops_per_step else "HLO matmul FLOPs"
         lines.append(f"MFU            {r.mfu:.1%}  ({what}){if_fit}")
+        shares = r.matmul_flops_by_format
+        if r.mfu_format is not None and set(shares) - {"bfloat16"}:
+            formats = ", ".join(f"{d} {s:.0%}"
+                                for d, s in sorted(shares.items(), key=lambda x: -x[1]))
+            lines.append(f"               {r.mfu_bf16:.1%} of the bf16 peak, {r.mfu_format:.1%} of "
+                         f"the peak of each matmul's format (matmul FLOPs: {formats})")
         if (suspect := r.suspect_mfu()) is not None:
             lines.append(f"               {suspect}")
     m = r.memory

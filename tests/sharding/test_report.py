@@ -11,7 +11,7 @@ import sharding
 from experiments.calibrate import predict
 from meshes.calibration import IDENTITY, Calibration
 from tests.conftest import REPO
-from tests.steps import tiny, train_program, train_report
+from tests.steps import layer_matmul_params, tiny, train_program, train_report
 
 
 def test_report_features_reproduce_its_step(cpu_devices):
@@ -103,3 +103,37 @@ def test_the_memory_lines_add_up_to_the_total():
     assert len(lines) == 6 and sum(b for _, b in lines) == m.total_bytes
     assert lines[-1] == ("3 more: c5, c6, CUDA context", 5.0 + 4.0 + 0.5)
     assert Memory(components=(("a", 1.0),), source="s").largest(6) == [("a", 1.0)]
+
+
+def test_an_nvfp4_steps_mfu_uses_the_peak_of_each_matmuls_format(cpu_devices):
+    # NVFP4 runs the projections (forward and both gradients) in FP4 and keeps attention
+    # in bf16: its MFU against the formats' peaks weighs each format's share of the matmul
+    # FLOPs by the catalog's peak for it; against bf16, everything at the bf16 peak.
+    system = meshes.get_system("gb200-nvl72:8")
+    cfg = tiny(head_dim=32)  # FP4 blocks of 32 along every contraction
+    mesh = sharding.make_mesh(system, {"data": 8})
+    prog = train_program(cfg, mesh, seq_len=32, global_batch=16, compute="float4",
+                         remat="none")
+    fp4 = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=system,
+                           model_flops_per_step=prog.model_flops_per_step)
+    peak = system.chip.peak_flops_per_s
+    flops = prog.model_flops_per_step
+    # 2 sequences of 32 tokens per device; 3 matmuls (forward, both gradients) of 2 FLOPs
+    # per weight per token, for every layer's projections and the output projection
+    tokens = 16 * 32 / 8
+    projections = 3 * 2 * tokens * (cfg.n_layers * layer_matmul_params(cfg)
+                                     + cfg.d_model * cfg.padded_vocab)
+    assert fp4.compute.flops_by_dtype["float4"] == pytest.approx(projections)
+    shares = fp4.matmul_flops_by_format
+    assert shares["float4"] == pytest.approx(projections / fp4.compute.matmul_flops)
+    assert shares["bfloat16"] > 0.1  # flash attention's matmuls stay in bf16
+    rest = {d: s for d, s in shares.items() if d != "float4"}  # bf16 and a little f32
+    device_s = fp4.step_time_s * system.num_devices
+    assert fp4.mfu_format == pytest.approx(flops / device_s * (
+        shares["float4"] / peak["float4"] + sum(s / system.chip.peak_for(d)
+                                                for d, s in rest.items())))
+    assert fp4.mfu_bf16 == pytest.approx(flops / (device_s * peak["bfloat16"]))
+    assert fp4.mfu == pytest.approx(fp4.mfu_bf16)  # `mfu` keeps its bf16 denominator
+    d = fp4.to_dict()
+    assert (d["mfu_bf16"], d["mfu_format"]) == (fp4.mfu_bf16, fp4.mfu_format)
+    assert "of the bf16 peak" in fp4.format_table()
