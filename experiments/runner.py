@@ -18,6 +18,7 @@ from models.inference import build_serve_program
 from models.memory import offload_bytes_per_step, serving_memory, training_memory
 from models.train import build_train_program
 from sharding import compiler
+from sharding.compute import runs_fused_kernels
 from sharding.mesh import CPU_MAX_DEVICES, placement
 from sharding.progress import notice, stage
 from sharding.report import Report
@@ -161,7 +162,8 @@ def build_step(exp: Experiment, mesh, *, quiet: bool = False) -> Step:
                                       precision=exp.precision, train=exp.train,
                                       virtual_stages=exp.parallelism.virtual_stages,
                                       pipeline_schedule=exp.parallelism.pipeline_schedule,
-                                      context_mode=exp.parallelism.context_mode)
+                                      context_mode=exp.parallelism.context_mode,
+                                      fused_kernels=runs_fused_kernels(exp.system.chip))
         # the TPU compiler fuses elementwise producers into matmul operands
         memory = training_memory(exp.model, program, workload=exp.workload,
                                  precision=exp.precision, train=exp.train,

@@ -16,11 +16,14 @@ import jax
 import jax.numpy as jnp
 
 from models.quant import FORMAT_MAX, quantize
+from sharding import kernel_scopes
 
 
 def _per_tensor_e4m3(x):
-    """(x in e4m3 scaled per tensor to the format's range, the f32 scale that restores it)."""
-    return quantize(x, "float8", scale_dtype=jnp.float32)
+    """(x in e4m3 scaled per tensor to the format's range, the f32 scale that restores it),
+    in one cast kernel on GPUs (sharding/kernel_scopes.py)."""
+    with jax.named_scope(kernel_scopes.QUANTIZE):
+        return quantize(x, "float8", scale_dtype=jnp.float32)
 
 
 def _transposed(spec: str) -> tuple[str, str]:
@@ -88,8 +91,10 @@ def quantize_blocks_raw(x, axis: int):
 
 def quantize_blocks(x, axis: int):
     """x rounded to block-scaled E2M1 and given back in x.dtype (the operand the dot
-    reads: the tensor core applies the block scales)."""
-    q, scale = quantize_blocks_raw(x, axis)
+    reads: the tensor core applies the block scales); the rounding is one cast kernel on
+    GPUs (sharding/kernel_scopes.py)."""
+    with jax.named_scope(kernel_scopes.QUANTIZE):
+        q, scale = quantize_blocks_raw(x, axis)
     return (q.astype(x.dtype) * scale.astype(x.dtype)).reshape(x.shape)
 
 

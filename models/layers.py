@@ -12,10 +12,12 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from models import kernels
 from models.config import ModelConfig
 from models.fp8 import fp4_einsum, fp8_einsum
 from models.program import DTYPES, Precision
 from models.quant import QuantWeight
+from sharding import kernel_scopes
 from sharding.rules import constrain
 
 
@@ -77,8 +79,9 @@ def mlp_hidden(mlp, spec: str, x):
         with jax.named_scope("gate_proj"):
             gate = checkpoint_name(project(spec, x, mlp.w_gate, precision=mlp.precision),
                                    "mlpwi")
-        return jax.nn.silu(gate) * up
-    return jax.nn.gelu(up) if mlp.kind == "gelu" else jax.nn.relu(up)
+        return kernels.swiglu(gate, up)  # one kernel on GPUs
+    with jax.named_scope(kernel_scopes.ACTIVATION):
+        return jax.nn.gelu(up) if mlp.kind == "gelu" else jax.nn.relu(up)
 
 
 class Mlp(nnx.Module):

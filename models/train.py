@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from models import kernels
 from models.config import ModelConfig
 from models.optimizer import (
     apply_gradients,
@@ -27,6 +28,7 @@ from models.optimizer import (
 from models.pipeline import Pipeline
 from models.program import DTYPES, Precision, Program, Train, Workload
 from models.transformer import Transformer, logical_axes
+from sharding import kernel_scopes
 from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
 
 
@@ -103,6 +105,7 @@ def cross_entropy(logits_BLV, targets_BL):
     return _cross_entropy_fwd(logits_BLV, targets_BL)[0]
 
 
+@jax.named_scope(kernel_scopes.CROSS_ENTROPY)  # one kernel on GPUs (Megatron's)
 def _cross_entropy_fwd(logits_BLV, targets_BL):
     # The f32 upcast feeds the reductions alone, so that it fuses into them instead of
     # becoming an f32 copy of the logits; the target's logit is picked in bf16.
@@ -111,6 +114,7 @@ def _cross_entropy_fwd(logits_BLV, targets_BL):
     return lse_BL - target_BL.astype(jnp.float32), (logits_BLV, lse_BL, targets_BL)
 
 
+@jax.named_scope(kernel_scopes.CROSS_ENTROPY)
 def _cross_entropy_bwd(residuals, g_BL):
     logits_BLV, lse_BL, targets_BL = residuals
     p_BLV = jnp.exp(logits_BLV.astype(jnp.float32) - lse_BL[..., None])
@@ -125,7 +129,7 @@ cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | None = None,
                     mesh: Mesh | None = None, replicas: tuple[str, ...] = (),
                     param_specs=None, precision: Precision | None = None,
-                    state_specs=None, vocab_tiles: int = 1):
+                    state_specs=None, vocab_tiles: int = 1, fused_kernels: bool = False):
     """step(params, opt_state, batch) -> (params, opt_state, loss); params a pure dict.
 
     `microbatches` > 1: gradient accumulation over that many sequential micro-steps (with
@@ -136,7 +140,8 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
     parameters' PartitionSpecs (`param_specs`). `precision`: master weights and the
     gradients' dtype (models/optimizer.py); `state_specs`: the optimizer state's
     PartitionSpecs when the distributed optimizer splits it further than the parameters.
-    `vocab_tiles`: the loss's vocabulary tiling (`loss_fn`)."""
+    `vocab_tiles`: the loss's vocabulary tiling (`loss_fn`). `fused_kernels`: the norms
+    and activations as a GPU framework's fused kernels (models/kernels.py)."""
     precision = precision or Precision()
     grad_dtype = DTYPES[precision.gradient_dtype]
     reduced_specs = state_specs if state_specs is not None else param_specs
@@ -185,12 +190,15 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
                 state_specs=state_specs)
             return params, opt_state, loss
 
-    if rules is None:
+    if rules is None and not fused_kernels:
         return step
 
     def sharded_step(params, opt_state, batch):
-        with use_rules(rules, mesh):
-            return step(params, opt_state, batch)
+        with kernels.fused_kernels(fused_kernels):
+            if rules is None:
+                return step(params, opt_state, batch)
+            with use_rules(rules, mesh):
+                return step(params, opt_state, batch)
 
     return sharded_step
 
@@ -321,12 +329,13 @@ def pipeline_plan(cfg: ModelConfig, mesh_shape, rules: AxisRules, *, workload: W
 
 def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workload: Workload,
                         precision: Precision, train: Train, virtual_stages: int = 1,
-                        pipeline_schedule: str = "1f1b",
-                        context_mode: str = "ring") -> TrainProgram:
+                        pipeline_schedule: str = "1f1b", context_mode: str = "ring",
+                        fused_kernels: bool = False) -> TrainProgram:
     """Abstract sharded params, optimizer state and batch, and the jitted train step.
     With pipeline stages, `virtual_stages` chunks per stage and the schedule
     (models/pipeline.py); with the sequence split, the context-parallel exchange
-    (models/context.py)."""
+    (models/context.py); `fused_kernels`: norms and activations as a GPU framework's
+    fused kernels (models/kernels.py)."""
     mesh_shape = mesh_shape_of(mesh)
     k = workload.microbatches
     if workload.global_batch % k:
@@ -372,7 +381,8 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
         make_train_step(graphdef, tx, microbatches=1 if pipeline else k, rules=rules,
                         mesh=mesh, replicas=replicas, param_specs=param_specs,
                         precision=precision, vocab_tiles=train.num_vocab_tiling,
-                        state_specs=specs if train.shard_optimizer_over_data else None),
+                        state_specs=specs if train.shard_optimizer_over_data else None,
+                        fused_kernels=fused_kernels),
         in_shardings=(p_shard, opt_shard, {"inputs": batch_sharding, "targets": batch_sharding}),
         out_shardings=(p_shard, opt_shard, replicated),
         donate_argnums=(0, 1),

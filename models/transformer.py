@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from models import kernels
 from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
 from models.context import context_attention, zigzag_order
@@ -23,6 +24,7 @@ from models.moe import MoeMlp
 from models.pipeline import Pipeline, run_pipeline
 from models.program import DTYPES, OFFLOAD_ALL, REMAT_POLICIES, Precision, remat_policy
 from models.quant import dequantize, quantize
+from sharding import kernel_scopes
 from sharding.rules import active_mesh, active_rules, constrain
 
 
@@ -41,16 +43,11 @@ class Norm(nnx.Module):
             self.bias = zeros_param((cfg.d_model,), ("embed",), param_dtype)
 
     def __call__(self, x_BLD):
-        x = x_BLD.astype(jnp.float32)
-        if self.kind == "layernorm":
-            x = x - jnp.mean(x, axis=-1, keepdims=True)
-        y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
-        y = y * self.scale[...].astype(jnp.float32)
-        if self.kind == "layernorm":
-            y = y + self.bias[...].astype(jnp.float32)
-        return y.astype(x_BLD.dtype)
+        bias = self.bias[...] if self.kind == "layernorm" else None
+        return kernels.norm(x_BLD, self.scale[...], bias, self.kind)
 
 
+@jax.named_scope(kernel_scopes.ROPE)  # one kernel on GPUs (Transformer Engine's fused RoPE)
 def rope(x_BLHE, positions_BL, theta: float):
     half = x_BLHE.shape[-1] // 2
     freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)

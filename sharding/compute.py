@@ -7,8 +7,9 @@
   the two. Inside a fused kernel (a `fusion`, or the flash-attention scope) its operands
   stream through on-chip memory.
 - Everything else is memory-bound: the kernels the target compiler would form and their
-  HBM traffic are sharding/traffic.py's; dequantisation fused into a matmul's operand load
-  is sharding/dequant.py's.
+  HBM traffic are sharding/traffic.py's (on GPUs, the frameworks' hand-fused kernels where
+  the program marks them: sharding/kernel_scopes.py); dequantisation fused into a matmul's
+  operand load is sharding/dequant.py's.
 
 Counts apply every enclosing loop's trip count (sharding/loops.py).
 """
@@ -129,11 +130,25 @@ class Work:
     matmuls: tuple[MatmulWork, ...] = ()
     kernels: tuple[KernelWork, ...] = ()
     fusions: tuple[FusionWork, ...] = ()
+    # The memory-bound kernels where a GPU framework's fused kernels run them
+    # (sharding/kernel_scopes.py; an unfused module's); None: `kernels`.
+    gpu_kernels: tuple[KernelWork, ...] | None = None
 
     def timed_names(self) -> set[str]:
         """The instructions that may occupy the compute stream."""
         return ({m.name for m in self.matmuls} | {k.last for k in self.kernels}
-                | {f.name for f in self.fusions})
+                | {k.last for k in self.gpu_kernels or ()} | {f.name for f in self.fusions})
+
+    def kernels_on(self, chip: Chip) -> tuple[KernelWork, ...]:
+        """The memory-bound kernels that run on `chip`: the fused kernels' on GPUs."""
+        return self.gpu_kernels if self.gpu_kernels is not None and runs_fused_kernels(
+            chip) else self.kernels
+
+
+def runs_fused_kernels(chip: Chip) -> bool:
+    """GPUs: their training frameworks' hand-fused kernels (Transformer Engine, cuDNN)
+    run the blocks marked in sharding/kernel_scopes.py; TPUs run XLA's fusions."""
+    return chip.name in GPU_TARGETS
 
 
 def work(module: HloModule) -> dict[str, Work]:
@@ -167,7 +182,14 @@ def work(module: HloModule) -> dict[str, Work]:
         kerns = tuple(
             KernelWork(nbytes, elems, members[-1].name, operation_of(members[-1].op_name), l2)
             for (nbytes, elems, members), l2 in zip(found, reuse, strict=True))
-        out[comp.name] = Work(tuple(matmuls), kerns)
+        gpu = None
+        if not (inside_fusion or module.is_scheduled):
+            # a compiler's own fusions (a scheduled module) are taken as they are
+            gpu = tuple(KernelWork(nbytes, elems, members[-1].name,
+                                   operation_of(members[-1].op_name))
+                        for nbytes, elems, members in kernels(comp, module, final=False,
+                                                              gpu_kernels=True))
+        out[comp.name] = Work(tuple(matmuls), kerns, gpu_kernels=gpu)
     for name, w in out.items():
         comp = module.computations[name]
         fusions = tuple(
@@ -201,7 +223,7 @@ def time_work(
         c = ExecutionCost()
         for m in w.matmuls:
             _add_matmul(c, m, chip, hbm_bw, compute_dtype, calibration)
-        for k in w.kernels:
+        for k in w.kernels_on(chip):
             _add_kernel(c, k, hbm_bw, calibration.kernel_overhead_s, l2_bytes)
         out[name] = c
     _overlap_fused_matmuls(works, out)

@@ -25,7 +25,7 @@ from sharding.schedule import Graph, schedule_graph
 
 # Bumped whenever a Plan's fields or their meaning change: a stored plan of another format
 # is rebuilt from its HLO instead.
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,9 @@ Already-fused HLO (TPU/GPU final modules): each `fusion` instruction is a kernel
 operands and outputs are its HBM traffic, less what it only slices or updates in place.
 
 Ops under the named scope `flash_attention` stand for a fused attention kernel whose
-intermediates (the S x S scores) stay in on-chip memory.
+intermediates (the S x S scores) stay in on-chip memory. On GPU systems, the ops under a
+GPU framework's fused-kernel scope (norm, activation, RoPE, quantise, cross-entropy:
+sharding/kernel_scopes.py) form that kernel instead, reductions included.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from sharding.dataflow import (
 )
 from sharding.dequant import dequant_ops
 from sharding.hlo import Computation, HloModule, Instruction
+from sharding.kernel_scopes import fuses, scope_key
 
 # Ops that move no data of their own (views, bookkeeping, control).
 FREE_OPS = frozenset({
@@ -81,15 +84,19 @@ def is_memory_op(inst: Instruction, comp: Computation | None = None) -> bool:
 
 
 def kernels(
-    comp: Computation, module: HloModule | None = None, *, final: bool = True
+    comp: Computation, module: HloModule | None = None, *, final: bool = True,
+    gpu_kernels: bool = False,
 ) -> list[tuple[float, float, list[Instruction]]]:
     """(HBM bytes, elements written, member instructions) of each fused kernel the target
-    compiler would form."""
+    compiler would form; `gpu_kernels`: the ops under a GPU framework's fused-kernel scope
+    (sharding/kernel_scopes.py) are its kernels instead."""
     by_name = comp.by_name
     members = [i for i in comp.instructions if is_memory_op(i, comp)
-               and (final or i.opcode != "copy")
+               and (final or i.opcode != "copy" or gpu_kernels and _copies_a_kernel(comp, i))
                and (final or DECODE_ATTENTION_SCOPE not in i.op_name)
-               and not _slice_for_matmuls(module, comp, i)]
+               and not _slice_for_matmuls(module, comp, i)
+               and not (gpu_kernels and (_slice_for_scoped(comp, i) or _stacks(i)
+                                         or _in_epilogue(comp, i)))]
     if not members:
         return []
     is_member = {i.name for i in members}
@@ -108,7 +115,9 @@ def kernels(
             src = by_name.get(through_views(comp, o))
             if src is None or src.name not in is_member or src.opcode == "fusion":
                 continue
-            if src.opcode in REDUCTION_OPS:
+            if gpu_kernels and not _one_gpu_kernel(comp, src, inst):
+                continue
+            if src.opcode in REDUCTION_OPS and not (gpu_kernels and scope_key(src.op_name)):
                 continue  # a reduction ends its kernel; its consumers start another
             a, b = find(src.name), find(inst.name)
             if a != b:
@@ -118,6 +127,68 @@ def kernels(
     for inst in members:
         regions.setdefault(find(inst.name), []).append(inst)
     return [(*_kernel_traffic(comp, region, module), region) for region in regions.values()]
+
+
+def _one_gpu_kernel(comp: Computation, src: Instruction, inst: Instruction) -> bool:
+    """Whether `src` and its user `inst` are one kernel where a GPU framework's fused
+    kernels run: both in one fused scope call (sharding/kernel_scopes.py), both outside
+    every one (the compiler's fusion), or a fused kernel's output written in place into a
+    stacked array (a layer's residual saved for its backward pass)."""
+    ks, ki = _key(comp, src), _key(comp, inst)
+    if ks is None and ki is None:
+        return True
+    return fuses(ks, ki) or (ki is None and inst.opcode in IN_PLACE_OPS)
+
+
+_EPILOGUE_OPS = frozenset({"multiply", "divide", "convert"})
+
+
+def _in_epilogue(comp: Computation, inst: Instruction, depth: int = 0) -> bool:
+    """A scale or cast of a matmul's output that nothing else reads (an FP8 / FP4 GEMM's
+    f32 result times its per-tensor scales, cast to bf16): the GEMM's epilogue does it
+    (cuBLASLt's alpha and output type), not a kernel of its own."""
+    if inst.opcode not in _EPILOGUE_OPS or depth > 4:
+        return False
+    chain = [o for o in inst.operands if read_bytes(comp, o) > 8]  # not a scalar's broadcast
+    src = comp.by_name.get(through_views(comp, chain[0])) if len(chain) == 1 else None
+    if src is None or len(users_through_views(comp, src.name)) != 1:
+        return False
+    return src.opcode in MATMUL_OPS or _in_epilogue(comp, src, depth + 1)
+
+
+def _stacks(inst: Instruction) -> bool:
+    """A layer scan stacking a per-layer value (a residual saved for the backward pass, a
+    layer's weight gradient): a GPU framework keeps the tensor where its producer wrote it
+    (XLA writes the producer's output into the stack's slice), so the stacking moves no
+    bytes of its own."""
+    return (inst.opcode == "dynamic-update-slice"
+            and "/jit(dynamic_update_index_in_dim)/" in inst.op_name)
+
+
+def _key(comp: Computation, inst: Instruction) -> tuple[str, str] | None:
+    """An op's fused scope call; a copy (a sharding annotation between a kernel and its
+    user, before copy elision) is its operand's."""
+    while inst.opcode == "copy" and inst.operands and (
+            src := comp.by_name.get(through_views(comp, inst.operands[0]))) is not None:
+        inst = src
+    return scope_key(inst.op_name)
+
+
+def _copies_a_kernel(comp: Computation, inst: Instruction) -> bool:
+    """A copy (a sharding annotation) of a fused kernel's output: it is that output, where
+    the kernel writes it (the copy of a matmul's output stays free)."""
+    src = comp.by_name.get(through_views(comp, inst.operands[0])) if inst.operands else None
+    return src is not None and src.opcode != "copy" and is_memory_op(src, comp) and \
+        _key(comp, src) is not None
+
+
+def _slice_for_scoped(comp: Computation, inst: Instruction) -> bool:
+    """A slice outside the fused scopes that only fused-scope ops read (a layer's saved
+    residual out of the stacked array): the fused kernel reads it where it lies."""
+    if inst.opcode not in SLICE_OPS or scope_key(inst.op_name) is not None:
+        return False
+    users = users_through_views(comp, inst.name)
+    return bool(users) and all(scope_key(u.op_name) is not None for u in users)
 
 
 def _kernel_traffic(

@@ -1,0 +1,76 @@
+"""GPU frameworks' fused kernels (sharding/kernel_scopes.py) against hand counts: on a GPU
+the ops of one fused scope are one kernel that reads its inputs and writes its outputs
+once; a TPU keeps the compiler-style fusion, which ends a kernel at each reduction."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import meshes
+from models import kernels
+from models.fp8 import _per_tensor_e4m3
+from sharding.compute import compute_cost
+from sharding.hlo import parse_hlo
+
+H100 = meshes.get_system("h100:8").chip
+V5E = meshes.get_system("tpu-v5e:2x2").chip
+T, D = 4096, 2048  # tokens, model width
+X = jax.ShapeDtypeStruct((T, D), jnp.bfloat16)
+SCALE = jax.ShapeDtypeStruct((D,), jnp.float32)
+
+
+def memory_bound(fn, *args, chip):
+    """(HBM bytes, kernels) of the memory-bound kernels of fn's program on `chip`."""
+    text = jax.jit(fn).lower(*args).as_text(dialect="hlo", debug_info=True)
+    c = compute_cost(parse_hlo(text), chip)
+    matmuls = [d for (_, kind), d in c.ops.items() if kind == "matmul"]
+    return c.hbm_bytes - sum(d["bytes"] for d in matmuls), c.kernels - len(matmuls)
+
+
+def hbm_bytes(fn, *args, chip):
+    return memory_bound(fn, *args, chip=chip)[0]
+
+
+# The per-token f32 statistic (a norm's reciprocal RMS, a quantise's amax) reaches the
+# elementwise ops through a broadcast, which the model counts as written and read back:
+# 2 x 4 bytes per token (0.2% of a norm's bytes at this width).
+STAT = 2 * T * 4
+
+
+def test_a_norm_is_one_kernel_on_a_gpu_and_two_on_a_tpu():
+    def rms_norm(x, scale):
+        return kernels.norm(x, scale, None, "rmsnorm")
+
+    x, scale = T * D * 2, D * 4  # bf16 input, f32 scale
+    # Transformer Engine's RMSNorm: reads x and the scale, writes y (bf16) once (and the
+    # reducer's one-element computation, 12 bytes, as everywhere).
+    assert memory_bound(rms_norm, X, SCALE, chip=H100) == (
+        pytest.approx(x + scale + x + STAT + 12), 2)
+    # The compiler-style fusion: the reduction's kernel also reads x, scales and writes y,
+    # but the per-token statistic is a kernel of its own between (written, read, written).
+    assert memory_bound(rms_norm, X, SCALE, chip=V5E) == (
+        pytest.approx(x + scale + x + STAT + 2 * T * 4 + 12), 3)
+
+
+def test_a_quantise_of_a_norms_output_is_the_norms_kernel_on_a_gpu():
+    def norm_fp8(x, scale):
+        return _per_tensor_e4m3(kernels.norm(x, scale, None, "rmsnorm"))
+
+    # Transformer Engine's LayerNormLinear: the norm writes its output in FP8 (1 byte per
+    # element) and the f32 scale; no bf16 copy of it, no second pass for the amax.
+    assert hbm_bytes(norm_fp8, X, SCALE, chip=H100) == pytest.approx(
+        T * D * 2 + D * 4 + T * D * 1 + STAT, abs=64)  # and a few scalars
+
+
+def test_an_fp8_gemms_output_scale_and_cast_are_its_epilogue_on_a_gpu():
+    a = jax.ShapeDtypeStruct((T, D), jnp.float8_e4m3fn)
+    b = jax.ShapeDtypeStruct((D, D), jnp.float8_e4m3fn)
+    s = jax.ShapeDtypeStruct((), jnp.float32)
+
+    def gemm(a, b, s):
+        return (jnp.dot(a, b, preferred_element_type=jnp.float32) * s).astype(jnp.bfloat16)
+
+    # cuBLASLt scales the f32 accumulator and writes bf16: no kernel of its own on a GPU;
+    # on a TPU-style count, a pass reads the f32 result and writes the bf16 one.
+    assert hbm_bytes(gemm, a, b, s, chip=H100) == 0
+    assert hbm_bytes(gemm, a, b, s, chip=V5E) == pytest.approx(T * D * 4 + 4 + T * D * 2)
