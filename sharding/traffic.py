@@ -95,7 +95,7 @@ def kernels(
                and (final or i.opcode != "copy" or gpu_kernels and _copies_a_kernel(comp, i))
                and (final or DECODE_ATTENTION_SCOPE not in i.op_name)
                and not _slice_for_matmuls(module, comp, i)
-               and not (gpu_kernels and (_slice_for_scoped(comp, i) or _stacks(i)
+               and not (gpu_kernels and (_read_in_place(comp, i) or _stacks(i)
                                          or _in_epilogue(comp, i)))]
     if not members:
         return []
@@ -140,7 +140,7 @@ def _one_gpu_kernel(comp: Computation, src: Instruction, inst: Instruction) -> b
     return fuses(ks, ki) or (ki is None and inst.opcode in IN_PLACE_OPS)
 
 
-_EPILOGUE_OPS = frozenset({"multiply", "divide", "convert"})
+_EPILOGUE_OPS = frozenset({"multiply", "divide", "convert", "reduce-precision"})
 
 
 def _in_epilogue(comp: Computation, inst: Instruction, depth: int = 0) -> bool:
@@ -182,13 +182,19 @@ def _copies_a_kernel(comp: Computation, inst: Instruction) -> bool:
         _key(comp, src) is not None
 
 
-def _slice_for_scoped(comp: Computation, inst: Instruction) -> bool:
-    """A slice outside the fused scopes that only fused-scope ops read (a layer's saved
-    residual out of the stacked array): the fused kernel reads it where it lies."""
-    if inst.opcode not in SLICE_OPS or scope_key(inst.op_name) is not None:
+def _read_in_place(comp: Computation, inst: Instruction) -> bool:
+    """A slice (a layer's saved residual or weights out of the stacked array) that kernels
+    and matmuls read: each reads it where it lies (a GPU framework indexes the saved
+    tensor; XLA fuses the slice into each reader), no copy is made. Remat's optimisation
+    barrier passes it on untouched."""
+    if inst.opcode not in ("slice", "dynamic-slice") or inst.is_root or not inst.operands:
         return False
+    src = comp.by_name.get(through_views(comp, inst.operands[0]))
+    if src is None or src.opcode not in ("parameter", "get-tuple-element"):
+        return False  # a slice of a value computed here is part of its kernel
     users = users_through_views(comp, inst.name)
-    return bool(users) and all(scope_key(u.op_name) is not None for u in users)
+    return bool(users) and all(not u.is_root and (u.opcode != "tuple" or all(
+        b.opcode == "opt-barrier" for b in comp.users.get(u.name, []))) for u in users)
 
 
 def _kernel_traffic(
