@@ -10,6 +10,8 @@ Array-name suffixes: the legend in models/__init__.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -367,7 +369,11 @@ class Transformer(nnx.Module):
         with jax.named_scope("lm_head"):
             x_BLD = self.final_norm(x_BLD)
             head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-            logits_BLV = project("bld,dv->blv", x_BLD, head_DV, precision=self.precision)
+            # The output layer stays in the activations' dtype under FP8 / FP4 recipes:
+            # Megatron-Core's output_layer is a plain ColumnParallelLinear, outside
+            # Transformer Engine's FP8 / FP4 autocast.
+            head = dataclasses.replace(self.precision, compute=self.precision.activations)
+            logits_BLV = project("bld,dv->blv", x_BLD, head_DV, precision=head)
             return constrain(logits_BLV, ("batch", "seq", "vocab"))
 
 
