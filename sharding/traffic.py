@@ -20,9 +20,15 @@ Already-fused HLO (TPU/GPU final modules): each `fusion` instruction is a kernel
 operands and outputs are its HBM traffic, less what it only slices or updates in place.
 
 Ops under the named scope `flash_attention` stand for a fused attention kernel whose
-intermediates (the S x S scores) stay in on-chip memory. On GPU systems, the ops under a
-GPU framework's fused-kernel scope (norm, activation, RoPE, quantise, cross-entropy:
-sharding/kernel_scopes.py) form that kernel instead, reductions included.
+intermediates (the S x S scores) stay in on-chip memory.
+
+On GPU systems (`gpu_kernels`), kernels are what the GPU training frameworks run: the ops
+under a fused-kernel scope (norm, activation, RoPE, quantise, cross-entropy:
+sharding/kernel_scopes.py) form that kernel, reductions included, and a quantise joins the
+norm or activation that feeds it; an FP8 / FP4 GEMM's output scale and cast are its
+epilogue; a layer scan's stacking of a per-layer value, and its slices of stacked arrays,
+move no bytes of their own (the framework keeps a saved tensor where its producer wrote it,
+and its readers read it there).
 """
 
 from __future__ import annotations
@@ -88,8 +94,8 @@ def kernels(
     gpu_kernels: bool = False,
 ) -> list[tuple[float, float, list[Instruction]]]:
     """(HBM bytes, elements written, member instructions) of each fused kernel the target
-    compiler would form; `gpu_kernels`: the ops under a GPU framework's fused-kernel scope
-    (sharding/kernel_scopes.py) are its kernels instead."""
+    compiler would form; `gpu_kernels`: those a GPU framework runs (the module's
+    docstring)."""
     by_name = comp.by_name
     members = [i for i in comp.instructions if is_memory_op(i, comp)
                and (final or i.opcode != "copy" or gpu_kernels and _copies_a_kernel(comp, i))
