@@ -192,7 +192,8 @@ def _read_in_place(comp: Computation, inst: Instruction) -> bool:
     """A slice (a layer's saved residual or weights out of the stacked array) that kernels
     and matmuls read: each reads it where it lies (a GPU framework indexes the saved
     tensor; XLA fuses the slice into each reader), no copy is made. Remat's optimisation
-    barrier passes it on untouched."""
+    barrier passes it on untouched, and so does a loop it is handed to (a pipeline stage's
+    layers, run by a scan: PyTorch passes the tensor, not a copy)."""
     if inst.opcode not in ("slice", "dynamic-slice") or inst.is_root or not inst.operands:
         return False
     src = comp.by_name.get(through_views(comp, inst.operands[0]))
@@ -200,7 +201,8 @@ def _read_in_place(comp: Computation, inst: Instruction) -> bool:
         return False  # a slice of a value computed here is part of its kernel
     users = users_through_views(comp, inst.name)
     return bool(users) and all(not u.is_root and (u.opcode != "tuple" or all(
-        b.opcode == "opt-barrier" for b in comp.users.get(u.name, []))) for u in users)
+        b.opcode in ("opt-barrier", "while") for b in comp.users.get(u.name, [])))
+        for u in users)
 
 
 def _kernel_traffic(

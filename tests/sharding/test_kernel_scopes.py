@@ -99,3 +99,25 @@ def test_a_scan_stacking_a_matmuls_output_moves_no_bytes_of_its_own_on_a_gpu(cpu
     # into the stack: reads it and writes it, per layer.
     assert hbm_bytes(layers, x, w, chip=H100) < 1e3
     assert hbm_bytes(layers, x, w, chip=V5E) == pytest.approx(4 * 2 * h, rel=1e-3)
+
+
+def test_a_stage_s_weights_handed_to_its_layer_loop_are_not_copied_on_a_gpu(cpu_devices):
+    # A pipeline tick slices its stage's stacked layer weights and hands them to the loop
+    # over its layers. A GPU framework passes the tensor; XLA copies the slice into the
+    # loop's buffer (read and written once per tick).
+    mesh = Mesh(np.array(cpu_devices[:8]), ("data",))
+    x = jax.ShapeDtypeStruct((T, D), jnp.bfloat16, sharding=NamedSharding(mesh, P("data")))
+    w = jax.ShapeDtypeStruct((2, 4, 256, D), jnp.bfloat16,  # 2 stages x 4 layers
+                             sharding=NamedSharding(mesh, P()))
+
+    def ticks(x, w):
+        def tick(h, i):
+            stage_w = jax.lax.dynamic_index_in_dim(w, i, keepdims=False)
+            def layer(h, w_l):  # a cheap layer: its weights' column sums scale h
+                return h * jnp.sum(w_l, axis=0).astype(h.dtype), None
+            return jax.lax.scan(layer, h, stage_w)[0], None
+        return jax.lax.scan(tick, x, jnp.arange(2))[0]
+
+    stage = 4 * 256 * D * 2  # one stage's weights, bf16
+    gpu, tpu = hbm_bytes(ticks, x, w, chip=H100), hbm_bytes(ticks, x, w, chip=V5E)
+    assert tpu - gpu == pytest.approx(2 * 2 * stage, rel=0.01)  # 2 ticks, read + write
