@@ -56,6 +56,13 @@ class ModelConfig:
     attention: str = described('"flash" (block-wise, scores never in HBM, as every '
                                'production stack trains) or "dense" (scores materialised)',
                                "flash")
+    fused_qkv: bool = described(
+        "one weight for the query, key and value projections (Megatron's linear_qkv: per "
+        "kv head, its query heads, key and value), so tensor parallelism gathers the "
+        "block's input once and reduces its gradient once; MaxText's name", False)
+    fused_mlp: bool = described(
+        "one weight for SwiGLU's gate and up projections (Megatron's linear_fc1); "
+        "MaxText's name", False)
 
     def __post_init__(self):
         for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab",
@@ -84,8 +91,9 @@ class ModelConfig:
             raise ValueError(f"model.capacity_factor={self.capacity_factor!r} must be a number "
                              f"above 0 (e.g. 1.25); for no dropped tokens set "
                              f"model.dropless = true")
-        if not isinstance(self.dropless, bool):
-            raise ValueError(f"model.dropless={self.dropless!r} must be true or false")
+        for f in ("dropless", "fused_qkv", "fused_mlp", "tie_embeddings"):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f"model.{f}={getattr(self, f)!r} must be true or false")
         if self.n_shared_experts and self.n_experts == 1:
             raise ValueError(f"model.n_shared_experts={self.n_shared_experts} needs routed "
                              f"experts (model.n_experts > 1)")

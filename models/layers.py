@@ -7,6 +7,8 @@ Array-name suffixes: the legend in models/__init__.py.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -16,7 +18,7 @@ from models.config import ModelConfig
 from models.fp8 import fp4_einsum, fp8_einsum
 from models.program import DTYPES, Precision
 from models.quant import QuantWeight
-from sharding.rules import constrain
+from sharding.rules import active_mesh, active_rules, constrain
 
 
 def new_param(rngs: nnx.Rngs, shape, axes, *, dtype, scale: float | None = None) -> nnx.Param:
@@ -55,14 +57,48 @@ def project(spec: str, x, w, *, precision: Precision):
 
     `w` is the weight's Param (or an array). Low-precision recipes quantise after any FSDP
     gather here, so the gather moves the parameter dtype's bytes (Transformer Engine can
-    gather FP8 weights instead; that saving is not modelled).
+    gather FP8 weights instead; that saving is not modelled). A weight with one leading
+    dimension more than `spec` gives it is one copy per context-parallel rank
+    (`per_context_rank`).
     """
-    w = (w[...] if not isinstance(w, jax.Array) else w).astype(x.dtype)
+    w = w[...] if not isinstance(w, jax.Array) else w
+    if w.ndim == len(spec.split("->")[0].split(",")[1]) + 1:
+        return per_context_rank(
+            lambda x_, w_: project(spec, x_, w_, precision=precision), x, w)
+    w = w.astype(x.dtype)
     if precision.low_precision_matmuls == "float8":
         return fp8_einsum(spec, x, w)
     if precision.low_precision_matmuls == "float4":
         return fp4_einsum(spec, x, w)
     return jnp.einsum(spec, x, w)
+
+
+def rank_split(logical: str) -> tuple[tuple[str, ...], int]:
+    """The mesh axes (of size > 1) that split the positions under the logical axis
+    `logical` ("seq": a projection's input; "residual_seq": the residual stream, which
+    sequence parallelism splits further), and how many ranks they make."""
+    mesh, rules = active_mesh(), active_rules()
+    shape = dict(mesh.shape)
+    axes = tuple(a for a in rules.mesh_axes(logical) if shape.get(a, 1) > 1)
+    return axes, math.prod(shape[a] for a in axes)
+
+
+def per_context_rank(fn, x_BL, *weights_Y, logical: str = "seq"):
+    """`fn(x, *weights)` run by each rank that holds a block of the positions (the mesh
+    axes `rank_split(logical)` gives), on its own positions with its own copy of the
+    weights (leading dimension Y, sharded over those axes).
+
+    The point is the backward: a weight's gradient stays per rank (no sum over the ranks)
+    until the copies are summed where they were made. The pipeline makes them outside its
+    loop over ticks (models/pipeline.py), so the context ranks' weight gradients (and the
+    norms' over the sequence-parallel ranks) are summed once per step, after the flush, as
+    Megatron sums them, instead of at every tick. Suffix Y: the ranks."""
+    axes, ranks = rank_split(logical)
+    b, seq = x_BL.shape[:2]
+    x_BYl = x_BL.reshape(b, ranks, seq // ranks, *x_BL.shape[2:])
+    out_BYl = jax.vmap(fn, in_axes=(1,) + (0,) * len(weights_Y), out_axes=1,
+                       spmd_axis_name=axes)(x_BYl, *weights_Y)
+    return out_BYl.reshape(b, seq, *out_BYl.shape[3:])
 
 
 def mlp_hidden(mlp, spec: str, x):
@@ -71,6 +107,14 @@ def mlp_hidden(mlp, spec: str, x):
     # Each projection under its own name, so that a report's row per model operation is
     # one weight (the gate and up matmuls under one name read as one matrix of twice the
     # bytes, as if it were gathered in f32).
+    if getattr(mlp, "w_gate_up", None) is not None:  # fused (Megatron's linear_fc1)
+        inputs, out = spec.split("->")
+        x_spec, w_spec = inputs.split(",")
+        fused = f"{x_spec},{w_spec[:-1]}j{w_spec[-1]}->{out[:-1]}j{out[-1]}"
+        with jax.named_scope("gate_up_proj"):
+            gate_up = checkpoint_name(project(fused, x, mlp.w_gate_up, precision=mlp.precision),
+                                      "mlpwi")
+        return jax.nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
     with jax.named_scope("up_proj"):
         up = checkpoint_name(project(spec, x, mlp.w_up, precision=mlp.precision), "mlpwi")
     if mlp.kind == "swiglu":
@@ -86,12 +130,17 @@ class Mlp(nnx.Module):
         d, f = cfg.d_model, cfg.d_ff
         self.kind = cfg.mlp
         self.precision = precision
-        if cfg.mlp == "swiglu":
-            self.w_gate = new_weight(rngs, (d, f), ("embed", "mlp"), precision=precision)
-        self.w_up = new_weight(rngs, (d, f), ("embed", "mlp"), precision=precision)
+        if cfg.mlp == "swiglu" and cfg.fused_mlp:
+            self.w_gate_up = new_weight(rngs, (d, 2, f), ("embed", None, "mlp"),
+                                        precision=precision)
+        else:
+            if cfg.mlp == "swiglu":
+                self.w_gate = new_weight(rngs, (d, f), ("embed", "mlp"), precision=precision)
+            self.w_up = new_weight(rngs, (d, f), ("embed", "mlp"), precision=precision)
         self.w_down = new_weight(rngs, (f, d), ("mlp", "embed"), precision=precision)
 
     def __call__(self, x_BLD):
+        x_BLD = constrain(x_BLD, ("batch", "seq", None))  # gathered once (as Attention)
         h_BLF = constrain(mlp_hidden(self, "bld,df->blf", x_BLD), ("batch", "seq", "mlp"))
         with jax.named_scope("down_proj"):
             out_BLD = project("blf,fd->bld", h_BLF, self.w_down, precision=self.precision)

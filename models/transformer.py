@@ -18,7 +18,16 @@ from jax.ad_checkpoint import checkpoint_name
 from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
 from models.context import context_attention, zigzag_order
-from models.layers import Mlp, new_param, new_weight, ones_param, project, zeros_param
+from models.layers import (
+    Mlp,
+    new_param,
+    new_weight,
+    ones_param,
+    per_context_rank,
+    project,
+    rank_split,
+    zeros_param,
+)
 from models.moe import MoeMlp
 from models.pipeline import Pipeline, run_pipeline
 from models.program import DTYPES, OFFLOAD_ALL, REMAT_POLICIES, Precision, remat_policy
@@ -41,13 +50,19 @@ class Norm(nnx.Module):
             self.bias = zeros_param((cfg.d_model,), ("embed",), param_dtype)
 
     def __call__(self, x_BLD):
+        weights = (self.scale[...],) + ((self.bias[...],) if self.kind == "layernorm" else ())
+        if weights[0].ndim == 2:  # one copy per context rank (layers.per_context_rank)
+            return per_context_rank(self._normalize, x_BLD, *weights, logical="residual_seq")
+        return self._normalize(x_BLD, *weights)
+
+    def _normalize(self, x_BLD, scale_D, bias_D=None):
         x = x_BLD.astype(jnp.float32)
         if self.kind == "layernorm":
             x = x - jnp.mean(x, axis=-1, keepdims=True)
         y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
-        y = y * self.scale[...].astype(jnp.float32)
-        if self.kind == "layernorm":
-            y = y + self.bias[...].astype(jnp.float32)
+        y = y * scale_D.astype(jnp.float32)
+        if bias_D is not None:
+            y = y + bias_D.astype(jnp.float32)
         return y.astype(x_BLD.dtype)
 
 
@@ -66,11 +81,17 @@ class Attention(nnx.Module):
         d, h, k, e = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.cfg = cfg
         self.precision = precision
-        self.wq = new_weight(rngs, (d, h, e), ("embed", "heads", "head_dim"), precision=precision)
-        self.wk = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"),
-                             precision=precision)
-        self.wv = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"),
-                             precision=precision)
+        if cfg.fused_qkv:
+            # Megatron's layout: per kv head, its G query heads, then its key and value.
+            self.wqkv = new_weight(rngs, (d, k, h // k + 2, e),
+                                   ("embed", "kv_heads", None, "head_dim"), precision=precision)
+        else:
+            self.wq = new_weight(rngs, (d, h, e), ("embed", "heads", "head_dim"),
+                                 precision=precision)
+            self.wk = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"),
+                                 precision=precision)
+            self.wv = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"),
+                                 precision=precision)
         self.wo = new_weight(rngs, (h, e, d), ("heads", "head_dim", "embed"), precision=precision,
                              contract=2, scale=(h * e) ** -0.5)
 
@@ -84,20 +105,10 @@ class Attention(nnx.Module):
         for prefill, the new position's for decode), as (B, L, K, E).
         """
         cfg = self.cfg
-        # One named scope per projection (MaxText's names), so that a report's row per
-        # model operation is one weight.
-        with jax.named_scope("query_proj"):
-            q_BLHE = project("bld,dhe->blhe", x_BLD, self.wq, precision=self.precision)
-            q_BLHE = checkpoint_name(
-                constrain(q_BLHE, ("batch", "seq", "heads", "head_dim")), "query_proj")
-        with jax.named_scope("key_proj"):
-            k_BLKE = project("bld,dke->blke", x_BLD, self.wk, precision=self.precision)
-            k_BLKE = checkpoint_name(
-                constrain(k_BLKE, ("batch", "seq", "kv_heads", "head_dim")), "key_proj")
-        with jax.named_scope("value_proj"):
-            v_BLKE = project("bld,dke->blke", x_BLD, self.wv, precision=self.precision)
-            v_BLKE = checkpoint_name(
-                constrain(v_BLKE, ("batch", "seq", "kv_heads", "head_dim")), "value_proj")
+        # The block's input gathered once for the three projections (sequence parallelism's
+        # one all-gather; its gradient's one reduce-scatter), as Megatron runs the block.
+        x_BLD = constrain(x_BLD, ("batch", "seq", None))
+        q_BLHE, k_BLKE, v_BLKE = self._qkv(x_BLD)
         if cfg.positions == "rope":
             q_BLHE = rope(q_BLHE, positions_BL, cfg.rope_theta)
             k_BLKE = rope(k_BLKE, positions_BL, cfg.rope_theta)
@@ -119,6 +130,31 @@ class Attention(nnx.Module):
             out_BLD = checkpoint_name(constrain(out_BLD, ("batch", "residual_seq", "embed")),
                                       "out_proj")
             return out_BLD, (k_BLKE, v_BLKE)
+
+
+    def _qkv(self, x_BLD):
+        """The query, key and value projections: one weight each, or one fused weight."""
+        b, seq, _ = x_BLD.shape
+        h, kv, e = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
+        if self.cfg.fused_qkv:
+            with jax.named_scope("qkv_proj"):
+                qkv_BLKCE = project("bld,dkce->blkce", x_BLD, self.wqkv,
+                                    precision=self.precision)
+            g = h // kv
+            projections = (qkv_BLKCE[..., :g, :].reshape(b, seq, h, e),
+                           qkv_BLKCE[..., g, :], qkv_BLKCE[..., g + 1, :])
+        else:
+            # One named scope per projection (MaxText's names), so that a report's row per
+            # model operation is one weight.
+            projections = []
+            for name, spec, w in (("query_proj", "bld,dhe->blhe", self.wq),
+                                  ("key_proj", "bld,dke->blke", self.wk),
+                                  ("value_proj", "bld,dke->blke", self.wv)):
+                with jax.named_scope(name):
+                    projections.append(project(spec, x_BLD, w, precision=self.precision))
+        names = (("query_proj", "heads"), ("key_proj", "kv_heads"), ("value_proj", "kv_heads"))
+        return tuple(checkpoint_name(constrain(p, ("batch", "seq", heads, "head_dim")), name)
+                     for p, (name, heads) in zip(projections, names))
 
 
 def _context_axis() -> dict:
@@ -355,9 +391,19 @@ class Transformer(nnx.Module):
         if len(axes) != 1:
             raise ValueError(f"pipeline parallelism needs the rule of 'layers' to name one mesh "
                              f"axis; it names {axes}")
+        # Context-parallel ranks get their own copies of a dense layer's weights for the
+        # whole pipeline (layers.per_context_rank): their gradients are summed once, after
+        # the flush. The norms' vectors work on the residual stream, whose positions
+        # sequence parallelism splits over `tensor` too. (A mixture of experts' weights
+        # are used on regrouped tokens: summed at every tick still.)
+        def copies(w):
+            return rank_split("residual_seq" if w.ndim == 2 else "seq")
+
+        if context is None or self.cfg.n_experts > 1:
+            copies = None
         return run_pipeline(run_chunk, layers, x_BLD, positions_BL, plan=self.pipeline,
                             mesh=mesh, axis=axes[0], batch_axes=rules.mesh_axes("batch"),
-                            seq_axes=rules.mesh_axes("residual_seq"))
+                            seq_axes=rules.mesh_axes("residual_seq"), rank_copies=copies)
 
     def head(self, x_BLD):
         """Logits (B, L, V) in float32 of the last layer's output."""
