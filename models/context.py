@@ -28,6 +28,9 @@ chunk's positions.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,6 +41,41 @@ from models.pipeline import shift_stages
 from sharding.rules import mesh_shape_of, resolve
 
 MODES = ("ring", "allgather")
+
+
+@dataclasses.dataclass(frozen=True)
+class RankCopies:
+    """A layer weight held as one copy per rank of mesh `axes` (`ranks` of them; 1: none):
+    models/layers.per_context_rank uses such copies."""
+
+    axes: tuple[str, ...] = ()
+    ranks: int = 1
+
+
+def rank_copies(cfg, rules, mesh_shape):
+    """path -> RankCopies of each parameter of a dense model whose positions are split
+    (context parallelism), else None.
+
+    The context-parallel ranks' weight gradients are partial sums. Summed where SPMD
+    puts them, at every use of a weight, a step with several microbatches or pipeline
+    ticks sums them every time; Megatron sums them once per step, with the data-parallel
+    ones (one reduce-scatter over data x context for its distributed optimizer). With a
+    copy of each layer weight per rank, made where the step makes the data-parallel
+    replicas' (models/train.py), they are summed there, once. A norm's vector works on
+    the residual stream, which sequence parallelism splits over `tensor` too. (A mixture
+    of experts' weights meet regrouped tokens: no copies.)"""
+    if cfg.n_experts > 1 or rules.ways("seq", mesh_shape) == 1:
+        return None
+
+    def of(path) -> RankCopies:
+        keys = [str(getattr(k, "key", k)) for k in path]
+        if keys[0] != "blocks":
+            return RankCopies()
+        logical = "residual_seq" if any("norm" in k for k in keys) else "seq"
+        axes = tuple(a for a in rules.mesh_axes(logical) if mesh_shape.get(a, 1) > 1)
+        return RankCopies(axes, math.prod(mesh_shape[a] for a in axes))
+
+    return of
 
 
 def zigzag_order(seq: int, ranks: int) -> np.ndarray:

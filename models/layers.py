@@ -89,10 +89,9 @@ def per_context_rank(fn, x_BL, *weights_Y, logical: str = "seq"):
     weights (leading dimension Y, sharded over those axes).
 
     The point is the backward: a weight's gradient stays per rank (no sum over the ranks)
-    until the copies are summed where they were made. The pipeline makes them outside its
-    loop over ticks (models/pipeline.py), so the context ranks' weight gradients (and the
-    norms' over the sequence-parallel ranks) are summed once per step, after the flush, as
-    Megatron sums them, instead of at every tick. Suffix Y: the ranks."""
+    until the copies are summed where they were made: with the data-parallel replicas'
+    gradients, once per step (models/context.rank_copies), instead of at every micro-step
+    or pipeline tick. Suffix Y: the ranks."""
     axes, ranks = rank_split(logical)
     b, seq = x_BL.shape[:2]
     x_BYl = x_BL.reshape(b, ranks, seq // ranks, *x_BL.shape[2:])

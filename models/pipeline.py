@@ -165,8 +165,7 @@ shift_stages.defvjp(lambda x, axis: (jnp.roll(x, 1, axis=axis), None),
 
 
 def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipeline, mesh,
-                 axis: str, batch_axes: tuple[str, ...] = (), seq_axes: tuple[str, ...] = (),
-                 rank_copies: Callable | None = None):
+                 axis: str, batch_axes: tuple[str, ...] = (), seq_axes: tuple[str, ...] = ()):
     """The layers as `plan`'s circular pipeline over mesh axis `axis`.
 
     `layers`: the stacked layer state (leading dimension `plan.slots`, stage-major, sharded
@@ -174,9 +173,6 @@ def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipe
     layers, skipping the padded ones. `batch_axes`, `seq_axes`: the mesh axes of each
     microbatch's batch and positions (the residual stream's: with sequence parallelism the
     stages pass each other 1/TP of the activations).
-    `rank_copies(w)` -> (mesh axes, Y): the layer weight w (stacked) becomes Y copies, one
-    per rank of those axes (models/layers.per_context_rank), made before the loop over
-    ticks, so that the ranks' weight gradients are summed once, after the flush.
     Suffixes: P stages, M microbatches, b one microbatch's batch (models/__init__.py)."""
     b, seq, d = x_BLD.shape
     stages, m, v, c = plan.stages, plan.microbatches, plan.virtual, plan.chunk
@@ -196,17 +192,11 @@ def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipe
     # sliced out of the batch-sharded array (which would move them between data shards).
     pos_bL = jnp.broadcast_to(positions_BL[0], (b // m, seq))
     # The stage dimension over `axis`; the weights' own dimensions keep their sharding
-    # (tensor, FSDP): a constraint naming only the stage axis would gather them.
-    def stage_major(w):
-        copies = rank_copies(w) if rank_copies is not None else None
-        w = w.reshape(stages, v, c, *w.shape[1:])
-        if copies is None:
-            return pin(w, axis, None, None, *[P.UNCONSTRAINED] * (w.ndim - 3))
-        copy_axes, ranks = copies
-        w = jnp.broadcast_to(w[:, :, :, None], (stages, v, c, ranks, *w.shape[3:]))
-        return pin(w, axis, None, None, copy_axes, *[P.UNCONSTRAINED] * (w.ndim - 4))
-
-    chunks = jax.tree.map(stage_major, layers)
+    # (tensor, FSDP; context ranks' copies): a constraint naming only the stage axis would
+    # gather them.
+    chunks = jax.tree.map(
+        lambda w: pin(w.reshape(stages, v, c, *w.shape[1:]), axis, None, None,
+                      *[P.UNCONSTRAINED] * (w.ndim - 1)), layers)
     valid_PVc = jnp.asarray(plan.valid_mask())
     stage_P = jnp.arange(stages)
     is_first_P111 = (stage_P == 0)[:, None, None, None]

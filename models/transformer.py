@@ -25,7 +25,6 @@ from models.layers import (
     ones_param,
     per_context_rank,
     project,
-    rank_split,
     zeros_param,
 )
 from models.moe import MoeMlp
@@ -391,19 +390,9 @@ class Transformer(nnx.Module):
         if len(axes) != 1:
             raise ValueError(f"pipeline parallelism needs the rule of 'layers' to name one mesh "
                              f"axis; it names {axes}")
-        # Context-parallel ranks get their own copies of a dense layer's weights for the
-        # whole pipeline (layers.per_context_rank): their gradients are summed once, after
-        # the flush. The norms' vectors work on the residual stream, whose positions
-        # sequence parallelism splits over `tensor` too. (A mixture of experts' weights
-        # are used on regrouped tokens: summed at every tick still.)
-        def copies(w):
-            return rank_split("residual_seq" if w.ndim == 2 else "seq")
-
-        if context is None or self.cfg.n_experts > 1:
-            copies = None
         return run_pipeline(run_chunk, layers, x_BLD, positions_BL, plan=self.pipeline,
                             mesh=mesh, axis=axes[0], batch_axes=rules.mesh_axes("batch"),
-                            seq_axes=rules.mesh_axes("residual_seq"), rank_copies=copies)
+                            seq_axes=rules.mesh_axes("residual_seq"))
 
     def head(self, x_BLD):
         """Logits (B, L, V) in float32 of the last layer's output."""

@@ -72,10 +72,10 @@ def test_context_parallelism_exchanges_keys_and_values_once_per_step(cpu_devices
 
 def test_pipelined_context_ranks_sum_weight_gradients_once_per_step(cpu_devices):
     # Megatron sums the weight gradients over the context-parallel ranks once per step,
-    # with the data-parallel ones. Summed inside the pipeline's loop they would run at
-    # every tick (M V + P - 1 of them). Every all-reduce over `sequence` here runs once,
-    # and the layers' weights (9 stacked tensors of a SwiGLU RMSNorm layer: 2 norms, q, k,
-    # v, out, gate, up, down) are among them, one each.
+    # with the data-parallel ones. Summed where SPMD puts them, inside the pipeline's loop,
+    # they would run at every tick (M V + P - 1 of them). Here every sum over `sequence`
+    # runs once, and each of the layers' 9 stacked weights (a SwiGLU RMSNorm layer: 2
+    # norms, q, k, v, out, gate, up, down) is summed over data and sequence in one.
     cfg = tiny()
     mesh = sharding.make_mesh(H100, {"data": 2, "sequence": 2, "pipeline": 2})
     prog = models.build_train_program(
@@ -85,10 +85,9 @@ def test_pipelined_context_ranks_sum_weight_gradients_once_per_step(cpu_devices)
         train=models.Train(remat="none"))
     assert prog.pipeline.ticks == 4 + 2 - 1
     rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
-    over_seq = [c for c in rep.collectives
-                if c.kind == "all-reduce" and "sequence" in c.mesh_axes]
-    assert over_seq and {c.count for c in over_seq} == {1}
-    # a stage's stacked weights: (its stage, virtual chunks, layers per chunk, ...)
-    stacked = (1, prog.pipeline.virtual, prog.pipeline.chunk)
-    layer_sums = [c for c in over_seq if c.shape[:3] == stacked]
+    sums = [c for c in rep.collectives
+            if c.kind in ("all-reduce", "reduce-scatter") and "sequence" in c.mesh_axes]
+    assert sums and {c.count for c in sums} == {1}
+    layer_sums = [c for c in sums if c.mesh_axes == ("data", "sequence")
+                  and "gradient_sum" in c.op_name]
     assert len(layer_sums) == 9
