@@ -121,11 +121,12 @@ def build_parser() -> Parser:
                          "(instead of the config's; --axes, --store, --workers, --budget "
                          "shape the search)")
 
-    df = command("diff", "two run --json reports side by side: exit 1 when NEW adds "
-                 "communication or slows the step past the thresholds", commands.cmd_diff,
-                 "json")
-    df.add_argument("old", help="the report to compare with (e.g. the main branch's)")
-    df.add_argument("new", help="the report of the change")
+    df = command("diff", "two run --json reports (or two search stores) side by side: exit "
+                 "1 when NEW adds communication or slows the step past the thresholds",
+                 commands.cmd_diff, "json")
+    df.add_argument("old", help="the report (or results store) to compare with, e.g. the "
+                                "main branch's")
+    df.add_argument("new", help="the report (or results store) of the change")
     for what, default, help in (
             ("step", diff_mod.MAX_STEP_INCREASE, "step time"),
             ("bytes", diff_mod.MAX_BYTES_INCREASE,
