@@ -85,7 +85,7 @@ def build_parser() -> Parser:
 
     se = command("search", "every sharding of a config's model on its system, compiled and "
                  "ranked", studies.cmd_search, "config", "axes", "store", "workers", "budget",
-                 "calibration", "top", "json", "html", "quiet", backend="one")
+                 "calibration", "top", "json", "html", "out", "quiet", backend="one")
     se.add_argument("--vary", action="append", metavar="KEY=V1,V2",
                     help="also try these values of a key, e.g. train.remat=full,minimal")
     se.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
@@ -101,6 +101,9 @@ def build_parser() -> Parser:
                     help="re-time the stored programs without compiling")
     se.add_argument("--system", help="with --reestimate: time them on this system (same "
                                      "device count); kept in the store per system")
+    se.add_argument("--export", metavar="FRAMEWORK",
+                    help="also print the best config as maxtext's config keys or megatron's "
+                         "flags (as `export --to`; --out writes them to a file)")
 
     rs = command("results", "the ranking in a search's results store", studies.cmd_results,
                  "top", "json", "html", "quiet")

@@ -227,7 +227,7 @@ def cmd_diff(args) -> int:
     return 0 if d.ok else 1
 
 
-def _emit(text: str, args) -> None:
+def emit(text: str, args) -> None:
     """To stdout, or to --out; a file already there (a user's) is kept unless --force."""
     if not args.out:
         print(text, end="")
@@ -247,7 +247,7 @@ def cmd_export(args) -> int:
         raise ConfigError(f"--to {args.to!r} is not a framework shardscope exports to; "
                           f"choose one of {', '.join(frameworks.FRAMEWORKS)}")
     exp = config_mod.load(args.config, args.set or [])
-    _emit(frameworks.export(exp, args.to), args)
+    emit(frameworks.export(exp, args.to), args)
     return 0
 
 
@@ -261,5 +261,5 @@ def cmd_import(args) -> int:
     if not args.out:
         raise ConfigError("import needs --out EXP.toml (the experiment config to write; its "
                           "name is the file's)")
-    _emit(importer.import_maxtext(args.source, args.overrides, args.system, args.out), args)
+    emit(importer.import_maxtext(args.source, args.overrides, args.system, args.out), args)
     return 0

@@ -119,6 +119,54 @@ def test_a_killed_search_resumes_with_every_row_once(tmp_path, capsys, whole):
     assert sqlite3.connect(killed).execute("SELECT COUNT(*) FROM results").fetchone()[0] == 4
 
 
+def test_export_writes_the_best_config_as_the_frameworks_settings(tmp_path, capsys, whole):
+    store = tmp_path / "s.sqlite"
+    shutil.copy(whole, store)  # every config already there: nothing compiles
+    _export_search(store, capsys, "--json", str(tmp_path / "s.json"))
+    best = json.loads((tmp_path / "s.json").read_text())["best"]
+    assert best["name"] == "tiny-h100-dp-tp-data8"  # (in `whole`'s ranking, fastest)
+    yml = tmp_path / "best.yml"
+    out = _export_search(store, capsys, "--export", "maxtext", "--out", str(yml))
+    assert f"wrote {yml}" in out
+    assert "# shardscope search: the best of 4 configs, tiny-h100-dp-tp-data8" in \
+        yml.read_text()
+    assert cli.main(["import", "maxtext", str(yml), "--out", str(tmp_path / "b.toml")]) == 0
+    back = load(tmp_path / "b.toml")
+    assert back.parallelism.sizes() == {**dict.fromkeys(back.parallelism.sizes(), 1),
+                                        **best["parallelism"]}
+    out = _export_search(store, capsys, "--export", "megatron")
+    flags = out.split("as megatron's settings:\n", 1)[1]
+    assert "--tensor-model-parallel-size 1" in flags and "--micro-batch-size 2" in flags
+    # 16 sequences over data 8: 2 per GPU; no tensor parallelism in the best
+
+
+def _export_search(store, capsys, *extra):
+    capsys.readouterr()
+    code = cli.main(["search", TINY, "--store", str(store), "--axes", "data,tensor",
+                     "--quiet", *extra])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def test_export_mistakes_are_one_line_before_any_compile(tmp_path, capsys):
+    store = tmp_path / "s.sqlite"
+    (tmp_path / "mine.yml").write_text("keep: me\n")
+    for extra, says in ((["--export", "keras"], "search --export 'keras' is not a framework "
+                                                "shardscope exports to; choose one of "
+                                                "maxtext, megatron"),
+                        (["--out", "x.yml"], "give --export maxtext|megatron with it"),
+                        (["--export", "maxtext", "--out", str(tmp_path / "mine.yml")],
+                         "exists; choose another name or add --force"),
+                        (["--export", "megatron", "--set", "workload.kind=prefill"],
+                         "writes a training run's settings; workload.kind='prefill'")):
+        capsys.readouterr()
+        assert cli.main(["search", TINY, "--store", str(store), *extra]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+    assert not store.exists() and (tmp_path / "mine.yml").read_text() == "keep: me\n"
+
+
 @pytest.mark.slow
 def test_a_compiler_abort_is_that_configs_error_and_the_search_goes_on(tmp_path,
                                                                        monkeypatch):
