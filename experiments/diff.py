@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
 from experiments.config import ConfigError
+from experiments.store import Result, Store
 from sharding.units import fmt_bytes, fmt_s
 
 # Defaults of the thresholds, in percent: any added communication fails; the step and the
@@ -190,11 +192,9 @@ def is_store(path: str) -> bool:
         return False
 
 
-def load_store(path: str) -> list:
+def load_store(path: str) -> list[Result]:
     """A store's results, the newest of each config (by backend and config hash) when it
     kept several tool versions' figures; nothing in the file is changed."""
-    from experiments.store import Store
-
     try:
         with Store(path, read_only=True) as store:
             rows = store.results()
@@ -204,18 +204,20 @@ def load_store(path: str) -> list:
     return list(newest.values())
 
 
-def match(old: list, new: list) -> tuple[list[tuple], list, list]:
+def match(old: list[Result], new: list[Result]
+          ) -> tuple[list[tuple[Result, Result]], list[Result], list[Result]]:
     """Pairs (old, new) of the same config: the same config hash on the same backend, then
-    the same name (a change that adds a config key changes every hash, not the names);
-    and the results only in OLD, only in NEW."""
+    the same name (a change that adds a config key changes every hash, not the names),
+    each key only where it names one result on each side; and the results only in OLD,
+    only in NEW."""
     pairs, left_old, left_new = [], list(old), list(new)
     for key in (lambda r: (r.backend, r.config_hash), lambda r: (r.backend, r.name)):
-        by_key = {key(r): r for r in left_new}
+        counts = Counter(map(key, left_old)) + Counter(map(key, left_new))
+        by_key = {key(r): r for r in left_new if counts[key(r)] == 2}  # one on each side
         matched = [(r, by_key[key(r)]) for r in left_old if key(r) in by_key]
         pairs += matched
         left_old = [r for r in left_old if key(r) not in by_key]
-        taken = {id(b) for _, b in matched}
-        left_new = [r for r in left_new if id(r) not in taken]
+        left_new = [r for r in left_new if key(r) not in by_key]
     return sorted(pairs, key=lambda p: p[1].name), left_old, left_new
 
 
@@ -277,7 +279,7 @@ class StoreDiff:
                 "only_in_old": list(self.only_old), "only_in_new": list(self.only_new)}
 
 
-def diff_stores(old: list, new: list, **thresholds) -> StoreDiff:
+def diff_stores(old: list[Result], new: list[Result], **thresholds: float) -> StoreDiff:
     """Each config of both stores compared as `diff` compares two reports (the thresholds
     likewise); a config that ran in OLD and not in NEW (refused, failed, or pruned as
     unfit) fails the gate; configs in one store only are listed."""
