@@ -149,6 +149,28 @@ def _export_search(store, capsys, *extra):
     return out
 
 
+def test_diff_of_two_search_stores(tmp_path, capsys, whole):
+    # The same search twice: every config matched by its hash, nothing moved.
+    capsys.readouterr()
+    assert cli.main(["diff", str(whole), str(whole)]) == 0
+    assert "4 configs in both, 0 only in old, 0 only in new" in capsys.readouterr().out
+    # The change's search gathers a weight in one config: that config fails the gate.
+    new = tmp_path / "new.sqlite"
+    shutil.copy(whole, new)
+    with sqlite3.connect(new) as db:
+        (report,) = db.execute("SELECT report FROM results WHERE name = "
+                               "'tiny-h100-dp-tp-data4-tensor2'").fetchone()
+        report = json.loads(report)
+        report["collectives"].append({**report["collectives"][0], "kind": "all-gather",
+                                      "mesh_axes": ["tensor"]})
+        db.execute("UPDATE results SET report = ? WHERE name = "
+                   "'tiny-h100-dp-tp-data4-tensor2'", (json.dumps(report),))
+    assert cli.main(["diff", str(whole), str(new), "--json", str(tmp_path / "d.json")]) == 1
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert [(r["config"], r["what"]) for r in d["regressions"]] == \
+        [("tiny-h100-dp-tp-data4-tensor2", "all-gather over tensor")]
+
+
 def test_export_mistakes_are_one_line_before_any_compile(tmp_path, capsys):
     store = tmp_path / "s.sqlite"
     (tmp_path / "mine.yml").write_text("keep: me\n")
