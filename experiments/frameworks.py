@@ -105,18 +105,20 @@ def _uneven(exp: Experiment, how: str) -> list[str]:
             f"{slots - layers} empty): {how}"]
 
 
-def _check_train(exp: Experiment, to: str) -> None:
+def check(exp: Experiment, to: str, flag: str = "export --to") -> None:
+    """What `export` refuses whatever the sharding: a framework it does not know, a config
+    that is not a training run (`search --export` asks before it compiles anything)."""
+    if to not in FRAMEWORKS:
+        raise ConfigError(f"{flag} {to!r} is not a framework shardscope exports to; choose "
+                          f"one of {', '.join(FRAMEWORKS)}")
     if exp.workload.kind != "train":
-        raise ConfigError(f"export --to {to} writes a training run's settings; workload.kind="
+        raise ConfigError(f"{flag} {to} writes a training run's settings; workload.kind="
                           f"{exp.workload.kind!r}: use a config with kind = \"train\"")
 
 
 def export(exp: Experiment, to: str) -> str:
     """The framework's own settings for the config, one per line (comments: `# ...`)."""
-    if to not in FRAMEWORKS:
-        raise ConfigError(f"--to {to!r} is not a framework shardscope exports to; choose one "
-                          f"of {', '.join(FRAMEWORKS)}")
-    _check_train(exp, to)
+    check(exp, to)
     lines = maxtext(exp) if to == "maxtext" else megatron(exp)
     return "\n".join(lines) + "\n"
 
