@@ -8,6 +8,8 @@ MaxText names, the ICI / DCN split, the model names).
 
 from __future__ import annotations
 
+import dataclasses
+
 from experiments.config import ConfigError, Experiment
 from models.config import PRESETS
 from models.program import CHECKPOINT_NAMES, expand_names
@@ -40,6 +42,7 @@ MAXTEXT_ACTIVATIONS = {"swiglu": ["silu", "linear"], "gelu": ["gelu"], "relu": [
 # shardscope's remat policies that MaxText names alike (custom: its per-tensor keys)
 MAXTEXT_REMAT = {"full": "full", "minimal": "minimal"}
 SYSTEM_LINE = "# shardscope system: "
+MAXTEXT_FUSED = ("fused_qkv", "fused_mlp")  # the same names in MaxText and [model]
 
 
 def granules(exp_system) -> tuple[int, str]:
@@ -179,8 +182,11 @@ def maxtext(exp: Experiment) -> list[str]:
 
 def _maxtext_model(exp: Experiment) -> list[str]:
     m = exp.model
-    if m.name in MAXTEXT_MODELS and m == PRESETS[m.name]():
-        lines = [f"model_name: {MAXTEXT_MODELS[m.name]}"]
+    # MaxText's names of the fused projections (its defaults: separate weights)
+    fused = [f"{k}: true" for k in MAXTEXT_FUSED if getattr(m, k)]
+    unfused = dataclasses.replace(m, **dict.fromkeys(MAXTEXT_FUSED, False))
+    if m.name in MAXTEXT_MODELS and unfused == PRESETS[m.name]():
+        lines = [f"model_name: {MAXTEXT_MODELS[m.name]}", *fused]
         if m.name == "deepseek-v3":
             lines.append("# model deepseek-v3: shardscope models its multi-head latent "
                          "attention by dimensions; MaxText's deepseek3-671b is the real MLA")
@@ -205,6 +211,7 @@ def _maxtext_model(exp: Experiment) -> list[str]:
                      f"groups, no MaxText key")
     if m.attention == "dense":
         lines.append("attention: dot_product")
+    lines += fused
     if m.vocab_multiple != 128:
         lines.append(f"# model.vocab_multiple={m.vocab_multiple}: no MaxText key")
     return lines
@@ -364,4 +371,7 @@ def _megatron_model(exp: Experiment) -> list[str]:
                    f"micro-batch's tokens together (no group size)")
     if m.attention == "dense":
         out.append("--attention-backend unfused")
+    if not m.fused_qkv or (m.mlp == "swiglu" and not m.fused_mlp):
+        out.append("# model.fused_qkv / fused_mlp = false: Megatron always fuses QKV "
+                   "(linear_qkv) and gate/up (linear_fc1)")
     return out

@@ -17,6 +17,7 @@ from experiments.config import ConfigError
 from experiments.frameworks import (
     MAXTEXT_ACTIVATIONS,
     MAXTEXT_AXES,
+    MAXTEXT_FUSED,
     MAXTEXT_MODEL_KEYS,
     MAXTEXT_MODELS,
     MAXTEXT_SHAPE_KEYS,
@@ -209,6 +210,7 @@ def _model(keys: dict) -> dict:
         shape["capacity_factor"] = keys["capacity_factor"]
     if keys.get("attention") == "dot_product":
         shape["attention"] = "dense"
+    shape.update({k: True for k in MAXTEXT_FUSED if keys.get(k) is True})
     if name != "default":
         if name not in PRESET_OF:
             raise ConfigError(f"model_name={name!r} is not a model shardscope knows; valid: "

@@ -47,6 +47,20 @@ def test_maxtext_export_then_import_gives_the_experiment_back(name, tmp_path, ca
                                                          a.precision.compute)
 
 
+def test_fused_projections_go_out_and_back_under_maxtexts_names(tmp_path, capsys):
+    # Megatron's fused QKV and gate/up are MaxText's fused_qkv and fused_mlp
+    name = "experiments/validation/llama3-8b-gb300-8-dp8.toml"
+    yml, back = tmp_path / "x.yml", tmp_path / "back.toml"
+    code, _, err = run_cli(["export", name, "--to", "maxtext", "--out", str(yml)], capsys)
+    assert code == 0, err
+    keys = _lines(yml.read_text())
+    assert (keys["model_name"], keys["fused_qkv"], keys["fused_mlp"]) == ("llama3-8b", "true",
+                                                                        "true")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--out", str(back)], capsys)
+    assert code == 0, err
+    assert config.load(back).model == config.load(name).model
+
+
 def test_maxtext_export_splits_ici_and_dcn(capsys):
     keys = _lines(_export(capsys, "experiments/validation/maxtext-16b-v5e-4x256-dp4-fsdp256"
                           ".toml", "--to", "maxtext"))
@@ -108,6 +122,7 @@ def test_megatron_says_what_it_cannot_express(capsys):
     assert "# parallelism.fsdp=8: FSDP has no Megatron equivalent beyond the distributed " \
            "optimizer" in out
     assert "--recompute-granularity full" in out
+    assert "Megatron always fuses QKV (linear_qkv) and gate/up (linear_fc1)" in out
     out = _export(capsys, "tpu-recipes-v6e-8-llama3-8b", "--to", "megatron")
     assert "# train.remat='custom'" in out  # the offloaded names, said not dropped
 
