@@ -111,8 +111,10 @@ def mlp_hidden(mlp, spec: str, x):
         x_spec, w_spec = inputs.split(",")
         fused = f"{x_spec},{w_spec[:-1]}j{w_spec[-1]}->{out[:-1]}j{out[-1]}"
         with jax.named_scope("gate_up_proj"):
-            gate_up = checkpoint_name(project(fused, x, mlp.w_gate_up, precision=mlp.precision),
-                                      "mlpwi")
+            gate_up = project(fused, x, mlp.w_gate_up, precision=mlp.precision)
+            if x.ndim == 3:  # a dense MLP's (B, L, D): its output split over `mlp` like up's
+                gate_up = constrain(gate_up, ("batch", "seq", None, "mlp"))
+            gate_up = checkpoint_name(gate_up, "mlpwi")
         return jax.nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
     with jax.named_scope("up_proj"):
         up = checkpoint_name(project(spec, x, mlp.w_up, precision=mlp.precision), "mlpwi")
@@ -139,7 +141,6 @@ class Mlp(nnx.Module):
         self.w_down = new_weight(rngs, (f, d), ("mlp", "embed"), precision=precision)
 
     def __call__(self, x_BLD):
-        x_BLD = constrain(x_BLD, ("batch", "seq", None))  # gathered once (as Attention)
         h_BLF = constrain(mlp_hidden(self, "bld,df->blf", x_BLD), ("batch", "seq", "mlp"))
         with jax.named_scope("down_proj"):
             out_BLD = project("blf,fd->bld", h_BLF, self.w_down, precision=self.precision)

@@ -104,9 +104,6 @@ class Attention(nnx.Module):
         for prefill, the new position's for decode), as (B, L, K, E).
         """
         cfg = self.cfg
-        # The block's input gathered once for the three projections (sequence parallelism's
-        # one all-gather; its gradient's one reduce-scatter), as Megatron runs the block.
-        x_BLD = constrain(x_BLD, ("batch", "seq", None))
         q_BLHE, k_BLKE, v_BLKE = self._qkv(x_BLD)
         if cfg.positions == "rope":
             q_BLHE = rope(q_BLHE, positions_BL, cfg.rope_theta)
@@ -137,8 +134,9 @@ class Attention(nnx.Module):
         h, kv, e = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
         if self.cfg.fused_qkv:
             with jax.named_scope("qkv_proj"):
-                qkv_BLKCE = project("bld,dkce->blkce", x_BLD, self.wqkv,
-                                    precision=self.precision)
+                qkv_BLKCE = constrain(project("bld,dkce->blkce", x_BLD, self.wqkv,
+                                              precision=self.precision),
+                                      ("batch", "seq", "kv_heads", None, "head_dim"))
             g = h // kv
             projections = (qkv_BLKCE[..., :g, :].reshape(b, seq, h, e),
                            qkv_BLKCE[..., g, :], qkv_BLKCE[..., g + 1, :])

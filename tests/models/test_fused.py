@@ -37,23 +37,29 @@ def test_fused_weights_compute_what_separate_ones_do():
 
 @pytest.mark.parametrize("fused, per_layer", [(False, 3 + 2), (True, 1 + 1)])
 def test_fused_projections_reduce_a_blocks_input_gradient_once(cpu_devices, fused, per_layer):
-    # With tensor (and sequence) parallelism every projection's input gradient is a
-    # partial sum over `tensor`. Separate q, k, v (and gate, up) weights reduce it once
-    # per projection, 3 + 2 per layer; the fused weights once per block, as Megatron's
-    # linear_qkv and linear_fc1 do. Each reduction is the block input's size.
+    # Sequence parallelism gathers a block's input before its projections and
+    # reduce-scatters the input's gradient back. Separate q, k, v (and gate, up) weights
+    # reduce-scatter one gradient per projection, 3 + 2 per layer; the fused weights one
+    # per block, as Megatron's linear_qkv and linear_fc1 do. Each is the gathered input's
+    # size. (Long sequences: with activations much larger than the weights, XLA gathers
+    # the activations, as at real sizes.)
     cfg = tiny(fused_qkv=fused, fused_mlp=fused)
     mesh = sharding.make_mesh(H100, {"data": 4, "tensor": 2})
     prog = models.build_train_program(
         cfg, mesh, sharding.default_rules().with_sequence_parallel(),
-        workload=models.Workload(seq_len=64, global_batch=8),
+        workload=models.Workload(seq_len=2048, global_batch=8),
         precision=models.Precision(params="bfloat16", compute="bfloat16"),
         train=models.Train(remat="none"))
     rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
-    block_input = (8 // 4) * 64 * cfg.d_model * 2  # the gathered input of a block, bf16
-    sums = [c for c in rep.collectives if c.kind == "all-reduce" and c.mesh_axes == ("tensor",)
-            and "_proj" in c.op_name]
-    assert {c.bytes for c in sums} == {block_input}
-    assert sum(c.count for c in sums) == per_layer * cfg.n_layers
+    block_input = (8 // 4) * 2048 * cfg.d_model * 2  # a block's gathered input, bf16
+    grads = [c for c in rep.collectives
+             if c.kind == "reduce-scatter" and c.mesh_axes == ("tensor",)
+             and "_proj" in c.op_name and not any(o in c.op_name for o in ("out_", "down_"))]
+    assert {c.bytes for c in grads} == {block_input}
+    assert sum(c.count for c in grads) == per_layer * cfg.n_layers
+    weights = [c for c in rep.collectives if c.kind == "all-gather" and "_proj" in c.op_name
+               and c.bytes != block_input]
+    assert not weights  # the projections' activations move, never their weights
 
 
 def test_fused_qkv_needs_whole_kv_heads_per_tensor_rank():
