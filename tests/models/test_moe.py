@@ -11,8 +11,8 @@ import pytest
 
 import meshes
 import models
-from experiments import config as config_mod
 import sharding
+from experiments import config as config_mod
 from models import hf
 from models.moe import capacity, route, routing_group_size
 from tests.steps import train_both_ways, train_program
