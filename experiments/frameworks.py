@@ -178,11 +178,7 @@ def maxtext(exp: Experiment) -> list[str]:
 def _maxtext_model(exp: Experiment) -> list[str]:
     m = exp.model
     if m.name in MAXTEXT_MODELS and m == PRESETS[m.name]():
-        lines = [f"model_name: {MAXTEXT_MODELS[m.name]}"]
-        if m.name == "deepseek-v3":
-            lines.append("# model deepseek-v3: shardscope models its multi-head latent "
-                         "attention by dimensions; MaxText's deepseek3-671b is the real MLA")
-        return lines
+        return [f"model_name: {MAXTEXT_MODELS[m.name]}"]
     lines = [f"{key}: {getattr(m, MAXTEXT_MODEL_KEYS[key])}" for key in MAXTEXT_SHAPE_KEYS]
     lines += ["mlp_activations: [" + ", ".join(f'"{a}"' for a in MAXTEXT_ACTIVATIONS[m.mlp])
              + "]",

@@ -21,8 +21,9 @@ of the up projections are sharded like `embed` (FSDP), as MaxText shards its q_l
 kv_lora; the latent activations and the cache are not split by heads (every tensor rank
 holds the whole latent).
 
-Suffixes (models/__init__.py): Q the query rank, C the latent (kv_lora, or kv_lora +
-qk_rope where it carries the RoPE key), R the RoPE part, E head_dim, V the value head.
+Suffixes (models/__init__.py): Q the queries' rank, U the latent (kv_lora, or kv_lora +
+qk_rope where it carries the RoPE key), W the RoPE part, E a head's width (queries and keys
+head_dim + qk_rope, values v_head_dim).
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class LatentAttention(nnx.Module):
                              precision=precision, contract=2, scale=(h * v) ** -0.5)
 
     def __call__(self, x_BLD, positions_BL, cache=None, context: str | None = None):
-        """As models.transformer.Attention, with `cache` = (latents (B, S, C + R), index)
-        for decode; returns (output, (the latents computed here (B, L, C + R),))."""
+        """As models.transformer.Attention, with `cache` = (latents (B, S, U), index) for
+        decode; returns (output, (the latents computed here (B, L, U),))."""
         cfg, p = self.cfg, self.precision
         nope, c = cfg.head_dim, cfg.kv_lora_rank
         with jax.named_scope("query_proj"):
@@ -73,65 +74,65 @@ class LatentAttention(nnx.Module):
             q_BLHE = project("blq,qhe->blhe", xq, self.wq_b, precision=p)
             q_BLHE = checkpoint_name(
                 constrain(q_BLHE, ("batch", "seq", "heads", "head_dim")), "query_proj")
-        q_rope_BLHR = rope(q_BLHE[..., nope:], positions_BL, cfg.rope_theta)
+        q_rope_BLHW = rope(q_BLHE[..., nope:], positions_BL, cfg.rope_theta)
         with jax.named_scope("kv_latent_proj"):
-            kv_BLC = constrain(project("bld,dc->blc", x_BLD, self.wkv_a, precision=p), LATENT)
-            latent_BLC = self.kv_norm(kv_BLC[..., :c])
-            k_rope_BLR = rope(kv_BLC[:, :, None, c:], positions_BL, cfg.rope_theta)[:, :, 0]
-            cached_BLC = constrain(jnp.concatenate([latent_BLC, k_rope_BLR], -1), LATENT)
+            kv_BLU = constrain(project("bld,du->blu", x_BLD, self.wkv_a, precision=p), LATENT)
+            latent_BLU = self.kv_norm(kv_BLU[..., :c])
+            k_rope_BLW = rope(kv_BLU[:, :, None, c:], positions_BL, cfg.rope_theta)[:, :, 0]
+            cached_BLU = constrain(jnp.concatenate([latent_BLU, k_rope_BLW], -1), LATENT)
         if cache is None:
-            out_BLHV = self._attend(q_BLHE[..., :nope], q_rope_BLHR, latent_BLC, k_rope_BLR,
+            out_BLHE = self._attend(q_BLHE[..., :nope], q_rope_BLHW, latent_BLU, k_rope_BLW,
                                     context)
         else:
-            out_BLHV = self._decode(q_BLHE[..., :nope], q_rope_BLHR, cached_BLC, *cache)
-        out_BLHV = checkpoint_name(constrain(out_BLHV, ("batch", "seq", "heads", "head_dim")),
+            out_BLHE = self._decode(q_BLHE[..., :nope], q_rope_BLHW, cached_BLU, *cache)
+        out_BLHE = checkpoint_name(constrain(out_BLHE, ("batch", "seq", "heads", "head_dim")),
                                    "context")
         with jax.named_scope("out_proj"):
-            out_BLD = project("blhv,hvd->bld", out_BLHV, self.wo, precision=p)
+            out_BLD = project("blhe,hed->bld", out_BLHE, self.wo, precision=p)
             out_BLD = checkpoint_name(constrain(out_BLD, ("batch", "residual_seq", "embed")),
                                       "out_proj")
-            return out_BLD, (cached_BLC,)
+            return out_BLD, (cached_BLU,)
 
-    def _attend(self, q_nope_BLHE, q_rope_BLHR, latent_BLC, k_rope_BLR, context):
+    def _attend(self, q_nope_BLHE, q_rope_BLHW, latent_BLU, k_rope_BLW, context):
         """Training and prefill: keys and values projected up per head, then attention."""
         cfg, p = self.cfg, self.precision
         names = ("batch", "seq", "heads", "head_dim")
         with jax.named_scope("key_proj"):
-            k_BLHE = project("blc,che->blhe", latent_BLC, self.wk_b, precision=p)
+            k_BLHE = project("blu,uhe->blhe", latent_BLU, self.wk_b, precision=p)
             b, seq, h, _ = k_BLHE.shape
-            k_rope_BLHR = jnp.broadcast_to(k_rope_BLR[:, :, None], (b, seq, h, cfg.qk_rope_dim))
+            k_rope_BLHW = jnp.broadcast_to(k_rope_BLW[:, :, None], (b, seq, h, cfg.qk_rope_dim))
             k_BLHE = checkpoint_name(
-                constrain(jnp.concatenate([k_BLHE, k_rope_BLHR], -1), names), "key_proj")
+                constrain(jnp.concatenate([k_BLHE, k_rope_BLHW], -1), names), "key_proj")
         with jax.named_scope("value_proj"):
-            v_BLHV = checkpoint_name(constrain(
-                project("blc,chv->blhv", latent_BLC, self.wv_b, precision=p), names),
+            v_BLHE = checkpoint_name(constrain(
+                project("blu,uhe->blhe", latent_BLU, self.wv_b, precision=p), names),
                 "value_proj")
-        q_BLHE = jnp.concatenate([q_nope_BLHE, q_rope_BLHR], -1)
+        q_BLHE = jnp.concatenate([q_nope_BLHE, q_rope_BLHW], -1)
         q_BLH1E = q_BLHE[:, :, :, None]  # every head its own key: K = H, G = 1
         if context is not None:
-            out = context_attention(q_BLH1E, k_BLHE, v_BLHV, mode=context, **context_axis())
+            out = context_attention(q_BLH1E, k_BLHE, v_BLHE, mode=context, **context_axis())
         else:
             attend = flash_attention if cfg.attention == "flash" else dense_attention
-            out = attend(q_BLH1E, k_BLHE, v_BLHV)
+            out = attend(q_BLH1E, k_BLHE, v_BLHE)
         return out[:, :, :, 0]
 
-    def _decode(self, q_nope_B1HE, q_rope_B1HR, new_B1C, cache_BSC, index):
+    def _decode(self, q_nope_B1HE, q_rope_B1HW, new_B1U, cache_BSU, index):
         """One new position over the cached latents, in the absorbed form (module doc)."""
         p, c = self.precision, self.cfg.kv_lora_rank
         scale = self.cfg.qk_head_dim ** -0.5
         with jax.named_scope("kv_cache_attention"):
-            q_lat_BHC = project("bqhe,che->bhc", q_nope_B1HE, self.wk_b, precision=p)
-            q_BHC = jnp.concatenate([q_lat_BHC, q_rope_B1HR[:, 0].astype(q_lat_BHC.dtype)], -1)
-            cache_BSC = cache_BSC.astype(q_BHC.dtype)
-            s_BHS = jnp.einsum("bhc,bsc->bhs", q_BHC, cache_BSC).astype(jnp.float32) * scale
-            s_BHS = jnp.where(jnp.arange(cache_BSC.shape[1]) < index, s_BHS, -1e30)
-            s_self_BH = jnp.einsum("bhc,bc->bh", q_BHC,
-                                   new_B1C[:, 0].astype(q_BHC.dtype)).astype(jnp.float32) * scale
+            q_lat_BHU = project("bqhe,uhe->bhu", q_nope_B1HE, self.wk_b, precision=p)
+            q_BHU = jnp.concatenate([q_lat_BHU, q_rope_B1HW[:, 0].astype(q_lat_BHU.dtype)], -1)
+            cache_BSU = cache_BSU.astype(q_BHU.dtype)
+            s_BHS = jnp.einsum("bhu,bsu->bhs", q_BHU, cache_BSU).astype(jnp.float32) * scale
+            s_BHS = jnp.where(jnp.arange(cache_BSU.shape[1]) < index, s_BHS, -1e30)
+            s_self_BH = jnp.einsum("bhu,bu->bh", q_BHU,
+                                   new_B1U[:, 0].astype(q_BHU.dtype)).astype(jnp.float32) * scale
             m_BH = jnp.maximum(jnp.max(s_BHS, axis=-1), s_self_BH)
             p_BHS, p_self_BH = jnp.exp(s_BHS - m_BH[..., None]), jnp.exp(s_self_BH - m_BH)
             denom_BH = jnp.sum(p_BHS, axis=-1) + p_self_BH
-            o_BHC = jnp.einsum("bhs,bsc->bhc", p_BHS.astype(cache_BSC.dtype), cache_BSC[..., :c])
-            o_BHC = (o_BHC.astype(jnp.float32) + p_self_BH[..., None]
-                     * new_B1C[:, :, :c].astype(jnp.float32)) / denom_BH[..., None]
-            out_BHV = project("bhc,chv->bhv", o_BHC.astype(q_BHC.dtype), self.wv_b, precision=p)
-            return out_BHV[:, None]
+            o_BHU = jnp.einsum("bhs,bsu->bhu", p_BHS.astype(cache_BSU.dtype), cache_BSU[..., :c])
+            o_BHU = (o_BHU.astype(jnp.float32) + p_self_BH[..., None]
+                     * new_B1U[:, :, :c].astype(jnp.float32)) / denom_BH[..., None]
+            out_BHE = project("bhu,uhe->bhe", o_BHU.astype(q_BHU.dtype), self.wv_b, precision=p)
+            return out_BHE[:, None]

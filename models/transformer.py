@@ -263,7 +263,7 @@ class Transformer(nnx.Module):
 
     def prefill(self, tokens_BL):
         """Process prompts: (logits of the last position (B, V), the KV cache: (N, B, K, L,
-        E) keys and values, or MLA's (N, B, L, C + R) latents as a 1-tuple)."""
+        E) keys and values, or MLA's (N, B, L, U) latents as a 1-tuple)."""
         b, seq = tokens_BL.shape
         positions_BL = jnp.broadcast_to(jnp.arange(seq), (b, seq))
         x_BLD, kv = self._layers(self._embed(tokens_BL, positions_BL), positions_BL)
@@ -288,9 +288,9 @@ class Transformer(nnx.Module):
                                   (*cache, index))
         with jax.named_scope("kv_cache_write"):  # in place: only the new position is written
             if self.cfg.mla:
-                (latent_NBSC,), (new_NB1C,) = cache, new
+                (latent_NBSU,), (new_NB1U,) = cache, new
                 cache = (jax.lax.dynamic_update_slice(
-                    latent_NBSC, new_NB1C.astype(latent_NBSC.dtype), (0, 0, index, 0)),)
+                    latent_NBSU, new_NB1U.astype(latent_NBSU.dtype), (0, 0, index, 0)),)
             else:
                 quantized = self.precision.quantized_kv_cache
                 cache = tuple(_write_cache(c_NBKSE, jnp.swapaxes(n_NB1KE, 2, 3), index,
