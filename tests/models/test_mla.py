@@ -61,3 +61,21 @@ def test_deepseek_v3_cache_is_576_values_per_token_and_layer(cpu_devices):
                                precision=models.Precision(params="bfloat16"))
     assert prog.cache_bytes_per_device == 61 * 4096 * (512 + 64) * 2
     assert jax.tree.leaves(prog.args[1])[0].dtype == np.dtype("bfloat16")
+
+
+def test_a_pipeline_models_the_dense_first_layers_as_moe_layers_and_says_so():
+    from flax import nnx
+
+    from models.pipeline import Pipeline
+    from models.transformer import dense_layer_note
+
+    cfg = dataclasses.replace(MLA, n_layers=4)
+    plan = Pipeline(stages=2, microbatches=2, layers=4)
+    model = nnx.eval_shape(lambda: models.make_model(cfg, models.Precision(), pipeline=plan))
+    assert not hasattr(model, "dense_blocks")  # every slot alike, a MoE layer
+    assert model.blocks.mlp.w_up.shape[:2] == (4, 4)  # (slots, experts, ...)
+    (note,) = dense_layer_note(cfg, pipelined=True)
+    assert "model.n_dense_layers=1" in note and "modelled as MoE layers" in note
+    assert dense_layer_note(cfg, pipelined=False) == ()
+    unpipelined = nnx.eval_shape(lambda: models.make_model(cfg, models.Precision()))
+    assert unpipelined.dense_blocks.mlp.w_up.shape == (1, 64, 96)  # (layers, d, dense_d_ff)
