@@ -186,12 +186,10 @@ def _maxtext_model(exp: Experiment) -> list[str]:
     fused = [f"{k}: true" for k in MAXTEXT_FUSED if getattr(m, k)]
     unfused = dataclasses.replace(m, **dict.fromkeys(MAXTEXT_FUSED, False))
     if m.name in MAXTEXT_MODELS and unfused == PRESETS[m.name]():
-        lines = [f"model_name: {MAXTEXT_MODELS[m.name]}", *fused]
-        if m.name == "deepseek-v3":
-            lines.append("# model deepseek-v3: shardscope models its multi-head latent "
-                         "attention by dimensions; MaxText's deepseek3-671b is the real MLA")
-        return lines
-    lines = [f"{key}: {getattr(m, MAXTEXT_MODEL_KEYS[key])}" for key in MAXTEXT_SHAPE_KEYS]
+        return [f"model_name: {MAXTEXT_MODELS[m.name]}", *fused]
+    # (base_mlp_dim: the dense layers' MLP; a MoE model's experts' is d_ff, below)
+    lines = [f"{key}: {m.dense_layers_d_ff if key == 'base_mlp_dim' else getattr(m, field)}"
+             for key, field in MAXTEXT_MODEL_KEYS.items() if key in MAXTEXT_SHAPE_KEYS]
     lines += ["mlp_activations: [" + ", ".join(f'"{a}"' for a in MAXTEXT_ACTIVATIONS[m.mlp])
              + "]",
              f"logits_via_embedding: {str(m.tie_embeddings).lower()}"]
@@ -207,8 +205,15 @@ def _maxtext_model(exp: Experiment) -> list[str]:
                   f"capacity_factor: {-1 if m.dropless else _number(m.capacity_factor)}"]
         if m.n_shared_experts:
             lines.append(f"shared_experts: {m.n_shared_experts}")
+        if m.n_dense_layers:
+            lines += [f"first_num_dense_layers: {m.n_dense_layers}",
+                      f"base_moe_mlp_dim: {m.d_ff}"]
         lines.append(f"# model.moe_group_size={m.moe_group_size}: shardscope's routing "
                      f"groups, no MaxText key")
+    if m.mla:
+        lines += ["attention_type: mla", f"q_lora_rank: {m.q_lora_rank}",
+                  f"kv_lora_rank: {m.kv_lora_rank}", f"qk_nope_head_dim: {m.head_dim}",
+                  f"qk_rope_head_dim: {m.qk_rope_dim}", f"v_head_dim: {m.value_head_dim}"]
     if m.attention == "dense":
         lines.append("attention: dot_product")
     lines += fused
@@ -344,7 +349,7 @@ def _megatron_precision(exp: Experiment) -> list[str]:
 def _megatron_model(exp: Experiment) -> list[str]:
     m = exp.model
     out = [f"--num-layers {m.n_layers}", f"--hidden-size {m.d_model}",
-           f"--ffn-hidden-size {m.d_ff}", f"--num-attention-heads {m.n_heads}",
+           f"--ffn-hidden-size {m.dense_layers_d_ff}", f"--num-attention-heads {m.n_heads}",
            f"--kv-channels {m.head_dim}"]
     if m.n_kv_heads != m.n_heads:
         out += ["--group-query-attention", f"--num-query-groups {m.n_kv_heads}"]
@@ -367,8 +372,16 @@ def _megatron_model(exp: Experiment) -> list[str]:
         if m.n_shared_experts:
             out.append(f"--moe-shared-expert-intermediate-size "
                        f"{m.n_shared_experts * m.d_ff}")
+        if m.n_dense_layers:  # --ffn-hidden-size is then the dense layers'
+            out += [f"--moe-layer-freq ([0]*{m.n_dense_layers}+[1]*{m.moe_layers})",
+                    f"--moe-ffn-hidden-size {m.d_ff}"]
         out.append(f"# model.moe_group_size={m.moe_group_size}: Megatron routes each "
                    f"micro-batch's tokens together (no group size)")
+    if m.mla:
+        out += ["--multi-latent-attention",
+                *([f"--q-lora-rank {m.q_lora_rank}"] if m.q_lora_rank else []),
+                f"--kv-lora-rank {m.kv_lora_rank}", f"--qk-head-dim {m.head_dim}",
+                f"--qk-pos-emb-head-dim {m.qk_rope_dim}", f"--v-head-dim {m.value_head_dim}"]
     if m.attention == "dense":
         out.append("--attention-backend unfused")
     if not m.fused_qkv or (m.mlp == "swiglu" and not m.fused_mlp):

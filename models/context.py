@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding
 
 from models.attention import flash_block
 from models.pipeline import shift_stages
-from sharding.rules import mesh_shape_of, resolve
+from sharding.rules import active_mesh, active_rules, mesh_shape_of, resolve
 
 MODES = ("ring", "allgather")
 
@@ -135,6 +135,17 @@ class _Gathered:
                 jax.lax.dynamic_index_in_dim(self.v, j, 1, keepdims=False))
 
 
+def context_axis() -> dict:
+    """The mesh, rules and the one mesh axis that split the positions (context_attention's
+    keywords)."""
+    mesh, rules = active_mesh(), active_rules()
+    axes = [a for a in rules.mesh_axes("seq") if dict(mesh.shape).get(a, 1) > 1]
+    if len(axes) != 1:
+        raise ValueError(f"context parallelism needs the rule of 'seq' to name one mesh axis "
+                         f"of size > 1; it names {axes}")
+    return {"mesh": mesh, "rules": rules, "axis": axes[0]}
+
+
 def context_attention(q_BLKGE, k_BLKE, v_BLKE, *, mode: str, mesh, rules, axis: str):
     """Causal attention of zigzag-ordered q, k, v whose positions are split over mesh axis
     `axis` (see the module doc); returns (B, L, K, G, E) in the same order and sharding."""
@@ -153,7 +164,7 @@ def context_attention(q_BLKGE, k_BLKE, v_BLKE, *, mode: str, mesh, rules, axis: 
                     ("batch", "seq", None, None, "kv_heads", None, None))
     kv_names = ("batch", "seq", None, None, "kv_heads", None)
     k_BYZlKE = pin(k_BLKE.reshape(b, ranks, 2, chunk, kv, e), kv_names)
-    v_BYZlKE = pin(v_BLKE.reshape(b, ranks, 2, chunk, kv, e), kv_names)
+    v_BYZlKE = pin(v_BLKE.reshape(b, ranks, 2, chunk, kv, v_BLKE.shape[-1]), kv_names)
     rank_Y = jnp.arange(ranks)
     if mode == "ring":
         steps = [(k_BYZlKE, v_BYZlKE)]
@@ -179,4 +190,4 @@ def context_attention(q_BLKGE, k_BLKE, v_BLKE, *, mode: str, mesh, rules, axis: 
                        in_axes=(1, 0, 0, 0), out_axes=1, spmd_axis_name=axis)(
             q_BYZlKGE, rank_Y, k_all, v_all)
     out = pin(out, ("batch", "seq", None, None, "kv_heads", None, None))
-    return out.reshape(b, seq, kv, g, e)
+    return out.reshape(b, seq, kv, g, v_BLKE.shape[-1])

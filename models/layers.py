@@ -51,6 +51,44 @@ def zeros_param(shape, axes, dtype) -> nnx.Param:
     return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
 
 
+class Norm(nnx.Module):
+    """The model's norm over the residual stream, or with `width`, an RMSNorm over an
+    unsharded dimension of that width (MLA's latents)."""
+
+    def __init__(self, cfg: ModelConfig, *, param_dtype, width: int | None = None):
+        self.kind = cfg.norm if width is None else "rmsnorm"
+        shape, axes = ((cfg.d_model,), ("embed",)) if width is None else ((width,), (None,))
+        self.scale = ones_param(shape, axes, param_dtype)
+        if self.kind == "layernorm":
+            self.bias = zeros_param(shape, axes, param_dtype)
+
+    def __call__(self, x_BLD):
+        weights = (self.scale[...],) + ((self.bias[...],) if self.kind == "layernorm" else ())
+        if weights[0].ndim == 2:  # one copy per context rank (per_context_rank)
+            return per_context_rank(self._normalize, x_BLD, *weights, logical="residual_seq")
+        return self._normalize(x_BLD, *weights)
+
+    def _normalize(self, x_BLD, scale_D, bias_D=None):
+        x = x_BLD.astype(jnp.float32)
+        if self.kind == "layernorm":
+            x = x - jnp.mean(x, axis=-1, keepdims=True)
+        y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+        y = y * scale_D.astype(jnp.float32)
+        if bias_D is not None:
+            y = y + bias_D.astype(jnp.float32)
+        return y.astype(x_BLD.dtype)
+
+
+def rope(x_BLHE, positions_BL, theta: float):
+    half = x_BLHE.shape[-1] // 2
+    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle_BLE = positions_BL[..., None].astype(jnp.float32) * freq
+    sin, cos = jnp.sin(angle_BLE)[:, :, None, :], jnp.cos(angle_BLE)[:, :, None, :]
+    x1, x2 = jnp.split(x_BLHE.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BLHE.dtype)
+
+
 def project(spec: str, x, w, *, precision: Precision):
     """A weight matmul: in the activations' dtype, or in FP8 / FP4 (models/fp8.py) when
     `precision.compute` says so.

@@ -40,13 +40,21 @@ def cmd_run(args) -> int:
         print("\n".join(format_scale_out(report, scale_out)))
     if args.json:
         write_json(args.json, {**report.to_dict(groups=args.groups), "scale_out": scale_out,
-                               "config": config})
+                               **model_params(exp), "config": config})
     if args.html:
         from sharding.html import render_html
 
         write_text(args.html, render_html(report, chip=exp.system.chip,
                                           compute_dtype=exp.precision.compute))
     return 0
+
+
+def model_params(exp) -> dict:
+    """The model's parameters, all (the embedding counted once when tied) and those a
+    token's matmuls touch: its experts, not the embedding table (the output projection
+    counted), as DeepSeek and OpenAI count "activated" parameters."""
+    return {"model_params": exp.model.param_count(),
+            "active_params": exp.model.active_param_count()}
 
 
 def cmd_fit(args) -> int:
@@ -86,7 +94,8 @@ def _run_all_backends(args, exp, config) -> int:
               + (f"; for its own compiler: {own.install}" if own else ""))
     if args.json:
         write_json(args.json, {"backends": [{**r.to_dict(groups=args.groups), "backend": b}
-                                            for b, r in reports], "config": config})
+                                            for b, r in reports], **model_params(exp),
+                               "config": config})
     return 0
 
 

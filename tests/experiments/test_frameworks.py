@@ -1,6 +1,8 @@
 """`shardscope export` / `import maxtext` (experiments/frameworks.py, importer.py): config
 transformations only, nothing compiled."""
 
+import dataclasses
+
 import pytest
 
 from experiments import config
@@ -217,3 +219,29 @@ def test_import_reads_maxtext_defaults_as_its_base_yml_has_them(tmp_path, capsys
         (2, 256, 1024)
     assert (exp.train.remat, exp.train.save) == ("custom", ("query_proj", "key_proj",
                                                             "value_proj"))
+
+
+def test_latent_attention_and_dense_layers_export_and_come_back(tmp_path, capsys):
+    # DeepSeek-V3's shape from its config.json, 5 layers (not the preset, so every key is
+    # written): MaxText's attention_type mla keys and first_num_dense_layers round-trip;
+    # Megatron's flags name the same shape.
+    hf = config.BUNDLED / "hf" / "deepseek-v3.json"
+    toml = tmp_path / "ds.toml"
+    toml.write_text(f'name = "ds"\n[model]\nhf_config = "{hf}"\nn_layers = 5\n'
+                    f'[system]\nname = "tpu-v5p:2x2x2"\n[parallelism]\nfsdp = 8\n'
+                    f'[workload]\nseq_len = 4096\nglobal_batch = 8\n')
+    keys = _lines(_export(capsys, str(toml), "--to", "maxtext"))
+    assert (keys["attention_type"], keys["kv_lora_rank"], keys["first_num_dense_layers"],
+            keys["base_mlp_dim"], keys["base_moe_mlp_dim"]) == ("mla", "512", "3", "18432",
+                                                                "2048")
+    yml, back = tmp_path / "x.yml", tmp_path / "back.toml"
+    assert run_cli(["export", str(toml), "--to", "maxtext", "--out", str(yml)], capsys)[0] == 0
+    assert run_cli(["import", "maxtext", str(yml), "--out", str(back)], capsys)[0] == 0
+    a, b = config.load(toml).model, config.load(back).model
+    assert b == dataclasses.replace(a, name="custom")
+    flags = _export(capsys, str(toml), "--to", "megatron")
+    for flag in ("--multi-latent-attention", "--q-lora-rank 1536", "--kv-lora-rank 512",
+                 "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128",
+                 "--moe-layer-freq ([0]*3+[1]*2)", "--moe-ffn-hidden-size 2048",
+                 "--ffn-hidden-size 18432"):
+        assert flag in flags.splitlines()
