@@ -22,6 +22,7 @@ from meshes import System, get_system
 from meshes.calibration import Calibration, calibration_from_dict
 from meshes.catalog import OVERRIDES
 from meshes.power import Cost
+from models import hf
 from models.config import PRESETS, ModelConfig, preset
 from models.context import MODES as CONTEXT_MODES
 from models.pipeline import SCHEDULES, Pipeline
@@ -103,6 +104,7 @@ class Experiment:
     train: Train
     measured: Measured | None = None
     cost: Cost = dataclasses.field(default_factory=Cost)
+    notes: tuple[str, ...] = ()  # what the model approximates (models/hf.py); not a table
 
     def to_dict(self) -> dict:
         """The config as run, table by table (every default filled in), for --json."""
@@ -120,7 +122,7 @@ _MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 _TABLES = {"parallelism": Parallelism, "workload": Workload, "precision": Precision,
            "train": Train}
 _SECTIONS = {
-    "model": {"preset"} | _MODEL_FIELDS,
+    "model": {"preset", "hf_config"} | _MODEL_FIELDS,
     "system": {"name", *OVERRIDES},
     **{name: {f.name for f in dataclasses.fields(cls)} for name, cls in _TABLES.items()},
     "measured": {f.name for f in dataclasses.fields(Measured)},
@@ -183,8 +185,10 @@ def load(path: str | Path, overrides: list[str] = ()) -> Experiment:
 def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
     """A config's tables as written (a path or a bundled name), with `key=value`
     overrides applied, not yet validated (a search varies them)."""
-    raw = read_toml(resolve(path), what="config file", example="give the path of a .toml "
+    toml = resolve(path)
+    raw = read_toml(toml, what="config file", example="give the path of a .toml "
                     "experiment, e.g. experiments/configs/llama3-8b-nvl72.toml")
+    hf.relative_to(raw.get("model"), toml.parent)  # hf_config: a path from the TOML
     for item in overrides:
         apply_override(raw, item)
     return raw
@@ -255,21 +259,25 @@ def _typed(section: str, raw: Mapping, cls):
         raise ConfigError(str(e)) from None
 
 
-def _model(raw: Mapping) -> ModelConfig:
-    fields = {k: v for k, v in raw.items() if k != "preset"}
+def _model(raw: Mapping) -> tuple[ModelConfig, tuple[str, ...]]:
+    """The [model] table's model, and what it approximates of a Hugging Face config."""
+    fields = {k: v for k, v in raw.items() if k not in ("preset", "hf_config")}
     name = raw.get("preset")
     try:
+        if "hf_config" in raw:
+            base, notes = hf.load(raw["hf_config"], preset=name)
+            return ModelConfig(**{**base, **fields}), notes
         if name is not None:
             if name not in PRESETS:
                 raise ConfigError(f"model.preset={name!r} is unknown; valid: "
                                   f"{', '.join(PRESETS)} (or give the dimensions explicitly)")
-            return preset(name, **fields)
+            return preset(name, **fields), ()
         missing = [k for k in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim",
                                "d_ff", "vocab") if k not in fields]
         if missing:
-            raise ConfigError(f"[model] needs model.preset or explicit "
+            raise ConfigError(f"[model] needs model.preset, model.hf_config or explicit "
                               f"{', '.join('model.' + m for m in missing)}")
-        return ModelConfig(**fields)
+        return ModelConfig(**fields), ()
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
@@ -297,7 +305,7 @@ def _check_structure(raw: Mapping[str, Any]) -> None:
 
 def from_dict(raw: Mapping[str, Any]) -> Experiment:
     _check_structure(raw)
-    model = _model(raw["model"])
+    model, notes = _model(raw["model"])
     overrides = {k: v for k, v in raw["system"].items() if k != "name"}
     try:
         system = get_system(raw["system"]["name"], **overrides)
@@ -310,7 +318,7 @@ def from_dict(raw: Mapping[str, Any]) -> Experiment:
     measured = _typed("measured", raw["measured"], Measured) if "measured" in raw else None
     cost = _typed("cost", raw.get("cost", {}), Cost)
     exp = Experiment(name=raw["name"], model=model, system=system, measured=measured,
-                     cost=cost, **tables)
+                     cost=cost, notes=notes, **tables)
     validate(exp)
     return exp
 

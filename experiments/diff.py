@@ -6,16 +6,24 @@ A collective group that appears in NEW, or grows past `max_bytes_increase` perce
 the gate, as does a step or memory increase past its threshold: the command then exits 1.
 What is compared is the report's own fields, so a report from an older version of the tool
 compares as long as it has them.
+
+Two results stores (`search --store`) compare config by config: the same config hash on
+the same backend, else the same name; each pair's reports as above, a config that ran in
+OLD and not in NEW fails, and the configs in one store only are listed. `--json` has
+`regressions` (what fails the gate) and `changes` (every figure that moved), for reports
+and stores alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
 from experiments.config import ConfigError
+from experiments.store import Result, Store
 from sharding.units import fmt_bytes, fmt_s
 
 # Defaults of the thresholds, in percent: any added communication fails; the step and the
@@ -84,15 +92,27 @@ class Diff:
 
     @property
     def failures(self) -> list[str]:
-        return [f"{ln.what}: {ln.failure}" for ln in (self.step, self.memory, *self.collectives)
-                if ln.failure]
+        return [f"{ln.what}: {ln.failure}" for ln in self.lines if ln.failure]
 
     @property
     def ok(self) -> bool:
         return not self.failures
 
+    @property
+    def lines(self) -> tuple[Line, ...]:
+        return (self.step, self.memory, *self.collectives)
+
+    def regressions(self) -> list[dict]:
+        """The figures over their threshold, as `--json` lists them."""
+        return [dataclasses.asdict(ln) for ln in self.lines if ln.failure]
+
+    def changes(self) -> list[dict]:
+        """Every figure that moved, appeared or vanished, as `--json` lists them."""
+        return [dataclasses.asdict(ln) for ln in self.lines if ln.change != 0.0]
+
     def to_dict(self) -> dict:
         return {"ok": self.ok, "failures": self.failures,
+                "regressions": self.regressions(), "changes": self.changes(),
                 "step": dataclasses.asdict(self.step),
                 "memory": dataclasses.asdict(self.memory),
                 "collectives": [dataclasses.asdict(c) for c in self.collectives]}
@@ -124,11 +144,12 @@ def diff(old: Mapping, new: Mapping, *, max_step_increase: float = MAX_STEP_INCR
     return Diff(step, memory, tuple(lines))
 
 
-def format_diff(d: Diff, old_name: str, new_name: str) -> str:
+def _table(d: Diff) -> list[str]:
+    """The step, the memory and the collectives that changed, one row each."""
     def cell(v, fmt):
         return "-" if v is None else fmt(v)
 
-    w = max(len(ln.what) for ln in (d.step, d.memory, *d.collectives)) + 2
+    w = max(len(ln.what) for ln in d.lines) + 2
 
     def row(ln: Line, fmt) -> str:
         change = ("new" if ln.old is None else "gone" if ln.new is None
@@ -137,8 +158,7 @@ def format_diff(d: Diff, old_name: str, new_name: str) -> str:
         return (f"  {ln.what:<{w}}{cell(ln.old, fmt):>12} {cell(ln.new, fmt):>12}"
                 f"  {change}{verdict}")
 
-    lines = [f"{old_name} -> {new_name}",
-             f"  {'':<{w}}{'old':>12} {'new':>12}  change",
+    lines = [f"  {'':<{w}}{'old':>12} {'new':>12}  change",
              row(d.step, fmt_s), row(d.memory, fmt_bytes),
              "collectives (bytes per step, by kind over mesh axes):"]
     changed = [ln for ln in d.collectives if ln.change != 0.0]
@@ -146,6 +166,148 @@ def format_diff(d: Diff, old_name: str, new_name: str) -> str:
     if len(changed) < len(d.collectives):
         lines.append(f"  ({len(d.collectives) - len(changed)} "
                      f"{'more ' if changed else ''}the same in both)")
-    lines.append("ok: within the thresholds" if d.ok else
-                 f"FAIL: {len(d.failures)} over the thresholds")
+    return lines
+
+
+def _verdict(failures: list[str]) -> str:
+    return (f"FAIL: {len(failures)} over the thresholds" if failures
+            else "ok: within the thresholds")
+
+
+def format_diff(d: Diff, old_name: str, new_name: str) -> str:
+    return "\n".join([f"{old_name} -> {new_name}", *_table(d), _verdict(d.failures)])
+
+
+# ---- two results stores -------------------------------------------------------------------
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def is_store(path: str) -> bool:
+    """Whether `path` is an SQLite file (a results store, or refused as one when read)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        return False
+
+
+def load_store(path: str) -> list[Result]:
+    """A store's results, the newest of each config (by backend and config hash) when it
+    kept several tool versions' figures; nothing in the file is changed."""
+    try:
+        with Store(path, read_only=True) as store:
+            rows = store.results()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    newest = {(r.backend, r.config_hash): r for r in rows}  # results() is oldest first
+    return list(newest.values())
+
+
+def match(old: list[Result], new: list[Result]
+          ) -> tuple[list[tuple[Result, Result]], list[Result], list[Result]]:
+    """Pairs (old, new) of the same config: the same config hash on the same backend, then
+    the same name (a change that adds a config key changes every hash, not the names),
+    each key only where it names one result on each side; and the results only in OLD,
+    only in NEW."""
+    pairs, left_old, left_new = [], list(old), list(new)
+    for key in (lambda r: (r.backend, r.config_hash), lambda r: (r.backend, r.name)):
+        counts = Counter(map(key, left_old)) + Counter(map(key, left_new))
+        by_key = {key(r): r for r in left_new if counts[key(r)] == 2}  # one on each side
+        matched = [(r, by_key[key(r)]) for r in left_old if key(r) in by_key]
+        pairs += matched
+        left_old = [r for r in left_old if key(r) not in by_key]
+        left_new = [r for r in left_new if key(r) not in by_key]
+    return sorted(pairs, key=lambda p: p[1].name), left_old, left_new
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigDiff:
+    """One config in both stores: its statuses, and the reports' diff when both ran."""
+
+    name: str
+    old_status: str
+    new_status: str
+    message: str  # NEW's when it did not run
+    diff: Diff | None
+
+    @property
+    def stopped(self) -> str:
+        """Why its status fails the gate: "" unless it ran in OLD and not in NEW."""
+        if self.old_status == "ok" and self.new_status != "ok":
+            return f"ran in OLD, {self.new_status} in NEW: {self.message}"
+        return ""
+
+    @property
+    def failures(self) -> list[str]:
+        if self.stopped:
+            return [f"{self.name}: {self.stopped}"]
+        return [f"{self.name}: {f}" for f in self.diff.failures] if self.diff else []
+
+    def entries(self, *, regressions: bool) -> list[dict]:
+        """Its `--json` entries: the regressions, or every change."""
+        if self.diff is not None:
+            lines = self.diff.regressions() if regressions else self.diff.changes()
+            return [{"config": self.name, **ln} for ln in lines]
+        if self.old_status == self.new_status or (regressions and not self.stopped):
+            return []
+        return [{"config": self.name, "what": "status", "old": self.old_status,
+                 "new": self.new_status, "change": None, "failure": self.stopped}]
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreDiff:
+    configs: tuple[ConfigDiff, ...]
+    only_old: tuple[str, ...]
+    only_new: tuple[str, ...]
+
+    @property
+    def failures(self) -> list[str]:
+        return [f for c in self.configs for f in c.failures]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "failures": self.failures,
+                "regressions": [e for c in self.configs for e in c.entries(regressions=True)],
+                "changes": [e for c in self.configs for e in c.entries(regressions=False)],
+                "configs": [{"name": c.name, "old_status": c.old_status,
+                             "new_status": c.new_status,
+                             **(c.diff.to_dict() if c.diff else {})} for c in self.configs],
+                "only_in_old": list(self.only_old), "only_in_new": list(self.only_new)}
+
+
+def diff_stores(old: list[Result], new: list[Result], **thresholds: float) -> StoreDiff:
+    """Each config of both stores compared as `diff` compares two reports (the thresholds
+    likewise); a config that ran in OLD and not in NEW (refused, failed, or pruned as
+    unfit) fails the gate; configs in one store only are listed."""
+    pairs, only_old, only_new = match(old, new)
+    configs = []
+    for a, b in pairs:
+        both = a.status == b.status == "ok" and a.report and b.report
+        configs.append(ConfigDiff(b.name, a.status, b.status, b.message,
+                                  diff(a.report, b.report, **thresholds) if both else None))
+    return StoreDiff(tuple(configs), tuple(sorted(r.name for r in only_old)),
+                     tuple(sorted(r.name for r in only_new)))
+
+
+def format_store_diff(d: StoreDiff, old_name: str, new_name: str) -> str:
+    lines = [f"{old_name} -> {new_name}: {len(d.configs)} configs in both, "
+             f"{len(d.only_old)} only in old, {len(d.only_new)} only in new"]
+    for c in d.configs:
+        if c.diff is None:
+            moved = (f"{c.old_status} -> {c.new_status}" if c.old_status != c.new_status
+                     else f"{c.new_status} in both")
+            fail = f"  FAIL {c.stopped}" if c.stopped else ""
+            lines.append(f"{c.name}: {moved}{fail}")
+        elif not c.diff.changes():
+            lines.append(f"{c.name}: the same")
+        else:
+            lines += [f"{c.name}:", *("  " + ln for ln in _table(c.diff))]
+    for what, names in (("only in old", d.only_old), ("only in new", d.only_new)):
+        if names:
+            lines.append(f"{what}: {', '.join(names)}")
+    lines.append(_verdict(d.failures))
     return "\n".join(lines)

@@ -8,6 +8,8 @@ MaxText names, the ICI / DCN split, the model names).
 
 from __future__ import annotations
 
+import dataclasses
+
 from experiments.config import ConfigError, Experiment
 from models.config import PRESETS
 from models.program import CHECKPOINT_NAMES, expand_names
@@ -40,6 +42,7 @@ MAXTEXT_ACTIVATIONS = {"swiglu": ["silu", "linear"], "gelu": ["gelu"], "relu": [
 # shardscope's remat policies that MaxText names alike (custom: its per-tensor keys)
 MAXTEXT_REMAT = {"full": "full", "minimal": "minimal"}
 SYSTEM_LINE = "# shardscope system: "
+MAXTEXT_FUSED = ("fused_qkv", "fused_mlp")  # the same names in MaxText and [model]
 
 
 def granules(exp_system) -> tuple[int, str]:
@@ -105,18 +108,20 @@ def _uneven(exp: Experiment, how: str) -> list[str]:
             f"{slots - layers} empty): {how}"]
 
 
-def _check_train(exp: Experiment, to: str) -> None:
+def check(exp: Experiment, to: str, flag: str = "export --to") -> None:
+    """What `export` refuses whatever the sharding: a framework it does not know, a config
+    that is not a training run (`search --export` asks before it compiles anything)."""
+    if to not in FRAMEWORKS:
+        raise ConfigError(f"{flag} {to!r} is not a framework shardscope exports to; choose "
+                          f"one of {', '.join(FRAMEWORKS)}")
     if exp.workload.kind != "train":
-        raise ConfigError(f"export --to {to} writes a training run's settings; workload.kind="
+        raise ConfigError(f"{flag} {to} writes a training run's settings; workload.kind="
                           f"{exp.workload.kind!r}: use a config with kind = \"train\"")
 
 
 def export(exp: Experiment, to: str) -> str:
     """The framework's own settings for the config, one per line (comments: `# ...`)."""
-    if to not in FRAMEWORKS:
-        raise ConfigError(f"--to {to!r} is not a framework shardscope exports to; choose one "
-                          f"of {', '.join(FRAMEWORKS)}")
-    _check_train(exp, to)
+    check(exp, to)
     lines = maxtext(exp) if to == "maxtext" else megatron(exp)
     return "\n".join(lines) + "\n"
 
@@ -177,13 +182,14 @@ def maxtext(exp: Experiment) -> list[str]:
 
 def _maxtext_model(exp: Experiment) -> list[str]:
     m = exp.model
-    if m.name in MAXTEXT_MODELS and m == PRESETS[m.name]():
-        lines = [f"model_name: {MAXTEXT_MODELS[m.name]}"]
-        if m.name == "deepseek-v3":
-            lines.append("# model deepseek-v3: shardscope models its multi-head latent "
-                         "attention by dimensions; MaxText's deepseek3-671b is the real MLA")
-        return lines
-    lines = [f"{key}: {getattr(m, MAXTEXT_MODEL_KEYS[key])}" for key in MAXTEXT_SHAPE_KEYS]
+    # MaxText's names of the fused projections (its defaults: separate weights)
+    fused = [f"{k}: true" for k in MAXTEXT_FUSED if getattr(m, k)]
+    unfused = dataclasses.replace(m, **dict.fromkeys(MAXTEXT_FUSED, False))
+    if m.name in MAXTEXT_MODELS and unfused == PRESETS[m.name]():
+        return [f"model_name: {MAXTEXT_MODELS[m.name]}", *fused]
+    # (base_mlp_dim: the dense layers' MLP; a MoE model's experts' is d_ff, below)
+    lines = [f"{key}: {m.dense_layers_d_ff if key == 'base_mlp_dim' else getattr(m, field)}"
+             for key, field in MAXTEXT_MODEL_KEYS.items() if key in MAXTEXT_SHAPE_KEYS]
     lines += ["mlp_activations: [" + ", ".join(f'"{a}"' for a in MAXTEXT_ACTIVATIONS[m.mlp])
              + "]",
              f"logits_via_embedding: {str(m.tie_embeddings).lower()}"]
@@ -199,10 +205,18 @@ def _maxtext_model(exp: Experiment) -> list[str]:
                   f"capacity_factor: {-1 if m.dropless else _number(m.capacity_factor)}"]
         if m.n_shared_experts:
             lines.append(f"shared_experts: {m.n_shared_experts}")
+        if m.n_dense_layers:
+            lines += [f"first_num_dense_layers: {m.n_dense_layers}",
+                      f"base_moe_mlp_dim: {m.d_ff}"]
         lines.append(f"# model.moe_group_size={m.moe_group_size}: shardscope's routing "
                      f"groups, no MaxText key")
+    if m.mla:
+        lines += ["attention_type: mla", f"q_lora_rank: {m.q_lora_rank}",
+                  f"kv_lora_rank: {m.kv_lora_rank}", f"qk_nope_head_dim: {m.head_dim}",
+                  f"qk_rope_head_dim: {m.qk_rope_dim}", f"v_head_dim: {m.value_head_dim}"]
     if m.attention == "dense":
         lines.append("attention: dot_product")
+    lines += fused
     if m.vocab_multiple != 128:
         lines.append(f"# model.vocab_multiple={m.vocab_multiple}: no MaxText key")
     return lines
@@ -335,7 +349,7 @@ def _megatron_precision(exp: Experiment) -> list[str]:
 def _megatron_model(exp: Experiment) -> list[str]:
     m = exp.model
     out = [f"--num-layers {m.n_layers}", f"--hidden-size {m.d_model}",
-           f"--ffn-hidden-size {m.d_ff}", f"--num-attention-heads {m.n_heads}",
+           f"--ffn-hidden-size {m.dense_layers_d_ff}", f"--num-attention-heads {m.n_heads}",
            f"--kv-channels {m.head_dim}"]
     if m.n_kv_heads != m.n_heads:
         out += ["--group-query-attention", f"--num-query-groups {m.n_kv_heads}"]
@@ -358,8 +372,19 @@ def _megatron_model(exp: Experiment) -> list[str]:
         if m.n_shared_experts:
             out.append(f"--moe-shared-expert-intermediate-size "
                        f"{m.n_shared_experts * m.d_ff}")
+        if m.n_dense_layers:  # --ffn-hidden-size is then the dense layers'
+            out += [f"--moe-layer-freq ([0]*{m.n_dense_layers}+[1]*{m.moe_layers})",
+                    f"--moe-ffn-hidden-size {m.d_ff}"]
         out.append(f"# model.moe_group_size={m.moe_group_size}: Megatron routes each "
                    f"micro-batch's tokens together (no group size)")
+    if m.mla:
+        out += ["--multi-latent-attention",
+                *([f"--q-lora-rank {m.q_lora_rank}"] if m.q_lora_rank else []),
+                f"--kv-lora-rank {m.kv_lora_rank}", f"--qk-head-dim {m.head_dim}",
+                f"--qk-pos-emb-head-dim {m.qk_rope_dim}", f"--v-head-dim {m.value_head_dim}"]
     if m.attention == "dense":
         out.append("--attention-backend unfused")
+    if not m.fused_qkv or (m.mlp == "swiglu" and not m.fused_mlp):
+        out.append("# model.fused_qkv / fused_mlp = false: Megatron always fuses QKV "
+                   "(linear_qkv) and gate/up (linear_fc1)")
     return out

@@ -17,6 +17,7 @@ from experiments.config import ConfigError
 from experiments.frameworks import (
     MAXTEXT_ACTIVATIONS,
     MAXTEXT_AXES,
+    MAXTEXT_FUSED,
     MAXTEXT_MODEL_KEYS,
     MAXTEXT_MODELS,
     MAXTEXT_SHAPE_KEYS,
@@ -209,6 +210,7 @@ def _model(keys: dict) -> dict:
         shape["capacity_factor"] = keys["capacity_factor"]
     if keys.get("attention") == "dot_product":
         shape["attention"] = "dense"
+    shape.update({k: True for k in MAXTEXT_FUSED if keys.get(k) is True})
     if name != "default":
         if name not in PRESET_OF:
             raise ConfigError(f"model_name={name!r} is not a model shardscope knows; valid: "
@@ -237,6 +239,13 @@ def _shape(keys: dict) -> dict:
             raise ConfigError(f"mlp_activations={list(got)}: valid: "
                               f"{', '.join(str(v) for v in MAXTEXT_ACTIVATIONS.values())}")
         shape["mlp"] = acts[got]
+    shape.update(_latent_attention(keys))
+    if keys.get("first_num_dense_layers"):  # base_mlp_dim is then theirs, the experts' apart
+        if not isinstance(keys.get("base_moe_mlp_dim"), int):
+            raise ConfigError("first_num_dense_layers needs base_moe_mlp_dim (the experts' "
+                              "hidden width; base_mlp_dim is the dense layers')")
+        shape.update(n_dense_layers=keys["first_num_dense_layers"],
+                     dense_d_ff=shape.get("d_ff"), d_ff=keys["base_moe_mlp_dim"])
     if keys.get("logits_via_embedding") is not None:
         shape["tie_embeddings"] = bool(keys["logits_via_embedding"])
     block = keys.get("decoder_block")
@@ -246,6 +255,23 @@ def _shape(keys: dict) -> dict:
         raise ConfigError(f"decoder_block={block!r}: shardscope's blocks are llama2 "
                           f"(RMSNorm, RoPE) and gpt3 (LayerNorm, learned positions)")
     return shape
+
+
+def _latent_attention(keys: dict) -> dict:
+    """MaxText's multi-head latent attention keys (attention_type: mla) as shardscope's."""
+    kind = keys.get("attention_type", "global")
+    if kind == "global":
+        return {}
+    if kind != "mla":
+        raise ConfigError(f"attention_type={kind!r}: shardscope models 'global' (grouped-query) "
+                          f"and 'mla' (multi-head latent) attention")
+    fields = {"kv_lora_rank": "kv_lora_rank", "q_lora_rank": "q_lora_rank",
+              "qk_nope_head_dim": "head_dim", "qk_rope_head_dim": "qk_rope_dim",
+              "v_head_dim": "v_head_dim"}
+    missing = [k for k in fields if not isinstance(keys.get(k), int)]
+    if missing:
+        raise ConfigError(f"attention_type='mla' needs {', '.join(missing)} as whole numbers")
+    return {field: keys[k] for k, field in fields.items()}
 
 
 def to_experiment(keys: dict, system_name: str, name: str) -> dict:

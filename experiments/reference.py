@@ -16,7 +16,9 @@ from models.program import Precision, Train, Workload
 # table -> (its dataclass, what the table is for); [system] is the catalog's.
 TABLES = {
     "model": (ModelConfig, "the model: `preset = NAME` (`shardscope models` lists them) "
-                           "and any key below to change it, or every dimension given"),
+                           "or `hf_config = \"config.json\"` ([from Hugging Face]"
+                           "(#models-from-hugging-face)) and any key below to change it, or "
+                           "every dimension given"),
     "system": (None, "the machine: `name` (`shardscope systems` lists them) and where a "
                      "cluster differs from the catalog's: [real cluster networks]"
                      "(scale.md#real-cluster-networks)"),
@@ -58,7 +60,10 @@ def entries(table: str) -> list[tuple[str, str, str]]:
                                             "\"h100:64\", \"tpu-v6e:16x16\"")] + [
             (f"system.{k}", "the system's", f"{help} ({kind.upper()} systems)")
             for k, (kind, _, help) in OVERRIDES.items()]
-    out = [(f"{table}.preset", "none", "a preset's name")] if table == "model" else []
+    out = [(f"{table}.preset", "none", "a preset's name"),
+           (f"{table}.hf_config", "none", "a Hugging Face config.json, the path from this TOML "
+            "file (llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, gpt_oss); "
+            "keys beside it override it")] if table == "model" else []
     for f in dataclasses.fields(cls):
         default = _default(f)
         if table == "model" and default == "required":

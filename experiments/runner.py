@@ -17,6 +17,7 @@ from meshes.tpu import TpuSystem
 from models.inference import build_serve_program
 from models.memory import offload_bytes_per_step, serving_memory, training_memory
 from models.train import build_train_program
+from models.transformer import dense_layer_note
 from sharding import compiler
 from sharding.compute import runs_fused_kernels
 from sharding.mesh import CPU_MAX_DEVICES, placement
@@ -116,7 +117,8 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
         tokens_per_step=program.tokens_per_step,
         sequences_per_step=exp.workload.global_batch if step.serving else None,
         memory=memory, timings={"build_s": time.perf_counter() - t0},
-        warnings=warnings, name=exp.name, compiler=target.compiler,
+        warnings=(*warnings, *(full or exp).notes, *step.notes), name=exp.name,
+        compiler=target.compiler,
         compiler_note=_with_compare_hint(target.note, system), calibration=calibration,
         host_transfer_bytes=step.host_transfer_bytes, pipeline=step.pipeline,
         fit_advice=advice, cost=exp.cost)
@@ -141,6 +143,7 @@ class Step:
     rules: object
     pipeline: dict | None = None
     host_transfer_bytes: float = 0.0
+    notes: tuple[str, ...] = ()  # what the program approximates of the model
 
 
 def build_step(exp: Experiment, mesh, *, quiet: bool = False) -> Step:
@@ -174,7 +177,8 @@ def build_step(exp: Experiment, mesh, *, quiet: bool = False) -> Step:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return Step(program, with_reserve(memory, exp), False, mesh_shape, rules,
-                program.pipeline.summary() if program.pipeline else None, host)
+                program.pipeline.summary() if program.pipeline else None, host,
+                dense_layer_note(exp.model, program.pipeline is not None))
 
 
 def with_reserve(memory: sharding.Memory, exp: Experiment) -> sharding.Memory:

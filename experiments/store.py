@@ -138,11 +138,16 @@ class Result:
 class Store:
     """A results store on disk; `with Store(path) as s: ...`."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, read_only: bool = False):
+        """`read_only`: only read a store that exists (`shardscope diff`): nothing is
+        created or changed, and an SQLite file that is not a results store is refused."""
         self.path = Path(path)
         if not self.path.parent.exists():
             raise ValueError(f"results store {str(path)!r}: folder {str(self.path.parent)!r} "
                              f"does not exist; create it or store elsewhere")
+        if read_only:
+            self._open_read_only()
+            return
         self.db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
         self._setup("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
@@ -154,6 +159,21 @@ class Store:
                 self.db.execute("ALTER TABLE results ADD COLUMN plan BLOB")
             except sqlite3.OperationalError:  # another search added it first
                 pass
+
+    def _open_read_only(self) -> None:
+        self.db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
+                                  timeout=60.0)
+        try:
+            tables = {r[0] for r in self.db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as e:
+            self.db.close()
+            raise ValueError(f"{self.path}: not a results store ({e})") from None
+        if "results" not in tables:
+            self.db.close()
+            raise ValueError(f"{self.path}: an SQLite file but not a results store (no "
+                             f"results table); `shardscope search CONFIG --store "
+                             f"{self.path.name}` writes one")
 
     def _setup(self, statement: str, tries: int = 200) -> None:
         """A statement that sets the store up: switching a new file to WAL needs it to

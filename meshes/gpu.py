@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 
 from meshes.chips import CHIPS
+from meshes.fabric import tree_network_load
 from meshes.links import (
     GB200_4GPU_RING,
     GB200_72GPU,
@@ -25,7 +26,6 @@ from meshes.links import (
     NCCL_NVLS_TREE_LATENCY_US,
     NCCL_PROTOCOL_BANDWIDTH_SHARE,
     NCCL_PROTOCOLS,
-    NCCL_TREE_BANDWIDTH_SHARE,
     SCALE_OUT_ALPHA_POINTS,
     SCALE_OUT_RING_POINTS,
     BusBandwidthCurve,
@@ -319,17 +319,16 @@ class GpuSystem(System):
         # Across domains NCCL runs flat rings, one channel per NIC: every rank moves
         # S x bus factor, at the slower of the NVLink ring inside a domain and the domain's
         # NICs (m per domain used by the group): busbw = m x NIC (NVIDIA/nccl-tests #309:
-        # 4 nodes x 8 NICs measure 366 GB/s). On 2 domains a tree (NVLSTree) sends each byte
-        # across once, so it beats the network bottleneck up to 2x; beyond, NCCL's tree runs
-        # at 0.9 of the ring's bandwidth (tuning.cc). LL, LL128 or Simple, with NCCL's own
-        # latencies: the fastest wins.
+        # 4 nodes x 8 NICs measure 366 GB/s). A tree reduces inside the domain first and
+        # sends what NCCL's double binary tree loads the busiest domain's NICs with
+        # (meshes/fabric.py: S on 2 domains, 1.5 S on 3, 2 S from 4 on), against the ring's
+        # 2(n - 1)/n S: it beats the ring's bandwidth on 2 and 3 domains only. LL, LL128 or
+        # Simple, with NCCL's own latencies: the fastest wins.
         nvlink_bw = self._domain_busbw(kind, nbytes, m_most)[0] if m_most > 1 else math.inf
         ring_bw = min(nvlink_bw, m * nic_bw)
         t_ring = nbytes * bus_factor(kind, n) / ring_bw
-        if d == 2:
-            t_tree = max(nbytes / (m * nic_bw), nbytes * bus_factor(kind, n) / nvlink_bw)
-        else:
-            t_tree = t_ring / NCCL_TREE_BANDWIDTH_SHARE
+        t_tree = max(nbytes * tree_network_load(d) / (m * nic_bw),
+                     nbytes * bus_factor(kind, n) / nvlink_bw)
         best = None
         algos = ("ring", "tree") if kind == "all-reduce" else ("ring",)
         for algo in algos:
@@ -341,13 +340,12 @@ class GpuSystem(System):
                     best = (t, algo, proto)
         if kind == "all-reduce" and self.family.has_nvls and d > 2 and m_most > 1:
             # NVLSTree: NVLink SHARP reduces inside each domain, then every GPU runs a
-            # double binary tree over its rail across domains. A tree rank sends and
-            # receives 2 x its share per direction, what a ring moves, so it runs at the
-            # tree's share of the ring's bandwidth; its latency grows with the tree's
-            # depth, log2(domains), not with the ring's 2(n - 1) steps: what a flat ring
-            # of thousands of GPUs cannot pipeline away (248 x 8 H200: ~350 GB/s measured
-            # at 512 MiB, nccl-tests #283).
-            t = t_ring / NCCL_TREE_BANDWIDTH_SHARE + _nvls_tree_latency_s(d)
+            # double binary tree over its rail across domains, loading the NICs as the
+            # tree does (2 S per domain from 4 domains on, what a ring moves); its latency
+            # grows with the tree's depth, log2(domains), not with the ring's 2(n - 1)
+            # steps: what a flat ring of thousands of GPUs cannot pipeline away (248 x 8
+            # H200: ~350 GB/s measured at 512 MiB, nccl-tests #283).
+            t = t_tree + _nvls_tree_latency_s(d)
             if t < best[0]:
                 best = (t, "nvls-tree", "Simple")
         if kind == "all-reduce" and self.sharp:

@@ -158,8 +158,6 @@ NCCL_LL_MULTINODE_INTRA_LATENCY_FACTOR = 1.8
 NCCL_PROTOCOL_BANDWIDTH_SHARE = {("ring", "LL"): 1 / 4, ("ring", "LL128"): 0.92,
                                  ("ring", "Simple"): 1.0, ("tree", "LL"): 1 / 3.8,
                                  ("tree", "LL128"): 0.915, ("tree", "Simple"): 1.0}
-# Tree all-reduce moves data at ~0.9 of the ring's bus bandwidth (tuning.cc: busBw * .9).
-NCCL_TREE_BANDWIDTH_SHARE = 0.9
 # NVLSTree (NCCL >= 2.18 on NVSwitch systems with NVLink SHARP, across nodes): its latency
 # is one NVLS step inside the domain plus a tree's depth across domains, up and down:
 # intra + 2 x floor(log2(nodes)) x inter, microseconds (tuning.cc, hwLat NVLSTree: NVLink

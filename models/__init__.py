@@ -5,8 +5,10 @@ Rooms:
 - `program.py`: what a step is asked to run (Workload, Precision, Train: the config's
   [workload], [precision] and [train] tables) and the Program base.
 - `layers.py`: parameter constructors, the weight matmul (bf16, FP8, FP4), the MLP.
-- `attention.py`: dense and flash attention; `moe.py`: the mixture-of-experts MLP;
-  `transformer.py`: the decoder (blocks, scanned layers, prefill and decode).
+- `attention.py`: dense and flash attention; `mla.py`: multi-head latent attention
+  (DeepSeek); `moe.py`: the mixture-of-experts MLP; `transformer.py`: the decoder (blocks,
+  scanned layers, prefill and decode).
+- `hf.py`: a model from a Hugging Face config.json.
 - `pipeline.py`: pipeline parallelism (1F1B, interleaved, GPipe; uneven stages) over the
   mesh axis of the `layers` dimension; `context.py`: context-parallel (ring / all-gather)
   attention over the axis that splits the sequence.
@@ -28,6 +30,7 @@ Array names carry their shape as a suffix, one letter one meaning everywhere:
     R routing groups        T tokens in a routing group        A a token's expert choices
     C expert capacity       M microbatches                     P pipeline stages
     Y context-parallel ranks  Z the two zigzag halves of a rank's positions
+    Q, U, W multi-head latent attention's query rank, latent and RoPE part (models/mla.py)
 
 A lower-case letter is part of the dimension of its capital (b: one microbatch's batch);
 a digit is a dimension of that size (B1: one position per sequence).

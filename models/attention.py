@@ -91,7 +91,8 @@ def _forward(q_BLKGE, k_BSKE, v_BSKE, bq: int, bk: int, causal: bool = True):
     """(output, f32 log-sum-exp (B, K, G, L)), one tile at a time with the online softmax:
     a loop over the tiles, so that one tile's scores exist at a time."""
     b, seq, kh, g, e = q_BLKGE.shape
-    o_BLKGE = jnp.zeros(q_BLKGE.shape, jnp.float32)
+    # the output has the values' head width (MLA's is narrower than its queries' and keys')
+    o_BLKGE = jnp.zeros((b, seq, kh, g, v_BSKE.shape[-1]), jnp.float32)
     m_BKGL = jnp.full((b, kh, g, seq), -1e30, jnp.float32)
     l_BKGL = jnp.zeros((b, kh, g, seq), jnp.float32)
 
@@ -117,7 +118,7 @@ def _forward(q_BLKGE, k_BSKE, v_BSKE, bq: int, bk: int, causal: bool = True):
         carry, _ = lax.scan(functools.partial(tile, masked), carry, tiles)
     o_BLKGE, m_BKGL, l_BKGL = carry
     o_BLKGE = o_BLKGE / jnp.moveaxis(l_BKGL, 3, 1)[..., None]
-    return o_BLKGE.astype(q_BLKGE.dtype), m_BKGL + jnp.log(l_BKGL)
+    return o_BLKGE.astype(v_BSKE.dtype), m_BKGL + jnp.log(l_BKGL)
 
 
 def _backward(q_BLKGE, k_BSKE, v_BSKE, o_BLKGE, lse_BKGL, do_BLKGE, dlse_BKGL, bq: int,

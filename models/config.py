@@ -56,6 +56,27 @@ class ModelConfig:
     attention: str = described('"flash" (block-wise, scores never in HBM, as every '
                                'production stack trains) or "dense" (scores materialised)',
                                "flash")
+    fused_qkv: bool = described(
+        "one weight for the query, key and value projections (Megatron's linear_qkv: per "
+        "kv head, its query heads, key and value), so tensor parallelism gathers the "
+        "block's input once and reduces its gradient once; MaxText's name", False)
+    fused_mlp: bool = described(
+        "one weight for SwiGLU's gate and up projections (Megatron's linear_fc1); "
+        "MaxText's name", False)
+    kv_lora_rank: int = described(
+        "multi-head latent attention (DeepSeek's MLA) when > 0: the width of the compressed "
+        "key/value latent each token caches (with qk_rope_dim); keys and values are "
+        "projected up from it per head (n_kv_heads = n_heads). 0: grouped-query attention", 0)
+    q_lora_rank: int = described("MLA: the rank of the queries' low-rank projection (0: "
+                                 "queries projected from the residual stream directly)", 0)
+    qk_rope_dim: int = described("MLA: the decoupled RoPE part of each query head and of "
+                                 "the one key all heads share (head_dim is the part without "
+                                 "RoPE)", 0)
+    v_head_dim: int = described("MLA: the width of each value head (0: head_dim)", 0)
+    n_dense_layers: int = described("a mixture of experts' first layers that have a dense "
+                                    "MLP of dense_d_ff instead (DeepSeek's "
+                                    "first_k_dense_replace)", 0)
+    dense_d_ff: int = described("hidden width of those dense layers' MLP (0: d_ff)", 0)
 
     def __post_init__(self):
         for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab",
@@ -73,8 +94,15 @@ class ModelConfig:
                 f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads="
                 f"{self.n_kv_heads}; grouped-query attention needs n_kv_heads to divide n_heads"
             )
-        if self.positions == "rope" and self.head_dim % 2:
+        if self.positions == "rope" and not self.mla and self.head_dim % 2:
             raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
+        for f in ("kv_lora_rank", "q_lora_rank", "qk_rope_dim", "v_head_dim", "n_dense_layers",
+                  "dense_d_ff"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"model.{f}={v!r} must be an integer >= 0")
+        self._check_latent_attention()
+        self._check_dense_layers()
         if (not isinstance(self.n_shared_experts, int) or isinstance(self.n_shared_experts, bool)
                 or self.n_shared_experts < 0):
             raise ValueError(f"model.n_shared_experts={self.n_shared_experts!r} must be an "
@@ -84,14 +112,91 @@ class ModelConfig:
             raise ValueError(f"model.capacity_factor={self.capacity_factor!r} must be a number "
                              f"above 0 (e.g. 1.25); for no dropped tokens set "
                              f"model.dropless = true")
-        if not isinstance(self.dropless, bool):
-            raise ValueError(f"model.dropless={self.dropless!r} must be true or false")
+        for f in ("dropless", "fused_qkv", "fused_mlp", "tie_embeddings"):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f"model.{f}={getattr(self, f)!r} must be true or false")
         if self.n_shared_experts and self.n_experts == 1:
             raise ValueError(f"model.n_shared_experts={self.n_shared_experts} needs routed "
                              f"experts (model.n_experts > 1)")
         if self.experts_per_token > self.n_experts:
             raise ValueError(f"model.experts_per_token={self.experts_per_token} exceeds "
                              f"model.n_experts={self.n_experts}")
+
+    def _check_latent_attention(self) -> None:
+        if not self.mla:
+            for f in ("q_lora_rank", "qk_rope_dim", "v_head_dim"):
+                if getattr(self, f):
+                    raise ValueError(f"model.{f}={getattr(self, f)} belongs to multi-head latent "
+                                     f"attention; set model.kv_lora_rank > 0 (DeepSeek-V3: 512) "
+                                     f"or remove it")
+            return
+        if self.n_kv_heads != self.n_heads:
+            raise ValueError(f"model.n_kv_heads={self.n_kv_heads}: multi-head latent attention "
+                             f"(model.kv_lora_rank={self.kv_lora_rank}) gives every query head "
+                             f"its own key and value; set model.n_kv_heads = model.n_heads = "
+                             f"{self.n_heads}")
+        if self.positions != "rope" or self.qk_rope_dim < 2 or self.qk_rope_dim % 2:
+            raise ValueError(f"model.qk_rope_dim={self.qk_rope_dim}: multi-head latent "
+                             f"attention needs RoPE (model.positions = 'rope') on an even "
+                             f"qk_rope_dim of 2 or more (DeepSeek-V3: 64)")
+
+    def _check_dense_layers(self) -> None:
+        if self.n_dense_layers and (self.n_experts == 1
+                                    or self.n_dense_layers >= self.n_layers):
+            raise ValueError(f"model.n_dense_layers={self.n_dense_layers} needs a mixture of "
+                             f"experts (model.n_experts > 1) with more than that many layers "
+                             f"(model.n_layers={self.n_layers}); remove it for a dense model")
+        if self.dense_d_ff and not self.n_dense_layers:
+            raise ValueError(f"model.dense_d_ff={self.dense_d_ff} is the hidden width of the "
+                             f"first dense layers; set model.n_dense_layers too, or remove it")
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek) rather than grouped-query attention."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of each query and key head: head_dim, plus MLA's RoPE part."""
+        return self.head_dim + self.qk_rope_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def attention_head_dim(self) -> float:
+        """The mean of the query-key and value head widths: attention's FLOPs per head and
+        attended position are 4 x this (scores and weighted values)."""
+        return (self.qk_head_dim + self.value_head_dim) / 2
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts (0 for a dense model)."""
+        return self.n_layers - self.n_dense_layers if self.n_experts > 1 else 0
+
+    @property
+    def dense_layers_d_ff(self) -> int:
+        """Hidden width of the dense layers' MLP."""
+        return self.dense_d_ff or self.d_ff
+
+    def attention_param_count(self) -> int:
+        """One layer's attention parameters (MLA: its projections and their norms)."""
+        d, h = self.d_model, self.n_heads
+        if not self.mla:
+            e = self.head_dim
+            return d * e * (h + 2 * self.n_kv_heads) + h * e * d
+        qk, c, r, q = self.qk_head_dim, self.kv_lora_rank, self.qk_rope_dim, self.q_lora_rank
+        query = d * q + q + q * h * qk if q else d * h * qk  # down, its norm, up
+        latent = d * (c + r) + c + c * h * (self.head_dim + self.value_head_dim)
+        return query + latent + h * self.value_head_dim * d
+
+    def kv_cache_values_per_token(self) -> int:
+        """Values one layer caches per token: keys and values of each kv head, or MLA's
+        latent and its RoPE key."""
+        if self.mla:
+            return self.kv_lora_rank + self.qk_rope_dim
+        return 2 * self.n_kv_heads * self.head_dim
 
     @property
     def padded_vocab(self) -> int:
@@ -100,14 +205,15 @@ class ModelConfig:
 
     def param_count(self, *, include_embedding: bool = True) -> int:
         """Parameters, counted analytically (the embedding counted once when tied)."""
-        d, e = self.d_model, self.head_dim
-        attn = d * e * (self.n_heads + 2 * self.n_kv_heads) + self.n_heads * e * d
+        d = self.d_model
         mlp_mats = 3 if self.mlp == "swiglu" else 2
-        mlp = mlp_mats * d * self.d_ff * (self.n_experts + self.n_shared_experts)
-        router = d * self.n_experts if self.n_experts > 1 else 0
+        moe = (mlp_mats * d * self.d_ff * (self.n_experts + self.n_shared_experts)
+               + d * self.n_experts)  # experts and router
+        dense = mlp_mats * d * self.dense_layers_d_ff
         norms = 2 * d * (2 if self.norm == "layernorm" else 1)
-        per_layer = attn + mlp + router + norms
-        total = self.n_layers * per_layer + d * (2 if self.norm == "layernorm" else 1)
+        total = (self.n_layers * (self.attention_param_count() + norms)
+                 + self.moe_layers * moe + (self.n_layers - self.moe_layers) * dense
+                 + d * (2 if self.norm == "layernorm" else 1))
         if include_embedding:
             total += self.padded_vocab * d
             if self.positions == "learned":
@@ -116,22 +222,24 @@ class ModelConfig:
             total += d * self.padded_vocab  # output projection
         return total
 
-    def active_param_count(self) -> int:
-        """Parameters a token's matmuls touch (MoE: only its experts and the shared ones)."""
-        if self.n_experts == 1:
-            return self.param_count(include_embedding=False)
+    def active_param_count(self, *, include_embedding: bool = False) -> int:
+        """Parameters a token's matmuls touch (MoE: only its experts and the shared ones);
+        with `include_embedding`, the embedding table too, as model cards count "activated"
+        parameters (Qwen3-30B-A3B's 3.3B, DeepSeek-V3's 37B)."""
         mlp_mats = 3 if self.mlp == "swiglu" else 2
         inactive = (self.n_experts - self.experts_per_token) * mlp_mats * self.d_model * self.d_ff
-        return self.param_count(include_embedding=False) - self.n_layers * inactive
+        return (self.param_count(include_embedding=include_embedding)
+                - self.moe_layers * inactive)
 
     def train_flops_per_token(self, seq_len: int) -> float:
         """Model FLOPs per trained token, the formula MFU uses (stated in the report):
 
         6 x (active non-embedding parameters, output projection included) for the matmuls
         forward and backward, plus causal attention: 12 x n_layers x n_heads x head_dim x
-        seq_len / 2 (scores and weighted values, forward and backward, half masked).
+        seq_len / 2 (scores and weighted values, forward and backward, half masked;
+        head_dim is attention_head_dim, MLA's mean of its query-key and value widths).
         """
-        attn = 12 * self.n_layers * self.n_heads * self.head_dim * seq_len / 2
+        attn = 12 * self.n_layers * self.n_heads * self.attention_head_dim * seq_len / 2
         return 6 * self.active_param_count() + attn
 
 
@@ -187,16 +295,17 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
         name="qwen3-235b-a22b", n_layers=94, d_model=4096, n_heads=64, n_kv_heads=4,
         head_dim=128, d_ff=1536, vocab=151936, n_experts=128, experts_per_token=8,
         rope_theta=1e6),
-    # DeepSeek-V3's multi-head latent attention is modelled by its dimensions: 128 query
-    # heads of 128 (the value head size) and 4 kv heads of 128 = 512 cached values per token
-    # per layer for K and V, near MLA's compressed 576 (kv_lora 512 + rope 64); attention
-    # weights 7168 x 128 x 128 x 2 + 2 x 7168 x 4 x 128 = 242M per layer vs MLA's 187M
-    # (low-rank q and kv projections). Every layer is MoE (the model's first 3 are dense
-    # with d_ff 18432); 1 shared expert of 2048 runs for every token.
+    # DeepSeek-V3 as released (without its multi-token-prediction module): multi-head latent
+    # attention (queries through a rank-1536 projection, keys and values from a 512-wide
+    # latent that is what the KV cache holds, with one 64-wide RoPE key: 576 values per
+    # token per layer), 3 dense first layers (d_ff 18432), then 58 MoE layers of 256
+    # routed experts (top-8) and 1 shared expert of 2048. Its sigmoid, group-limited
+    # routing is modelled as softmax top-k (models/moe.py): the same dispatch bytes.
     "deepseek-v3": lambda: ModelConfig(
-        name="deepseek-v3", n_layers=61, d_model=7168, n_heads=128, n_kv_heads=4,
+        name="deepseek-v3", n_layers=61, d_model=7168, n_heads=128, n_kv_heads=128,
         head_dim=128, d_ff=2048, vocab=129280, n_experts=256, experts_per_token=8,
-        rope_theta=10_000.0, n_shared_experts=1),
+        rope_theta=10_000.0, n_shared_experts=1, kv_lora_rank=512, q_lora_rank=1536,
+        qk_rope_dim=64, v_head_dim=128, n_dense_layers=3, dense_d_ff=18432),
 }
 
 

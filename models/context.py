@@ -28,6 +28,9 @@ chunk's positions.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,9 +38,44 @@ from jax.sharding import NamedSharding
 
 from models.attention import flash_block
 from models.pipeline import shift_stages
-from sharding.rules import mesh_shape_of, resolve
+from sharding.rules import active_mesh, active_rules, mesh_shape_of, resolve
 
 MODES = ("ring", "allgather")
+
+
+@dataclasses.dataclass(frozen=True)
+class RankCopies:
+    """A layer weight held as one copy per rank of mesh `axes` (`ranks` of them; 1: none):
+    models/layers.per_context_rank uses such copies."""
+
+    axes: tuple[str, ...] = ()
+    ranks: int = 1
+
+
+def rank_copies(cfg, rules, mesh_shape):
+    """path -> RankCopies of each parameter of a dense model whose positions are split
+    (context parallelism), else None.
+
+    The context-parallel ranks' weight gradients are partial sums. Summed where SPMD
+    puts them, at every use of a weight, a step with several microbatches or pipeline
+    ticks sums them every time; Megatron sums them once per step, with the data-parallel
+    ones (one reduce-scatter over data x context for its distributed optimizer). With a
+    copy of each layer weight per rank, made where the step makes the data-parallel
+    replicas' (models/train.py), they are summed there, once. A norm's vector works on
+    the residual stream, which sequence parallelism splits over `tensor` too. (A mixture
+    of experts' weights meet regrouped tokens: no copies.)"""
+    if cfg.n_experts > 1 or rules.ways("seq", mesh_shape) == 1:
+        return None
+
+    def of(path) -> RankCopies:
+        keys = [str(getattr(k, "key", k)) for k in path]
+        if keys[0] != "blocks":
+            return RankCopies()
+        logical = "residual_seq" if any("norm" in k for k in keys) else "seq"
+        axes = tuple(a for a in rules.mesh_axes(logical) if mesh_shape.get(a, 1) > 1)
+        return RankCopies(axes, math.prod(mesh_shape[a] for a in axes))
+
+    return of
 
 
 def zigzag_order(seq: int, ranks: int) -> np.ndarray:
@@ -97,6 +135,17 @@ class _Gathered:
                 jax.lax.dynamic_index_in_dim(self.v, j, 1, keepdims=False))
 
 
+def context_axis() -> dict:
+    """The mesh, rules and the one mesh axis that split the positions (context_attention's
+    keywords)."""
+    mesh, rules = active_mesh(), active_rules()
+    axes = [a for a in rules.mesh_axes("seq") if dict(mesh.shape).get(a, 1) > 1]
+    if len(axes) != 1:
+        raise ValueError(f"context parallelism needs the rule of 'seq' to name one mesh axis "
+                         f"of size > 1; it names {axes}")
+    return {"mesh": mesh, "rules": rules, "axis": axes[0]}
+
+
 def context_attention(q_BLKGE, k_BLKE, v_BLKE, *, mode: str, mesh, rules, axis: str):
     """Causal attention of zigzag-ordered q, k, v whose positions are split over mesh axis
     `axis` (see the module doc); returns (B, L, K, G, E) in the same order and sharding."""
@@ -115,7 +164,7 @@ def context_attention(q_BLKGE, k_BLKE, v_BLKE, *, mode: str, mesh, rules, axis: 
                     ("batch", "seq", None, None, "kv_heads", None, None))
     kv_names = ("batch", "seq", None, None, "kv_heads", None)
     k_BYZlKE = pin(k_BLKE.reshape(b, ranks, 2, chunk, kv, e), kv_names)
-    v_BYZlKE = pin(v_BLKE.reshape(b, ranks, 2, chunk, kv, e), kv_names)
+    v_BYZlKE = pin(v_BLKE.reshape(b, ranks, 2, chunk, kv, v_BLKE.shape[-1]), kv_names)
     rank_Y = jnp.arange(ranks)
     if mode == "ring":
         steps = [(k_BYZlKE, v_BYZlKE)]
@@ -141,4 +190,4 @@ def context_attention(q_BLKGE, k_BLKE, v_BLKE, *, mode: str, mesh, rules, axis: 
                        in_axes=(1, 0, 0, 0), out_axes=1, spmd_axis_name=axis)(
             q_BYZlKGE, rank_Y, k_all, v_all)
     out = pin(out, ("batch", "seq", None, None, "kv_heads", None, None))
-    return out.reshape(b, seq, kv, g, e)
+    return out.reshape(b, seq, kv, g, v_BLKE.shape[-1])

@@ -1,7 +1,9 @@
 """Serving programs: prefill (prompts -> KV cache) and decode (one token per sequence over
 its KV cache), built abstractly and sharded like the training step.
 
-The KV cache is (layers, batch, seq, kv_heads, head_dim) for keys and for values, sharded
+The KV cache is (layers, batch, seq, kv_heads, head_dim) for keys and for values (with
+multi-head latent attention, one (layers, batch, seq, kv_lora + qk_rope) array of latents,
+models/mla.py), sharded
 over the batch's mesh axes, the kv heads' (tensor) and, for long contexts, its positions
 over `sequence` (logical axis `cache_seq`): each device then attends over its share of the
 positions and the softmax's max, sum and weighted values are combined across `sequence`
@@ -31,6 +33,7 @@ from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
 # The cache in the layout an attention kernel reads (vLLM's per-head blocks): batch and kv
 # heads lead, so each head's positions x head_dim is one contiguous matrix for its GEMMs.
 CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
+LATENT_CACHE_AXES = ("layers", "batch", "cache_seq", None)  # MLA (models/mla.py)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,9 +49,9 @@ def serve_flops(cfg: ModelConfig, workload: Workload) -> float:
     per_token = 2 * cfg.active_param_count()
     w = workload
     if w.kind == "prefill":
-        attn = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * w.seq_len / 2
+        attn = 4 * cfg.n_layers * cfg.n_heads * cfg.attention_head_dim * w.seq_len / 2
         return (per_token + attn) * w.global_batch * w.seq_len
-    attn = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (w.seq_len + 1)
+    attn = 4 * cfg.n_layers * cfg.n_heads * cfg.attention_head_dim * (w.seq_len + 1)
     return (per_token + attn) * w.global_batch
 
 
@@ -66,6 +69,8 @@ def _abstract_cache(cfg: ModelConfig, w: Workload, precision: Precision, mesh: M
     """(keys and values as sharded ShapeDtypeStructs, their shardings): each (N, B, K, S, E)
     in the cache's dtype, or a (values, per position x kv head scales) pair when quantised."""
     mesh_shape = mesh_shape_of(mesh)
+    if cfg.mla:
+        return _latent_cache(cfg, w, precision, mesh, rules)
     cache_shape = (cfg.n_layers, w.global_batch, cfg.n_kv_heads, w.seq_len, cfg.head_dim)
     cache_spec = resolve(CACHE_AXES, cache_shape, rules.activations, mesh_shape, what="KV cache")
     one = NamedSharding(mesh, cache_spec)
@@ -81,6 +86,22 @@ def _abstract_cache(cfg: ModelConfig, w: Workload, precision: Precision, mesh: M
     one_cache = (jax.ShapeDtypeStruct(cache_shape, STORAGE_DTYPES[quantized], sharding=one),
                  jax.ShapeDtypeStruct(scale_shape, SCALE_DTYPE, sharding=sharding[1]))
     return (one_cache, one_cache), (sharding, sharding)
+
+
+def _latent_cache(cfg: ModelConfig, w: Workload, precision: Precision, mesh: Mesh,
+                  rules: AxisRules):
+    """MLA's cache: each layer's latents and RoPE keys (N, B, S, kv_lora + qk_rope), a
+    1-tuple, in the cache's dtype; not split over heads (every tensor rank holds it)."""
+    if precision.quantized_kv_cache is not None:
+        raise ValueError(f"precision.kv_cache={precision.kv_cache!r}: a quantised cache of "
+                         f"multi-head latent attention's latents is not modelled; leave "
+                         f"precision.kv_cache unset for model.kv_lora_rank="
+                         f"{cfg.kv_lora_rank}")
+    shape = (cfg.n_layers, w.global_batch, w.seq_len, cfg.kv_cache_values_per_token())
+    spec = resolve(LATENT_CACHE_AXES, shape, rules.activations, mesh_shape_of(mesh),
+                   what="MLA latent cache")
+    one = NamedSharding(mesh, spec)
+    return (jax.ShapeDtypeStruct(shape, DTYPES[precision.kv_cache_dtype], sharding=one),), (one,)
 
 
 def build_serve_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workload: Workload,

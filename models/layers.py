@@ -7,6 +7,8 @@ Array-name suffixes: the legend in models/__init__.py.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -18,7 +20,7 @@ from models.fp8 import fp4_einsum, fp8_einsum
 from models.program import DTYPES, Precision
 from models.quant import QuantWeight
 from sharding import kernel_scopes
-from sharding.rules import constrain
+from sharding.rules import active_mesh, active_rules, constrain
 
 
 def new_param(rngs: nnx.Rngs, shape, axes, *, dtype, scale: float | None = None) -> nnx.Param:
@@ -51,20 +53,85 @@ def zeros_param(shape, axes, dtype) -> nnx.Param:
     return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
 
 
+class Norm(nnx.Module):
+    """The model's norm over the residual stream, or with `width`, an RMSNorm over an
+    unsharded dimension of that width (MLA's latents)."""
+
+    def __init__(self, cfg: ModelConfig, *, param_dtype, width: int | None = None):
+        self.kind = cfg.norm if width is None else "rmsnorm"
+        shape, axes = ((cfg.d_model,), ("embed",)) if width is None else ((width,), (None,))
+        self.scale = ones_param(shape, axes, param_dtype)
+        if self.kind == "layernorm":
+            self.bias = zeros_param(shape, axes, param_dtype)
+
+    def __call__(self, x_BLD):
+        weights = (self.scale[...],) + ((self.bias[...],) if self.kind == "layernorm" else ())
+        if weights[0].ndim == 2:  # one copy per context rank (per_context_rank)
+            return per_context_rank(self._normalize, x_BLD, *weights, logical="residual_seq")
+        return self._normalize(x_BLD, *weights)
+
+    def _normalize(self, x_BLD, scale_D, bias_D=None):
+        return kernels.norm(x_BLD, scale_D, bias_D, self.kind)  # one kernel on GPUs
+
+
+@jax.named_scope(kernel_scopes.ROPE)  # one kernel on GPUs (Transformer Engine's fused RoPE)
+def rope(x_BLHE, positions_BL, theta: float):
+    half = x_BLHE.shape[-1] // 2
+    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle_BLE = positions_BL[..., None].astype(jnp.float32) * freq
+    sin, cos = jnp.sin(angle_BLE)[:, :, None, :], jnp.cos(angle_BLE)[:, :, None, :]
+    x1, x2 = jnp.split(x_BLHE.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BLHE.dtype)
+
+
 def project(spec: str, x, w, *, precision: Precision):
     """A weight matmul: in the activations' dtype, or in FP8 / FP4 (models/fp8.py) when
     `precision.compute` says so.
 
     `w` is the weight's Param (or an array). Low-precision recipes quantise after any FSDP
     gather here, so the gather moves the parameter dtype's bytes (Transformer Engine can
-    gather FP8 weights instead; that saving is not modelled).
+    gather FP8 weights instead; that saving is not modelled). A weight with one leading
+    dimension more than `spec` gives it is one copy per context-parallel rank
+    (`per_context_rank`).
     """
-    w = (w[...] if not isinstance(w, jax.Array) else w).astype(x.dtype)
+    w = w[...] if not isinstance(w, jax.Array) else w
+    if w.ndim == len(spec.split("->")[0].split(",")[1]) + 1:
+        return per_context_rank(
+            lambda x_, w_: project(spec, x_, w_, precision=precision), x, w)
+    w = w.astype(x.dtype)
     if precision.low_precision_matmuls == "float8":
         return fp8_einsum(spec, x, w)
     if precision.low_precision_matmuls == "float4":
         return fp4_einsum(spec, x, w)
     return jnp.einsum(spec, x, w)
+
+
+def rank_split(logical: str) -> tuple[tuple[str, ...], int]:
+    """The mesh axes (of size > 1) that split the positions under the logical axis
+    `logical` ("seq": a projection's input; "residual_seq": the residual stream, which
+    sequence parallelism splits further), and how many ranks they make."""
+    mesh, rules = active_mesh(), active_rules()
+    shape = dict(mesh.shape)
+    axes = tuple(a for a in rules.mesh_axes(logical) if shape.get(a, 1) > 1)
+    return axes, math.prod(shape[a] for a in axes)
+
+
+def per_context_rank(fn, x_BL, *weights_Y, logical: str = "seq"):
+    """`fn(x, *weights)` run by each rank that holds a block of the positions (the mesh
+    axes `rank_split(logical)` gives), on its own positions with its own copy of the
+    weights (leading dimension Y, sharded over those axes).
+
+    The point is the backward: a weight's gradient stays per rank (no sum over the ranks)
+    until the copies are summed where they were made: with the data-parallel replicas'
+    gradients, once per step (models/context.rank_copies), instead of at every micro-step
+    or pipeline tick. Suffix Y: the ranks."""
+    axes, ranks = rank_split(logical)
+    b, seq = x_BL.shape[:2]
+    x_BYl = x_BL.reshape(b, ranks, seq // ranks, *x_BL.shape[2:])
+    out_BYl = jax.vmap(fn, in_axes=(1,) + (0,) * len(weights_Y), out_axes=1,
+                       spmd_axis_name=axes)(x_BYl, *weights_Y)
+    return out_BYl.reshape(b, seq, *out_BYl.shape[3:])
 
 
 def mlp_hidden(mlp, spec: str, x):
@@ -73,6 +140,16 @@ def mlp_hidden(mlp, spec: str, x):
     # Each projection under its own name, so that a report's row per model operation is
     # one weight (the gate and up matmuls under one name read as one matrix of twice the
     # bytes, as if it were gathered in f32).
+    if getattr(mlp, "w_gate_up", None) is not None:  # fused (Megatron's linear_fc1)
+        inputs, out = spec.split("->")
+        x_spec, w_spec = inputs.split(",")
+        fused = f"{x_spec},{w_spec[:-1]}j{w_spec[-1]}->{out[:-1]}j{out[-1]}"
+        with jax.named_scope("gate_up_proj"):
+            gate_up = project(fused, x, mlp.w_gate_up, precision=mlp.precision)
+            if x.ndim == 3:  # a dense MLP's (B, L, D): its output split over `mlp` like up's
+                gate_up = constrain(gate_up, ("batch", "seq", None, "mlp"))
+            gate_up = checkpoint_name(gate_up, "mlpwi")
+        return kernels.swiglu(gate_up[..., 0, :], gate_up[..., 1, :])  # one kernel on GPUs
     with jax.named_scope("up_proj"):
         up = checkpoint_name(project(spec, x, mlp.w_up, precision=mlp.precision), "mlpwi")
     if mlp.kind == "swiglu":
@@ -89,9 +166,13 @@ class Mlp(nnx.Module):
         d, f = cfg.d_model, cfg.d_ff
         self.kind = cfg.mlp
         self.precision = precision
-        if cfg.mlp == "swiglu":
-            self.w_gate = new_weight(rngs, (d, f), ("embed", "mlp"), precision=precision)
-        self.w_up = new_weight(rngs, (d, f), ("embed", "mlp"), precision=precision)
+        if cfg.mlp == "swiglu" and cfg.fused_mlp:
+            self.w_gate_up = new_weight(rngs, (d, 2, f), ("embed", None, "mlp"),
+                                        precision=precision)
+        else:
+            if cfg.mlp == "swiglu":
+                self.w_gate = new_weight(rngs, (d, f), ("embed", "mlp"), precision=precision)
+            self.w_up = new_weight(rngs, (d, f), ("embed", "mlp"), precision=precision)
         self.w_down = new_weight(rngs, (f, d), ("mlp", "embed"), precision=precision)
 
     def __call__(self, x_BLD):

@@ -70,6 +70,21 @@ def _splits(rules: AxisRules, mesh_shape: Mapping[str, int]) -> dict[str, int]:
     return ways
 
 
+def attention_widths(cfg: ModelConfig, ways: Mapping[str, int]
+                     ) -> tuple[float, float, float, float]:
+    """Values per token and device of a layer's (queries, keys, values, attention output).
+    Multi-head latent attention: every head its own key and value, queries and keys
+    head_dim + qk_rope wide, values v_head_dim; its latents (not split by heads) are counted
+    with the queries."""
+    h, k = cfg.n_heads / ways["heads"], cfg.n_kv_heads / ways["kv_heads"]
+    if not cfg.mla:
+        e = cfg.head_dim
+        return h * e, k * e, k * e, h * e
+    latent = cfg.q_lora_rank + cfg.kv_lora_rank + cfg.qk_rope_dim
+    v = h * cfg.value_head_dim
+    return h * cfg.qk_head_dim + latent, h * cfg.qk_head_dim, v, v
+
+
 def named_bytes_per_token(cfg: ModelConfig, names, *, precision: Precision,
                           mesh_shape: Mapping[str, int], rules: AxisRules,
                           local_tokens: int) -> float:
@@ -77,12 +92,12 @@ def named_bytes_per_token(cfg: ModelConfig, names, *, precision: Precision,
     (models/program.py CHECKPOINT_NAMES; `qkv_proj` is the three projections)."""
     ways = _splits(rules, mesh_shape)
     c = _activation_bytes(precision)
-    d, f, e = cfg.d_model / ways["embed"], cfg.d_ff / ways["mlp"], cfg.head_dim
-    h, k = cfg.n_heads / ways["heads"], cfg.n_kv_heads / ways["kv_heads"]
+    d, f = cfg.d_model / ways["embed"], cfg.d_ff / ways["mlp"]
+    q, k, v, o = attention_widths(cfg, ways)
     r = expert_slots_per_token(cfg, local_tokens)
     dr = d / ways["residual"]  # the residual stream's share
-    size = {"decoder_layer_input": dr, "query_proj": h * e, "key_proj": k * e,
-            "value_proj": k * e, "context": h * e, "out_proj": dr,
+    size = {"decoder_layer_input": dr, "query_proj": q, "key_proj": k,
+            "value_proj": v, "context": o, "out_proj": dr,
             "mlpwi": r * (2 if cfg.mlp == "swiglu" else 1) * f,
             "mlpwo": r * d if cfg.n_experts > 1 else dr}
     return sum(size[n] for n in expand_names(names)) * c
@@ -128,11 +143,12 @@ def gathered_weight_bytes(cfg: ModelConfig, *, precision: Precision,
     if rules.ways("embed", mesh_shape, params=True) <= ways["embed"]:
         return 0.0, 0.0
     c = _activation_bytes(precision)
-    d, e = cfg.d_model, cfg.head_dim
-    h, k = cfg.n_heads / ways["heads"], cfg.n_kv_heads / ways["kv_heads"]
+    d, mats = cfg.d_model, 3 if cfg.mlp == "swiglu" else 2
     experts = cfg.n_experts / rules.ways("experts", mesh_shape, params=True)
-    mlp = (3 if cfg.mlp == "swiglu" else 2) * d * cfg.d_ff / ways["mlp"] * experts
-    layer = (d * (2 * h + 2 * k) * e + mlp) * c
+    # the largest layer's: a MoE layer's experts, or the dense first layers' MLP
+    mlp = mats * d * max(cfg.d_ff * experts, cfg.dense_layers_d_ff if cfg.n_dense_layers
+                         else 0) / ways["mlp"]
+    layer = (cfg.attention_param_count() / ways["heads"] + mlp) * c
     return layer, d * cfg.padded_vocab / ways["vocab"] * c
 
 
@@ -160,9 +176,10 @@ def activation_components(
     ways = _splits(rules, mesh_shape)
     c = _activation_bytes(precision)
     tokens = micro_batch // ways["batch"] * seq_len // ways["seq"]  # per device
-    d, f, e = cfg.d_model / ways["embed"], cfg.d_ff / ways["mlp"], cfg.head_dim
-    h, k = cfg.n_heads / ways["heads"], cfg.n_kv_heads / ways["kv_heads"]
-    r = expert_slots_per_token(cfg, tokens)
+    d, f = cfg.d_model / ways["embed"], cfg.d_ff / ways["mlp"]
+    h = cfg.n_heads / ways["heads"]
+    q, k, v, o = attention_widths(cfg, ways)
+    r = expert_slots_per_token(cfg, tokens)  # (the dense first layers counted as MoE ones)
     mlp_in = (2 if cfg.mlp == "swiglu" else 1) * f
 
     dr = d / ways["residual"]  # the residual stream's share (sequence parallelism)
@@ -177,11 +194,11 @@ def activation_components(
     # their inputs quantised (1 byte; models/fp8.py, as Transformer Engine does), and the
     # attention output then once more beside its bf16 copy.
     q8 = 1 if precision.low_precision_matmuls == "float8" else c
-    everything = ((2 * dr + (h + 2 * k) * e + h * e + r * mlp_in) * c + h * _F32 + moe
-                  + (2 * dr + r * f) * q8 + (h * e * q8 if q8 != c else 0))
+    everything = ((2 * dr + q + k + v + o + r * mlp_in) * c + h * _F32 + moe
+                  + (2 * dr + r * f) * q8 + (o * q8 if q8 != c else 0))
     # Saved by jax's dots_with_no_batch_dims_saveable: every weight matmul's output and the
     # scanned layer's input.
-    minimal = x + (h + 2 * k) * e * c + dr * c + r * mlp_in * c + dr * c + moe
+    minimal = x + (q + k + v) * c + dr * c + r * mlp_in * c + dr * c + moe
     custom = named_bytes_per_token(cfg, save, precision=precision, mesh_shape=mesh_shape,
                                    rules=rules, local_tokens=tokens)
     per_layer = {"full": x, "minimal": minimal, "none": everything, "custom": custom}[remat]
@@ -200,7 +217,7 @@ def activation_components(
     # the FSDP all-gather brings them
     layer_weights, unembedding = gathered_weight_bytes(cfg, precision=precision,
                                                        mesh_shape=mesh_shape, rules=rules)
-    in_flight = (r * mlp_in + 2 * dr) * c + (h + 2 * k) * e * _F32
+    in_flight = (r * mlp_in + 2 * dr) * c + (q + k + v) * _F32
     vocab = cfg.padded_vocab / ways["vocab"]
     layers = cfg.n_layers if layers is None else layers
     tiles = f", one of {vocab_tiles} tiles" if vocab_tiles > 1 else ""
@@ -267,10 +284,10 @@ def serving_activation_bytes(cfg: ModelConfig, *, workload: Workload, precision:
     tokens = workload.seq_len if workload.kind == "prefill" else 1
     local_batch = workload.global_batch // ways["batch"]
     per_device_tokens = local_batch * tokens // ways["seq"]
-    d, f, e = cfg.d_model / ways["embed"], cfg.d_ff / ways["mlp"], cfg.head_dim
-    h, k = cfg.n_heads / ways["heads"], cfg.n_kv_heads / ways["kv_heads"]
+    d, f = cfg.d_model / ways["embed"], cfg.d_ff / ways["mlp"]
     r = expert_slots_per_token(cfg, per_device_tokens)
-    layer = (4 * d + (2 * h + 2 * k) * e + 3 * r * f + (2 * r * d if r != 1 else 0)) * c
+    layer = (4 * d + sum(attention_widths(cfg, ways)) + 3 * r * f
+             + (2 * r * d if r != 1 else 0)) * c
     return per_device_tokens * layer + local_batch * cfg.padded_vocab / ways["vocab"] * _F32
 
 

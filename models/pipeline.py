@@ -191,7 +191,12 @@ def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipe
     # Training positions are 0..L-1 for every sequence: rebuilt per microbatch rather than
     # sliced out of the batch-sharded array (which would move them between data shards).
     pos_bL = jnp.broadcast_to(positions_BL[0], (b // m, seq))
-    chunks = jax.tree.map(lambda w: pin(w.reshape(stages, v, c, *w.shape[1:]), axis), layers)
+    # The stage dimension over `axis`; the weights' own dimensions keep their sharding
+    # (tensor, FSDP; context ranks' copies): a constraint naming only the stage axis would
+    # gather them.
+    chunks = jax.tree.map(
+        lambda w: pin(w.reshape(stages, v, c, *w.shape[1:]), axis, None, None,
+                      *[P.UNCONSTRAINED] * (w.ndim - 1)), layers)
     valid_PVc = jnp.asarray(plan.valid_mask())
     stage_P = jnp.arange(stages)
     is_first_P111 = (stage_P == 0)[:, None, None, None]

@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models import kernels
 from models.config import ModelConfig
+from models.context import RankCopies, rank_copies
 from models.optimizer import (
     apply_gradients,
     init_state,
@@ -129,7 +130,8 @@ cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | None = None,
                     mesh: Mesh | None = None, replicas: tuple[str, ...] = (),
                     param_specs=None, precision: Precision | None = None,
-                    state_specs=None, vocab_tiles: int = 1, fused_kernels: bool = False):
+                    state_specs=None, vocab_tiles: int = 1, copies=None,
+                    fused_kernels: bool = False):
     """step(params, opt_state, batch) -> (params, opt_state, loss); params a pure dict.
 
     `microbatches` > 1: gradient accumulation over that many sequential micro-steps (with
@@ -140,8 +142,10 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
     parameters' PartitionSpecs (`param_specs`). `precision`: master weights and the
     gradients' dtype (models/optimizer.py); `state_specs`: the optimizer state's
     PartitionSpecs when the distributed optimizer splits it further than the parameters.
-    `vocab_tiles`: the loss's vocabulary tiling (`loss_fn`). `fused_kernels`: the norms
-    and activations as a GPU framework's fused kernels (models/kernels.py)."""
+    `vocab_tiles`: the loss's vocabulary tiling (`loss_fn`). `copies`: path -> RankCopies
+    of the layer weights the context-parallel ranks each hold (models/context.rank_copies),
+    summed with the replicas' gradients. `fused_kernels`: the norms and activations as a GPU
+    framework's fused kernels (models/kernels.py)."""
     precision = precision or Precision()
     grad_dtype = DTYPES[precision.gradient_dtype]
     reduced_specs = state_specs if state_specs is not None else param_specs
@@ -157,11 +161,12 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
     def step(params, opt_state, batch):
         inputs_BL, targets_BL = batch["inputs"], batch["targets"]
         k = microbatches
-        if replicas:
+        if replicas or copies:
             loss, grads = _replica_grads(graphdef, params, inputs_BL, targets_BL, k=k,
                                          rules=rules, mesh=mesh, replicas=replicas,
                                          param_specs=param_specs, grad_dtype=grad_dtype,
-                                         out_specs=reduced_specs, vocab_tiles=vocab_tiles)
+                                         out_specs=reduced_specs, vocab_tiles=vocab_tiles,
+                                         copies=copies)
         elif k == 1:
             loss, grads = grads_of(params, inputs_BL, targets_BL)
             grads = jax.tree.map(lambda g: g.astype(grad_dtype), grads)
@@ -205,7 +210,7 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
 
 def _replica_grads(graphdef, params, inputs_BL, targets_BL, *, k: int, rules: AxisRules,
                    mesh: Mesh, replicas: tuple[str, ...], param_specs, grad_dtype=jnp.float32,
-                   out_specs=None, vocab_tiles: int = 1):
+                   out_specs=None, vocab_tiles: int = 1, copies=None):
     """(loss, gradients) with the data-parallel sum deferred to the end of the step.
 
     Under SPMD a gradient that a micro-step adds to a replicated accumulator is summed over
@@ -216,6 +221,8 @@ def _replica_grads(graphdef, params, inputs_BL, targets_BL, *, k: int, rules: Ax
     the gradients with respect to the copies stay per replica through every micro-step
     (in `grad_dtype`), and one sum over R ends the step: an all-reduce, or a reduce-scatter
     where `out_specs` split the result over the replicas (the distributed optimizer).
+    `copies` (path -> RankCopies): the layer weights the context-parallel ranks each hold
+    a copy of (dimension Y after the layers'), summed with R in the same sum.
     Suffix R: the replicas."""
     r = math.prod(dict(mesh.shape)[a] for a in replicas)
     inner = rules.without(replicas)
@@ -228,15 +235,23 @@ def _replica_grads(graphdef, params, inputs_BL, targets_BL, *, k: int, rules: Ax
             return loss_fn(nnx.merge(graphdef, p), inputs_bL, targets_bL, vocab_tiles)
 
     def mean_loss(params_R, inputs_RbL, targets_RbL):
-        losses_R = jax.vmap(per_replica, spmd_axis_name=replicas)(params_R, inputs_RbL,
-                                                                   targets_RbL)
+        losses_R = jax.vmap(per_replica, spmd_axis_name=replicas or None)(
+            params_R, inputs_RbL, targets_RbL)
         return jnp.mean(losses_R)
 
-    def replicated(x, spec, dtype=None):
-        x_R = jnp.broadcast_to(x[None], (r, *x.shape))
-        return pin(x_R if dtype is None else x_R.astype(dtype), PartitionSpec(replicas, *spec))
+    copy_of = jax.tree_util.tree_map_with_path(
+        lambda path, _: copies(path) if copies else RankCopies(), params)
 
-    params_R = jax.tree.map(replicated, params, param_specs)
+    def replicated(x, spec, copy, dtype=None):
+        spec = (*spec, *(None,) * (x.ndim - len(spec)))
+        if copy.ranks > 1:  # (layers, Y, ...)
+            x = jnp.broadcast_to(x[:, None], (x.shape[0], copy.ranks, *x.shape[1:]))
+            spec = (spec[0], copy.axes, *spec[1:])
+        x_R = jnp.broadcast_to(x[None], (r, *x.shape))
+        return pin(x_R if dtype is None else x_R.astype(dtype),
+                   PartitionSpec(replicas or None, *spec))
+
+    params_R = jax.tree.map(replicated, params, param_specs, copy_of)
     # Rows stay on their devices: replica i's rows are the i-th block of the batch, and a
     # micro-batch takes every k-th of a replica's rows.
     split = lambda a: a.reshape(r, a.shape[0] // r, *a.shape[1:])  # noqa: E731
@@ -253,14 +268,17 @@ def _replica_grads(graphdef, params, inputs_BL, targets_BL, *, k: int, rules: Ax
             grads = jax.tree.map(lambda s, g: s + g.astype(grad_dtype), grad_sum, grads)
             return (loss_sum + loss, grads), None
 
-        zeros = jax.tree.map(lambda p, spec: replicated(jnp.zeros(p.shape), spec, grad_dtype),
-                             params, param_specs)
+        zeros = jax.tree.map(
+            lambda p, spec, copy: replicated(jnp.zeros(p.shape), spec, copy, grad_dtype),
+            params, param_specs, copy_of)
         (loss, grads_R), _ = jax.lax.scan(add_microbatch, (jnp.zeros((), jnp.float32), zeros),
                                           micro)
         loss, grads_R = loss / k, jax.tree.map(lambda g: g / k, grads_R)
     with jax.named_scope("gradient_sum"):
-        grads = jax.tree.map(lambda g, spec: pin(jnp.sum(g.astype(grad_dtype), axis=0), spec),
-                             grads_R, out_specs if out_specs is not None else param_specs)
+        grads = jax.tree.map(
+            lambda g, spec, copy: pin(jnp.sum(g.astype(grad_dtype),
+                                              axis=(0, 2) if copy.ranks > 1 else 0), spec),
+            grads_R, out_specs if out_specs is not None else param_specs, copy_of)
     return loss, grads
 
 
@@ -355,7 +373,9 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
     # several micro-steps or pipeline ticks (one micro-step sums once anyway), or when they
     # are summed in a wider dtype than the parameters' (Megatron's fp32 main_grad).
     wider = precision.gradient_dtype != precision.params
-    replicas = replica_axes(rules, mesh_shape) if (pipeline or k > 1 or wider) else ()
+    several = pipeline or k > 1 or wider
+    replicas = replica_axes(rules, mesh_shape) if several else ()
+    copies = rank_copies(cfg, rules, mesh_shape) if several else None
     tx = make_optimizer(train)
     param_specs = jax.tree.map(lambda s: s.spec, p_shard)
     specs = state_specs(param_specs, params, rules, mesh_shape, train)
@@ -382,7 +402,7 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
                         mesh=mesh, replicas=replicas, param_specs=param_specs,
                         precision=precision, vocab_tiles=train.num_vocab_tiling,
                         state_specs=specs if train.shard_optimizer_over_data else None,
-                        fused_kernels=fused_kernels),
+                        copies=copies, fused_kernels=fused_kernels),
         in_shardings=(p_shard, opt_shard, {"inputs": batch_sharding, "targets": batch_sharding}),
         out_shardings=(p_shard, opt_shard, replicated),
         donate_argnums=(0, 1),

@@ -17,16 +17,15 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from models import kernels
 from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
-from models.context import context_attention, zigzag_order
-from models.layers import Mlp, new_param, new_weight, ones_param, project, zeros_param
+from models.context import context_attention, context_axis, zigzag_order
+from models.layers import Mlp, Norm, new_param, new_weight, project, rope
+from models.mla import LatentAttention
 from models.moe import MoeMlp
 from models.pipeline import Pipeline, run_pipeline
 from models.program import DTYPES, OFFLOAD_ALL, REMAT_POLICIES, Precision, remat_policy
 from models.quant import dequantize, quantize
-from sharding import kernel_scopes
 from sharding.rules import active_mesh, active_rules, constrain
 
 
@@ -37,39 +36,22 @@ def checkpointed(fn, remat: str, save=(), offload=()):
     return fn if policy is None else jax.checkpoint(fn, policy=policy)
 
 
-class Norm(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, param_dtype):
-        self.kind = cfg.norm
-        self.scale = ones_param((cfg.d_model,), ("embed",), param_dtype)
-        if cfg.norm == "layernorm":
-            self.bias = zeros_param((cfg.d_model,), ("embed",), param_dtype)
-
-    def __call__(self, x_BLD):
-        bias = self.bias[...] if self.kind == "layernorm" else None
-        return kernels.norm(x_BLD, self.scale[...], bias, self.kind)
-
-
-@jax.named_scope(kernel_scopes.ROPE)  # one kernel on GPUs (Transformer Engine's fused RoPE)
-def rope(x_BLHE, positions_BL, theta: float):
-    half = x_BLHE.shape[-1] // 2
-    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angle_BLE = positions_BL[..., None].astype(jnp.float32) * freq
-    sin, cos = jnp.sin(angle_BLE)[:, :, None, :], jnp.cos(angle_BLE)[:, :, None, :]
-    x1, x2 = jnp.split(x_BLHE.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_BLHE.dtype)
-
-
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, precision: Precision):
         d, h, k, e = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.cfg = cfg
         self.precision = precision
-        self.wq = new_weight(rngs, (d, h, e), ("embed", "heads", "head_dim"), precision=precision)
-        self.wk = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"),
-                             precision=precision)
-        self.wv = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"),
-                             precision=precision)
+        if cfg.fused_qkv:
+            # Megatron's layout: per kv head, its G query heads, then its key and value.
+            self.wqkv = new_weight(rngs, (d, k, h // k + 2, e),
+                                   ("embed", "kv_heads", None, "head_dim"), precision=precision)
+        else:
+            self.wq = new_weight(rngs, (d, h, e), ("embed", "heads", "head_dim"),
+                                 precision=precision)
+            self.wk = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"),
+                                 precision=precision)
+            self.wv = new_weight(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"),
+                                 precision=precision)
         self.wo = new_weight(rngs, (h, e, d), ("heads", "head_dim", "embed"), precision=precision,
                              contract=2, scale=(h * e) ** -0.5)
 
@@ -83,20 +65,7 @@ class Attention(nnx.Module):
         for prefill, the new position's for decode), as (B, L, K, E).
         """
         cfg = self.cfg
-        # One named scope per projection (MaxText's names), so that a report's row per
-        # model operation is one weight.
-        with jax.named_scope("query_proj"):
-            q_BLHE = project("bld,dhe->blhe", x_BLD, self.wq, precision=self.precision)
-            q_BLHE = checkpoint_name(
-                constrain(q_BLHE, ("batch", "seq", "heads", "head_dim")), "query_proj")
-        with jax.named_scope("key_proj"):
-            k_BLKE = project("bld,dke->blke", x_BLD, self.wk, precision=self.precision)
-            k_BLKE = checkpoint_name(
-                constrain(k_BLKE, ("batch", "seq", "kv_heads", "head_dim")), "key_proj")
-        with jax.named_scope("value_proj"):
-            v_BLKE = project("bld,dke->blke", x_BLD, self.wv, precision=self.precision)
-            v_BLKE = checkpoint_name(
-                constrain(v_BLKE, ("batch", "seq", "kv_heads", "head_dim")), "value_proj")
+        q_BLHE, k_BLKE, v_BLKE = self._qkv(x_BLD)
         if cfg.positions == "rope":
             q_BLHE = rope(q_BLHE, positions_BL, cfg.rope_theta)
             k_BLKE = rope(k_BLKE, positions_BL, cfg.rope_theta)
@@ -105,7 +74,7 @@ class Attention(nnx.Module):
         q_BLKGE = q_BLHE.reshape(b, seq, kv, h // kv, e)
         if context is not None:
             out_BLKGE = context_attention(q_BLKGE, k_BLKE, v_BLKE, mode=context,
-                                          **_context_axis())
+                                          **context_axis())
         elif cache is None:
             attend = flash_attention if cfg.attention == "flash" else dense_attention
             out_BLKGE = attend(q_BLKGE, k_BLKE, v_BLKE)
@@ -120,15 +89,30 @@ class Attention(nnx.Module):
             return out_BLD, (k_BLKE, v_BLKE)
 
 
-def _context_axis() -> dict:
-    """The mesh, rules and the one mesh axis that split the positions (context_attention's
-    keywords)."""
-    mesh, rules = active_mesh(), active_rules()
-    axes = [a for a in rules.mesh_axes("seq") if dict(mesh.shape).get(a, 1) > 1]
-    if len(axes) != 1:
-        raise ValueError(f"context parallelism needs the rule of 'seq' to name one mesh axis "
-                         f"of size > 1; it names {axes}")
-    return {"mesh": mesh, "rules": rules, "axis": axes[0]}
+    def _qkv(self, x_BLD):
+        """The query, key and value projections: one weight each, or one fused weight."""
+        b, seq, _ = x_BLD.shape
+        h, kv, e = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
+        if self.cfg.fused_qkv:
+            with jax.named_scope("qkv_proj"):
+                qkv_BLKCE = constrain(project("bld,dkce->blkce", x_BLD, self.wqkv,
+                                              precision=self.precision),
+                                      ("batch", "seq", "kv_heads", None, "head_dim"))
+            g = h // kv
+            projections = (qkv_BLKCE[..., :g, :].reshape(b, seq, h, e),
+                           qkv_BLKCE[..., g, :], qkv_BLKCE[..., g + 1, :])
+        else:
+            # One named scope per projection (MaxText's names), so that a report's row per
+            # model operation is one weight.
+            projections = []
+            for name, spec, w in (("query_proj", "bld,dhe->blhe", self.wq),
+                                  ("key_proj", "bld,dke->blke", self.wk),
+                                  ("value_proj", "bld,dke->blke", self.wv)):
+                with jax.named_scope(name):
+                    projections.append(project(spec, x_BLD, w, precision=self.precision))
+        names = (("query_proj", "heads"), ("key_proj", "kv_heads"), ("value_proj", "kv_heads"))
+        return tuple(checkpoint_name(constrain(p, ("batch", "seq", heads, "head_dim")), name)
+                     for p, (name, heads) in zip(projections, names))
 
 
 def context_ranks() -> int:
@@ -179,13 +163,21 @@ def decode_attention(q_B1KGE, k_B1KE, v_B1KE, k_BKSE, v_BKSE, index):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, precision: Precision):
+    """A decoder layer: attention (grouped-query, or MLA with model.kv_lora_rank) and an
+    MLP (routed experts, or with `dense` the dense MLP of the first layers)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, precision: Precision,
+                 dense: bool = False):
         param_dtype = DTYPES[precision.params]
         self.attn_norm = Norm(cfg, param_dtype=param_dtype)
-        self.attn = Attention(cfg, rngs=rngs, precision=precision)
+        attention = LatentAttention if cfg.mla else Attention
+        self.attn = attention(cfg, rngs=rngs, precision=precision)
         self.mlp_norm = Norm(cfg, param_dtype=param_dtype)
-        mlp = MoeMlp if cfg.n_experts > 1 else Mlp
-        self.mlp = mlp(cfg, rngs=rngs, precision=precision)
+        if dense or cfg.n_experts == 1:
+            self.mlp = Mlp(dataclasses.replace(cfg, d_ff=cfg.dense_layers_d_ff), rngs=rngs,
+                           precision=precision)
+        else:
+            self.mlp = MoeMlp(cfg, rngs=rngs, precision=precision)
 
     def __call__(self, x_BLD, positions_BL, cache=None, context: str | None = None):
         x_BLD = checkpoint_name(x_BLD, "decoder_layer_input")
@@ -194,6 +186,27 @@ class Block(nnx.Module):
             x_BLD = x_BLD + attn_BLD
         with jax.named_scope("mlp"):
             return x_BLD + self.mlp(self.mlp_norm(x_BLD)), kv
+
+
+def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs, precision: Precision, n: int,
+                    dense: bool = False) -> Block:
+    """`n` layers, every parameter with a leading `layers` dimension."""
+    @nnx.split_rngs(splits=n)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make_blocks(rngs):
+        return Block(cfg, rngs=rngs, precision=precision, dense=dense)
+
+    return make_blocks(rngs)
+
+
+def dense_layer_note(cfg: ModelConfig, pipelined: bool) -> tuple[str, ...]:
+    """What a pipelined model makes of the dense first layers (none unpipelined)."""
+    if not (pipelined and cfg.n_dense_layers):
+        return ()
+    return (f"model.n_dense_layers={cfg.n_dense_layers}: a pipeline's stages need alike "
+            f"layers, so the first {cfg.n_dense_layers} are modelled as MoE layers "
+            f"(d_ff {cfg.d_ff} x {cfg.n_experts} experts, not a dense {cfg.dense_layers_d_ff}); "
+            f"the parameter counts are the real model's",)
 
 
 class Transformer(nnx.Module):
@@ -230,14 +243,13 @@ class Transformer(nnx.Module):
             self.pos_embed = new_param(rngs, (cfg.max_seq_len, d), (None, "embed"),
                                        dtype=param_dtype, scale=0.02)
 
-        slots = cfg.n_layers if pipeline is None else pipeline.slots
-
-        @nnx.split_rngs(splits=slots)
-        @nnx.vmap(in_axes=(0,), out_axes=0)
-        def make_blocks(rngs):
-            return Block(cfg, rngs=rngs, precision=precision)
-
-        self.blocks = make_blocks(rngs)  # every parameter gains a leading `layers` dim
+        # MoE models' dense first layers are a stack of their own before the rest; a
+        # pipeline needs every slot alike, so there they are MoE layers (dense_layer_note)
+        dense = cfg.n_dense_layers if pipeline is None else 0
+        slots = cfg.n_layers - dense if pipeline is None else pipeline.slots
+        if dense:
+            self.dense_blocks = _stacked_blocks(cfg, rngs, precision, dense, dense=True)
+        self.blocks = _stacked_blocks(cfg, rngs, precision, slots)
         self.final_norm = Norm(cfg, param_dtype=param_dtype)
         if not cfg.tie_embeddings:
             self.lm_head = new_weight(rngs, (d, v), ("embed", "vocab"), precision=precision)
@@ -269,33 +281,40 @@ class Transformer(nnx.Module):
         return constrain(x_BL[:, zigzag_order(x_BL.shape[1], ranks)], ("batch", "seq"))
 
     def prefill(self, tokens_BL):
-        """Process prompts: (logits of the last position (B, V), KV cache (N, B, K, L, E) x 2)."""
+        """Process prompts: (logits of the last position (B, V), the KV cache: (N, B, K, L,
+        E) keys and values, or MLA's (N, B, L, U) latents as a 1-tuple)."""
         b, seq = tokens_BL.shape
         positions_BL = jnp.broadcast_to(jnp.arange(seq), (b, seq))
-        x_BLD, (k_NBLKE, v_NBLKE) = self._layers(self._embed(tokens_BL, positions_BL),
-                                                 positions_BL)
-        k_NBKLE, v_NBKLE = (jnp.swapaxes(a, 2, 3) for a in (k_NBLKE, v_NBLKE))  # cache layout
+        x_BLD, kv = self._layers(self._embed(tokens_BL, positions_BL), positions_BL)
+        logits_BV = self.head(x_BLD[:, -1:])[:, 0]
+        if self.cfg.mla:
+            return logits_BV, kv
+        k_NBKLE, v_NBKLE = (jnp.swapaxes(a, 2, 3) for a in kv)  # cache layout
         quantized = self.precision.quantized_kv_cache
         if quantized is not None:
             with jax.named_scope("kv_cache_quantize"):
                 k_NBKLE = quantize(k_NBKLE, quantized, (-1,))
                 v_NBKLE = quantize(v_NBKLE, quantized, (-1,))
-        return self.head(x_BLD[:, -1:])[:, 0], (k_NBKLE, v_NBKLE)
+        return logits_BV, (k_NBKLE, v_NBKLE)
 
     def decode(self, tokens_B1, cache, index):
-        """One new token per sequence at position `index` over a KV cache of (N, B, K, S, E)
-        keys and values (each a (q, scale) pair when the cache is quantised): (logits (B, V),
-        cache with the new keys and values written)."""
+        """One new token per sequence at position `index` over a KV cache as prefill makes
+        it (each array a (q, scale) pair when the cache is quantised): (logits (B, V), cache
+        with the new position written)."""
         b = tokens_B1.shape[0]
         positions_B1 = jnp.full((b, 1), index)
-        k_NBKSE, v_NBKSE = cache
-        x_BLD, (k_NB1KE, v_NB1KE) = self._layers(self._embed(tokens_B1, positions_B1),
-                                                 positions_B1, (k_NBKSE, v_NBKSE, index))
+        x_BLD, new = self._layers(self._embed(tokens_B1, positions_B1), positions_B1,
+                                  (*cache, index))
         with jax.named_scope("kv_cache_write"):  # in place: only the new position is written
-            quantized = self.precision.quantized_kv_cache
-            k_NBKSE = _write_cache(k_NBKSE, jnp.swapaxes(k_NB1KE, 2, 3), index, quantized)
-            v_NBKSE = _write_cache(v_NBKSE, jnp.swapaxes(v_NB1KE, 2, 3), index, quantized)
-        return self.head(x_BLD)[:, 0], (k_NBKSE, v_NBKSE)
+            if self.cfg.mla:
+                (latent_NBSU,), (new_NB1U,) = cache, new
+                cache = (jax.lax.dynamic_update_slice(
+                    latent_NBSU, new_NB1U.astype(latent_NBSU.dtype), (0, 0, index, 0)),)
+            else:
+                quantized = self.precision.quantized_kv_cache
+                cache = tuple(_write_cache(c_NBKSE, jnp.swapaxes(n_NB1KE, 2, 3), index,
+                                           quantized) for c_NBKSE, n_NB1KE in zip(cache, new))
+        return self.head(x_BLD)[:, 0], cache
 
     def _embed(self, tokens_BL, positions_BL):
         cfg, dt = self.cfg, self.compute_dtype
@@ -306,32 +325,50 @@ class Transformer(nnx.Module):
             return constrain(x_BLD, ("batch", "residual_seq", "embed"))
 
     def _layers(self, x_BLD, positions_BL, cache=None, context: str | None = None):
-        """Run the stacked layers under lax.scan; returns (x, per-layer (k, v) stacked)."""
-        graphdef, layers = nnx.split(self.blocks)
+        """Run the stacked layers under lax.scan (the dense first layers' stack, then the
+        rest); `cache`: the per-layer cache arrays and the index. Returns (x, the per-layer
+        cache entries computed, stacked)."""
+        if self.pipeline is not None:
+            if cache is not None:
+                raise ValueError("pipeline parallelism serves no KV cache; use pipeline = 1")
+            graphdef, layers = nnx.split(self.blocks)
+            return self._pipelined(graphdef, layers, x_BLD, positions_BL, context), None
+        per_layer = None if cache is None else cache[:-1]
+        stacks = [self.blocks] if not hasattr(self, "dense_blocks") else [self.dense_blocks,
+                                                                          self.blocks]
+        start, outputs = 0, []
+        for blocks in stacks:
+            graphdef, layers = nnx.split(blocks)
+            n = jax.tree.leaves(layers)[0].shape[0]
 
-        def layer(x_BLD, xs):
-            layer_state, layer_cache = xs
-            if layer_cache is not None:
-                layer_cache = (*layer_cache, cache[2])
-            y_BLD, kv = nnx.merge(graphdef, layer_state)(x_BLD, positions_BL, layer_cache,
-                                                         context)
-            return constrain(y_BLD, ("batch", "residual_seq", "embed")), kv
+            def layer(x_BLD, xs, graphdef=graphdef):
+                layer_state, layer_cache = xs
+                if layer_cache is not None:
+                    layer_cache = (*layer_cache, cache[-1])
+                y_BLD, kv = nnx.merge(graphdef, layer_state)(x_BLD, positions_BL, layer_cache,
+                                                             context)
+                return constrain(y_BLD, ("batch", "residual_seq", "embed")), kv
 
-        kept = checkpointed(layer, self.remat, self.save, self.offload)
-        if self.pipeline is None and self.offload_layers and cache is None:
+            def part(tree, lo, hi, base=start):
+                return None if tree is None else jax.tree.map(lambda a: a[lo - base:hi - base],
+                                                              tree)
             # Megatron's CPU offloading of the first N layers: their saved tensors on the
             # host, the other layers as `remat` says.
-            n = self.offload_layers
-            off = checkpointed(layer, "custom", (), OFFLOAD_ALL)
-            x_BLD, _ = jax.lax.scan(off, x_BLD, (jax.tree.map(lambda a: a[:n], layers), None))
-            return jax.lax.scan(kept, x_BLD, (jax.tree.map(lambda a: a[n:], layers), None))
-        layer = kept
-        if self.pipeline is None:
-            per_layer_cache = None if cache is None else (cache[0], cache[1])
-            return jax.lax.scan(layer, x_BLD, (layers, per_layer_cache))
-        if cache is not None:
-            raise ValueError("pipeline parallelism serves no KV cache; use pipeline = 1")
-        return self._pipelined(graphdef, layers, x_BLD, positions_BL, context), None
+            off = min(max(self.offload_layers - start, 0), n) if cache is None else 0
+            if off:
+                offloaded = checkpointed(layer, "custom", (), OFFLOAD_ALL)
+                x_BLD, _ = jax.lax.scan(offloaded, x_BLD, (part(layers, start, start + off),
+                                                           None))
+            if off < n:
+                kept = checkpointed(layer, self.remat, self.save, self.offload)
+                x_BLD, kv = jax.lax.scan(kept, x_BLD, (part(layers, start + off, start + n),
+                                                       part(per_layer, start + off, start + n,
+                                                            base=0)))
+                outputs.append(kv)
+            start += n
+        if len(outputs) == 1:
+            return x_BLD, outputs[0]
+        return x_BLD, jax.tree.map(lambda *a: jnp.concatenate(a), *outputs)
 
     def _pipelined(self, graphdef, layers, x_BLD, positions_BL, context):
         """The layers as a pipeline over the mesh axis that shards `layers`."""
@@ -380,12 +417,13 @@ class Transformer(nnx.Module):
 def logical_axes(state: nnx.State) -> dict:
     """Nested dict of logical axis names, parallel to `state`'s pure dict.
 
-    Parameters under `blocks` are stacked by `nnx.vmap` and gain the `layers` axis first.
+    Parameters under `blocks` (and `dense_blocks`) are stacked by `nnx.vmap` and gain the
+    `layers` axis first.
     """
     out: dict = {}
     for path, var in nnx.to_flat_state(state):
         axes = tuple(var.get_metadata()["logical_axes"])
-        if path and path[0] == "blocks":
+        if path and path[0] in ("blocks", "dense_blocks"):
             axes = ("layers", *axes)
         node = out
         for key in path[:-1]:

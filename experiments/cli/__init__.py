@@ -85,7 +85,7 @@ def build_parser() -> Parser:
 
     se = command("search", "every sharding of a config's model on its system, compiled and "
                  "ranked", studies.cmd_search, "config", "axes", "store", "workers", "budget",
-                 "calibration", "top", "json", "html", "quiet", backend="one")
+                 "calibration", "top", "json", "html", "out", "quiet", backend="one")
     se.add_argument("--vary", action="append", metavar="KEY=V1,V2",
                     help="also try these values of a key, e.g. train.remat=full,minimal")
     se.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
@@ -101,6 +101,9 @@ def build_parser() -> Parser:
                     help="re-time the stored programs without compiling")
     se.add_argument("--system", help="with --reestimate: time them on this system (same "
                                      "device count); kept in the store per system")
+    se.add_argument("--export", metavar="FRAMEWORK",
+                    help="also print the best config as maxtext's config keys or megatron's "
+                         "flags (as `export --to`; --out writes them to a file)")
 
     rs = command("results", "the ranking in a search's results store", studies.cmd_results,
                  "top", "json", "html", "quiet")
@@ -121,11 +124,12 @@ def build_parser() -> Parser:
                          "(instead of the config's; --axes, --store, --workers, --budget "
                          "shape the search)")
 
-    df = command("diff", "two run --json reports side by side: exit 1 when NEW adds "
-                 "communication or slows the step past the thresholds", commands.cmd_diff,
-                 "json")
-    df.add_argument("old", help="the report to compare with (e.g. the main branch's)")
-    df.add_argument("new", help="the report of the change")
+    df = command("diff", "two run --json reports (or two search stores) side by side: exit "
+                 "1 when NEW adds communication or slows the step past the thresholds",
+                 commands.cmd_diff, "json")
+    df.add_argument("old", help="the report (or results store) to compare with, e.g. the "
+                                "main branch's")
+    df.add_argument("new", help="the report (or results store) of the change")
     for what, default, help in (
             ("step", diff_mod.MAX_STEP_INCREASE, "step time"),
             ("bytes", diff_mod.MAX_BYTES_INCREASE,

@@ -40,13 +40,21 @@ def cmd_run(args) -> int:
         print("\n".join(format_scale_out(report, scale_out)))
     if args.json:
         write_json(args.json, {**report.to_dict(groups=args.groups), "scale_out": scale_out,
-                               "config": config})
+                               **model_params(exp), "config": config})
     if args.html:
         from sharding.html import render_html
 
         write_text(args.html, render_html(report, chip=exp.system.chip,
                                           compute_dtype=exp.precision.compute))
     return 0
+
+
+def model_params(exp) -> dict:
+    """The model's parameters, all (the embedding counted once when tied) and those a
+    token's matmuls touch: its experts, not the embedding table (the output projection
+    counted), as DeepSeek and OpenAI count "activated" parameters."""
+    return {"model_params": exp.model.param_count(),
+            "active_params": exp.model.active_param_count()}
 
 
 def cmd_fit(args) -> int:
@@ -86,7 +94,8 @@ def _run_all_backends(args, exp, config) -> int:
               + (f"; for its own compiler: {own.install}" if own else ""))
     if args.json:
         write_json(args.json, {"backends": [{**r.to_dict(groups=args.groups), "backend": b}
-                                            for b, r in reports], "config": config})
+                                            for b, r in reports], **model_params(exp),
+                               "config": config})
     return 0
 
 
@@ -206,17 +215,28 @@ def _first_sentence(path: Path, width: int = 72) -> str:
 def cmd_diff(args) -> int:
     from experiments import diff as diff_mod
 
-    old, new = diff_mod.load(args.old), diff_mod.load(args.new)
-    d = diff_mod.diff(old, new, max_step_increase=args.max_step_increase,
-                      max_bytes_increase=args.max_bytes_increase,
-                      max_memory_increase=args.max_memory_increase)
-    print(diff_mod.format_diff(d, args.old, args.new))
+    thresholds = {"max_step_increase": args.max_step_increase,
+                  "max_bytes_increase": args.max_bytes_increase,
+                  "max_memory_increase": args.max_memory_increase}
+    stores = [diff_mod.is_store(p) for p in (args.old, args.new)]
+    if stores[0] != stores[1]:
+        report, store = (args.new, args.old) if stores[0] else (args.old, args.new)
+        raise ConfigError(f"diff {args.old} {args.new}: {store} is a results store and "
+                          f"{report} is not; give two run --json reports or two stores "
+                          f"(`shardscope search CONFIG --store DB`)")
+    if all(stores):
+        d = diff_mod.diff_stores(diff_mod.load_store(args.old),
+                                 diff_mod.load_store(args.new), **thresholds)
+        print(diff_mod.format_store_diff(d, args.old, args.new))
+    else:
+        d = diff_mod.diff(diff_mod.load(args.old), diff_mod.load(args.new), **thresholds)
+        print(diff_mod.format_diff(d, args.old, args.new))
     if args.json:
         write_json(args.json, d.to_dict())
     return 0 if d.ok else 1
 
 
-def _emit(text: str, args) -> None:
+def emit(text: str, args) -> None:
     """To stdout, or to --out; a file already there (a user's) is kept unless --force."""
     if not args.out:
         print(text, end="")
@@ -236,7 +256,7 @@ def cmd_export(args) -> int:
         raise ConfigError(f"--to {args.to!r} is not a framework shardscope exports to; "
                           f"choose one of {', '.join(frameworks.FRAMEWORKS)}")
     exp = config_mod.load(args.config, args.set or [])
-    _emit(frameworks.export(exp, args.to), args)
+    emit(frameworks.export(exp, args.to), args)
     return 0
 
 
@@ -250,5 +270,5 @@ def cmd_import(args) -> int:
     if not args.out:
         raise ConfigError("import needs --out EXP.toml (the experiment config to write; its "
                           "name is the file's)")
-    _emit(importer.import_maxtext(args.source, args.overrides, args.system, args.out), args)
+    emit(importer.import_maxtext(args.source, args.overrides, args.system, args.out), args)
     return 0

@@ -87,6 +87,16 @@ def cmd_search(args) -> int:
     axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())
     vary = search_mod.parse_vary(args.vary or [])
     calibration = calibration_of(args)
+    if args.export:  # the flag's mistake before anything compiles
+        from experiments import frameworks
+
+        frameworks.check(exp, args.export, flag="search --export")
+        if args.out and Path(args.out).exists() and not args.force:
+            raise ConfigError(f"--out {args.out!r} exists; choose another name or add "
+                              f"--force to overwrite it")
+    elif args.out:
+        raise ConfigError("search --out writes the best config's settings: give --export "
+                          "maxtext|megatron with it, or leave --out out")
     not_tried = 0
     with _store(args.store) as store:
         if args.reestimate:
@@ -122,7 +132,30 @@ def cmd_search(args) -> int:
             title = exp.name
             not_tried = outcome.untried
     _ranking_outputs(args, results, title, not_tried)
+    if args.export:
+        _export_best(args, results)
     return 0
+
+
+def _export_best(args, results) -> None:
+    """The fastest config that fits as the framework's settings (`search --export`)."""
+    from experiments import config as config_mod
+    from experiments import frameworks, ranking
+    from experiments.cli.commands import emit
+
+    ranked = ranking.ranking(results)
+    if not ranked:
+        raise ConfigError(f"search --export {args.export}: no config ran and fit, so none is "
+                          f"the best; allow more mesh axes (--axes) or more memory savings "
+                          f"(--vary train.remat=full)")
+    best = ranked[0]
+    config = dict(best.config)
+    if best.retimed_on:  # re-estimated on another system: the run is on that one
+        config["system"] = {"name": best.retimed_on}
+    text = frameworks.export(config_mod.from_dict(config), args.export)
+    if not args.out:
+        print(f"\nthe best, {best.name}, as {args.export}'s settings:")
+    emit(f"# shardscope search: the best of {len(results)} configs, {best.name}\n{text}", args)
 
 
 def _ranking_outputs(args, results, title: str, untried: int = 0) -> None:

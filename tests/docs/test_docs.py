@@ -114,7 +114,7 @@ def test_the_readme_shows_commands_of_every_kind():
     steps = [s for g in build.groups((REPO / "README.md").read_text()) for s in g.steps]
     shown = " ".join(s.text for s in steps if s.kind == "sh")
     for sub in ("run", "configs", "systems", "models", "inspect", "validate", "calibrate",
-                "search", "results", "compare"):
+                "search", "results", "compare", "diff"):
         assert f"shardscope {sub}" in shown, sub
     assert any(s.kind == "python" for s in steps)
 

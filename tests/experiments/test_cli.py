@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import models
 from experiments import cli
 from experiments.cli.flags import power as parse_power
 from tests.conftest import DATA, REPO
@@ -55,6 +56,10 @@ def test_run_prints_report_and_writes_json(tmp_path, capsys, cpu_devices):
                                           "context_mode": "ring", "sequence_parallel": False,
                                           "outer": ""}
     assert d["config"]["model"]["n_layers"] == 2 and d["config"]["train"]["remat"] == "full"
+    # the model's parameters: the tiny preset's, all of them and those a token touches
+    tiny = models.preset("tiny")
+    assert (d["model_params"], d["active_params"]) == (tiny.param_count(),
+                                                       tiny.active_param_count())
     assert d["compiler"].startswith("XLA:CPU")
     assert d["config"]["backend"] == "cpu" and d["config"]["tool_version"] == "0.1.0"
 

@@ -72,3 +72,97 @@ def test_what_is_not_a_report_is_one_line(tmp_path, capsys, report):
         assert cli.main(["diff", str(good), str(tmp_path / bad)]) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1 and "run CONFIG --json" in err
+
+
+def test_json_lists_regressions_and_changes(tmp_path, capsys, report):
+    new = copy.deepcopy(report)
+    new["step_time_s"] *= 1.02  # moved, within the 5% threshold
+    new["collectives"].append({**new["collectives"][0], "kind": "all-gather",
+                               "mesh_axes": ["fsdp"]})
+    code, _ = _diff(tmp_path, capsys, report, new, "--json", str(tmp_path / "d.json"))
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert code == 1
+    assert [r["what"] for r in d["regressions"]] == ["all-gather over fsdp"]
+    assert {c["what"] for c in d["changes"]} == {"step time", "all-gather over fsdp"}
+
+
+# --- two results stores (search --store) -------------------------------------------------
+
+def _store(path, rows):
+    """A results store of (name, status, report) rows, as a search writes them."""
+    from experiments.store import Result, Store
+
+    with Store(path) as s:
+        for i, (name, status, rep) in enumerate(rows):
+            s.add(Result(config_hash=f"hash-{name}", tool_version="t", backend="cpu",
+                         search="tiny", name=name, config={}, parallelism={}, varied={},
+                         status=status, message="" if rep else "does not fit: 90 GB",
+                         step_time_s=rep and rep["step_time_s"], report=rep, created=i + 1.0))
+    return str(path)
+
+
+def test_identical_stores_pass_and_a_gained_all_gather_fails(tmp_path, capsys, report):
+    rows = [("tiny-data8", "ok", report), ("tiny-data4-tensor2", "ok", report),
+            ("tiny-tensor8", "refused", None)]
+    old = _store(tmp_path / "old.sqlite", rows)
+    same = _store(tmp_path / "same.sqlite", rows)
+    capsys.readouterr()
+    assert cli.main(["diff", old, same]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("3 configs in both, 0 only in old, 0 only in new")
+    assert "tiny-data8: the same" in out and "tiny-tensor8: refused in both" in out
+    assert out[-1] == "ok: within the thresholds"
+
+    gathered = copy.deepcopy(report)
+    gathered["collectives"].append({**report["collectives"][0], "kind": "all-gather",
+                                    "mesh_axes": ["fsdp"], "bytes": 2**20, "count": 2})
+    new = _store(tmp_path / "new.sqlite", [("tiny-data8", "ok", report),
+                                           ("tiny-data4-tensor2", "ok", gathered),
+                                           ("tiny-data2-tensor4", "ok", report)])
+    assert cli.main(["diff", old, new, "--json", str(tmp_path / "d.json")]) == 1
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "all-gather over fsdp" in ln)
+    assert "2.10 MB" in line and "FAIL new in this report" in line  # 1 MiB x 2 per step
+    assert "only in old: tiny-tensor8" in out and "only in new: tiny-data2-tensor4" in out
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert d["failures"] == ["tiny-data4-tensor2: all-gather over fsdp: new in this report"]
+    assert [(r["config"], r["what"]) for r in d["regressions"]] == \
+        [("tiny-data4-tensor2", "all-gather over fsdp")]
+    assert d["only_in_new"] == ["tiny-data2-tensor4"]
+
+
+def test_a_config_that_stops_running_fails_and_names_match_across_hashes(tmp_path, capsys,
+                                                                          report):
+    old = _store(tmp_path / "old.sqlite", [("tiny-data8", "ok", report)])
+    # The change added a config key (every hash differs): matched by name; now pruned.
+    new = tmp_path / "new.sqlite"
+    _store(new, [("tiny-data8", "refused", None)])
+    import sqlite3
+
+    with sqlite3.connect(new) as db:
+        db.execute("UPDATE results SET config_hash = 'another'")
+    capsys.readouterr()
+    assert cli.main(["diff", old, str(new)]) == 1
+    out = capsys.readouterr().out
+    assert "tiny-data8: ok -> refused  FAIL ran in OLD, refused in NEW: does not fit" in out
+    assert cli.main(["diff", str(new), old]) == 0  # it runs again: a change, not a failure
+    assert "tiny-data8: refused -> ok" in capsys.readouterr().out
+
+
+def test_a_store_and_a_report_or_another_sqlite_file_are_one_line(tmp_path, capsys, report):
+    import sqlite3
+
+    store = _store(tmp_path / "s.sqlite", [("tiny-data8", "ok", report)])
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE t (a)")
+    before = other.read_bytes()
+    for args, says in (([store, str(tmp_path / "r.json")], "give two run --json reports "
+                                                           "or two stores"),
+                       ([store, str(other)], "not a results store (no results table)")):
+        capsys.readouterr()
+        assert cli.main(["diff", *args]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1
+    assert other.read_bytes() == before  # read, never written

@@ -1,6 +1,8 @@
 """`shardscope export` / `import maxtext` (experiments/frameworks.py, importer.py): config
 transformations only, nothing compiled."""
 
+import dataclasses
+
 import pytest
 
 from experiments import config
@@ -45,6 +47,20 @@ def test_maxtext_export_then_import_gives_the_experiment_back(name, tmp_path, ca
     assert b.model == a.model
     assert (b.precision.params, b.precision.compute) == (a.precision.params,
                                                          a.precision.compute)
+
+
+def test_fused_projections_go_out_and_back_under_maxtexts_names(tmp_path, capsys):
+    # Megatron's fused QKV and gate/up are MaxText's fused_qkv and fused_mlp
+    name = "experiments/validation/llama3-8b-gb300-8-dp8.toml"
+    yml, back = tmp_path / "x.yml", tmp_path / "back.toml"
+    code, _, err = run_cli(["export", name, "--to", "maxtext", "--out", str(yml)], capsys)
+    assert code == 0, err
+    keys = _lines(yml.read_text())
+    assert (keys["model_name"], keys["fused_qkv"], keys["fused_mlp"]) == ("llama3-8b", "true",
+                                                                        "true")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--out", str(back)], capsys)
+    assert code == 0, err
+    assert config.load(back).model == config.load(name).model
 
 
 def test_maxtext_export_splits_ici_and_dcn(capsys):
@@ -108,6 +124,7 @@ def test_megatron_says_what_it_cannot_express(capsys):
     assert "# parallelism.fsdp=8: FSDP has no Megatron equivalent beyond the distributed " \
            "optimizer" in out
     assert "--recompute-granularity full" in out
+    assert "Megatron always fuses QKV (linear_qkv) and gate/up (linear_fc1)" in out
     out = _export(capsys, "tpu-recipes-v6e-8-llama3-8b", "--to", "megatron")
     assert "# train.remat='custom'" in out  # the offloaded names, said not dropped
 
@@ -202,3 +219,29 @@ def test_import_reads_maxtext_defaults_as_its_base_yml_has_them(tmp_path, capsys
         (2, 256, 1024)
     assert (exp.train.remat, exp.train.save) == ("custom", ("query_proj", "key_proj",
                                                             "value_proj"))
+
+
+def test_latent_attention_and_dense_layers_export_and_come_back(tmp_path, capsys):
+    # DeepSeek-V3's shape from its config.json, 5 layers (not the preset, so every key is
+    # written): MaxText's attention_type mla keys and first_num_dense_layers round-trip;
+    # Megatron's flags name the same shape.
+    hf = config.BUNDLED / "hf" / "deepseek-v3.json"
+    toml = tmp_path / "ds.toml"
+    toml.write_text(f'name = "ds"\n[model]\nhf_config = "{hf}"\nn_layers = 5\n'
+                    f'[system]\nname = "tpu-v5p:2x2x2"\n[parallelism]\nfsdp = 8\n'
+                    f'[workload]\nseq_len = 4096\nglobal_batch = 8\n')
+    keys = _lines(_export(capsys, str(toml), "--to", "maxtext"))
+    assert (keys["attention_type"], keys["kv_lora_rank"], keys["first_num_dense_layers"],
+            keys["base_mlp_dim"], keys["base_moe_mlp_dim"]) == ("mla", "512", "3", "18432",
+                                                                "2048")
+    yml, back = tmp_path / "x.yml", tmp_path / "back.toml"
+    assert run_cli(["export", str(toml), "--to", "maxtext", "--out", str(yml)], capsys)[0] == 0
+    assert run_cli(["import", "maxtext", str(yml), "--out", str(back)], capsys)[0] == 0
+    a, b = config.load(toml).model, config.load(back).model
+    assert b == dataclasses.replace(a, name="custom")
+    flags = _export(capsys, str(toml), "--to", "megatron")
+    for flag in ("--multi-latent-attention", "--q-lora-rank 1536", "--kv-lora-rank 512",
+                 "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128",
+                 "--moe-layer-freq ([0]*3+[1]*2)", "--moe-ffn-hidden-size 2048",
+                 "--ffn-hidden-size 18432"):
+        assert flag in flags.splitlines()

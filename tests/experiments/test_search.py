@@ -119,6 +119,76 @@ def test_a_killed_search_resumes_with_every_row_once(tmp_path, capsys, whole):
     assert sqlite3.connect(killed).execute("SELECT COUNT(*) FROM results").fetchone()[0] == 4
 
 
+def test_export_writes_the_best_config_as_the_frameworks_settings(tmp_path, capsys, whole):
+    store = tmp_path / "s.sqlite"
+    shutil.copy(whole, store)  # every config already there: nothing compiles
+    _export_search(store, capsys, "--json", str(tmp_path / "s.json"))
+    best = json.loads((tmp_path / "s.json").read_text())["best"]
+    assert best["name"] == "tiny-h100-dp-tp-data8"  # (in `whole`'s ranking, fastest)
+    yml = tmp_path / "best.yml"
+    out = _export_search(store, capsys, "--export", "maxtext", "--out", str(yml))
+    assert f"wrote {yml}" in out
+    assert "# shardscope search: the best of 4 configs, tiny-h100-dp-tp-data8" in \
+        yml.read_text()
+    assert cli.main(["import", "maxtext", str(yml), "--out", str(tmp_path / "b.toml")]) == 0
+    back = load(tmp_path / "b.toml")
+    assert back.parallelism.sizes() == {**dict.fromkeys(back.parallelism.sizes(), 1),
+                                        **best["parallelism"]}
+    out = _export_search(store, capsys, "--export", "megatron")
+    flags = out.split("as megatron's settings:\n", 1)[1]
+    assert "--tensor-model-parallel-size 1" in flags and "--micro-batch-size 2" in flags
+    # 16 sequences over data 8: 2 per GPU; no tensor parallelism in the best
+
+
+def _export_search(store, capsys, *extra):
+    capsys.readouterr()
+    code = cli.main(["search", TINY, "--store", str(store), "--axes", "data,tensor",
+                     "--quiet", *extra])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def test_diff_of_two_search_stores(tmp_path, capsys, whole):
+    # The same search twice: every config matched by its hash, nothing moved.
+    capsys.readouterr()
+    assert cli.main(["diff", str(whole), str(whole)]) == 0
+    assert "4 configs in both, 0 only in old, 0 only in new" in capsys.readouterr().out
+    # The change's search gathers a weight in one config: that config fails the gate.
+    new = tmp_path / "new.sqlite"
+    shutil.copy(whole, new)
+    with sqlite3.connect(new) as db:
+        (report,) = db.execute("SELECT report FROM results WHERE name = "
+                               "'tiny-h100-dp-tp-data4-tensor2'").fetchone()
+        report = json.loads(report)
+        report["collectives"].append({**report["collectives"][0], "kind": "all-gather",
+                                      "mesh_axes": ["tensor"]})
+        db.execute("UPDATE results SET report = ? WHERE name = "
+                   "'tiny-h100-dp-tp-data4-tensor2'", (json.dumps(report),))
+    assert cli.main(["diff", str(whole), str(new), "--json", str(tmp_path / "d.json")]) == 1
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert [(r["config"], r["what"]) for r in d["regressions"]] == \
+        [("tiny-h100-dp-tp-data4-tensor2", "all-gather over tensor")]
+
+
+def test_export_mistakes_are_one_line_before_any_compile(tmp_path, capsys):
+    store = tmp_path / "s.sqlite"
+    (tmp_path / "mine.yml").write_text("keep: me\n")
+    for extra, says in ((["--export", "keras"], "search --export 'keras' is not a framework "
+                                                "shardscope exports to; choose one of "
+                                                "maxtext, megatron"),
+                        (["--out", "x.yml"], "give --export maxtext|megatron with it"),
+                        (["--export", "maxtext", "--out", str(tmp_path / "mine.yml")],
+                         "exists; choose another name or add --force"),
+                        (["--export", "megatron", "--set", "workload.kind=prefill"],
+                         "writes a training run's settings; workload.kind='prefill'")):
+        capsys.readouterr()
+        assert cli.main(["search", TINY, "--store", str(store), *extra]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+    assert not store.exists() and (tmp_path / "mine.yml").read_text() == "keep: me\n"
+
+
 @pytest.mark.slow
 def test_a_compiler_abort_is_that_configs_error_and_the_search_goes_on(tmp_path,
                                                                        monkeypatch):

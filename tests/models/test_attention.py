@@ -13,8 +13,9 @@ def test_flash_attention_matches_dense_values_and_gradients():
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.normal(size=(2, 64, 2, 3, 8)), jnp.float32)
     k = jnp.asarray(rng.normal(size=(2, 64, 2, 8)), jnp.float32)
-    v = jnp.asarray(rng.normal(size=(2, 64, 2, 8)), jnp.float32)
-    do = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+    # values narrower than queries and keys, as multi-head latent attention's (models/mla.py)
+    v = jnp.asarray(rng.normal(size=(2, 64, 2, 6)), jnp.float32)
+    do = jnp.asarray(rng.normal(size=(*q.shape[:-1], 6)), jnp.float32)
     # Each compiled once (jax.jit) rather than run op by op.
     flash = jax.jit(lambda q, k, v: flash_attention(q, k, v, block=16))
     np.testing.assert_allclose(flash(q, k, v), jax.jit(dense_attention)(q, k, v), atol=1e-5)

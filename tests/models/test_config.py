@@ -16,8 +16,12 @@ def test_preset_parameter_counts_match_the_model_cards(name, billions):
 
 
 def test_analytic_count_equals_the_built_model():
+    mla = models.preset("tiny", n_kv_heads=4, n_experts=4, experts_per_token=2,
+                        n_shared_experts=1, n_dense_layers=1, dense_d_ff=96, kv_lora_rank=32,
+                        q_lora_rank=24, qk_rope_dim=8, v_head_dim=12, n_layers=3)
     for cfg in (models.preset("tiny"), models.preset("tiny", mlp="gelu", norm="layernorm",
-                                                     positions="learned", tie_embeddings=True)):
+                                                     positions="learned", tie_embeddings=True),
+                mla, models.preset("tiny", n_kv_heads=4, kv_lora_rank=32, qk_rope_dim=8)):
         model = nnx.eval_shape(lambda cfg=cfg: models.make_model(cfg, models.Precision()))
         state = nnx.state(model, nnx.Param)
         assert sum(x.size for x in jax.tree.leaves(state)) == cfg.param_count()
@@ -37,3 +41,15 @@ def test_preset_overrides_and_bad_fields():
     with pytest.raises(ValueError, match="model.n_heads=6 is not a multiple of model.n_kv_heads=4"):
         models.ModelConfig(n_layers=1, d_model=8, n_heads=6, n_kv_heads=4, head_dim=2, d_ff=8,
                            vocab=8)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"kv_lora_rank": 32, "qk_rope_dim": 8}, "model.n_kv_heads=2: multi-head latent attention"),
+    ({"n_kv_heads": 4, "kv_lora_rank": 32}, "model.qk_rope_dim=0: multi-head latent"),
+    ({"q_lora_rank": 16}, "model.q_lora_rank=16 belongs to multi-head latent attention"),
+    ({"n_dense_layers": 1}, "model.n_dense_layers=1 needs a mixture of experts"),
+    ({"n_experts": 4, "dense_d_ff": 64}, "model.dense_d_ff=64 is the hidden width of the first"),
+])
+def test_latent_attention_and_dense_layer_fields_are_checked(fields, message):
+    with pytest.raises(ValueError, match=message):
+        models.preset("tiny", **fields)

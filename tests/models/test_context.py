@@ -13,17 +13,19 @@ H100 = meshes.get_system("h100:8")
 F32 = 4
 
 
-@pytest.mark.parametrize("par, mode, compute, rel", [
-    ({"data": 2, "sequence": 4}, "ring", "float32", 1e-5),
-    ({"data": 2, "sequence": 4}, "allgather", "float32", 1e-5),
-    ({"sequence": 2, "tensor": 2, "data": 2}, "ring", "bfloat16", 2e-3),
-    ({"sequence": 2, "pipeline": 2, "data": 2}, "ring", "float8", 2e-3),
+@pytest.mark.parametrize("par, mode, compute, rel, fused", [
+    ({"data": 2, "sequence": 4}, "ring", "float32", 1e-5, False),
+    ({"data": 2, "sequence": 4}, "allgather", "float32", 1e-5, False),
+    ({"sequence": 2, "tensor": 2, "data": 2}, "ring", "bfloat16", 2e-3, True),
+    ({"sequence": 2, "pipeline": 2, "data": 2}, "ring", "float8", 2e-3, True),
 ])
-def test_context_parallel_attention_matches_unsharded(cpu_devices, par, mode, compute, rel):
+def test_context_parallel_attention_matches_unsharded(cpu_devices, par, mode, compute, rel,
+                                                      fused):
     # Zigzag ring (and all-gather) attention over the `sequence` axis computes the loss of
     # the unsharded model, in f32 exactly (and the same update), in bf16 with tensor
-    # parallelism and in FP8 inside a pipeline.
-    cfg = models.preset("tiny")
+    # parallelism and in FP8 inside a pipeline (whose context ranks hold their own copies
+    # of the layer weights), with Megatron's fused QKV and gate/up weights.
+    cfg = models.preset("tiny", fused_qkv=fused, fused_mlp=fused)
     (loss1, p1), (loss2, p2) = train_both_ways(
         cfg, par, seed=1, token_seed=0, seq_len=32, global_batch=8, microbatches=2,
         remat="full", compute=compute, context_mode=mode)
@@ -66,3 +68,26 @@ def test_context_parallelism_exchanges_keys_and_values_once_per_step(cpu_devices
         assert {c.bytes for c in sums} == {cp * block}
         assert sum(c.count for c in sums) == 2 * cfg.n_layers
         assert not [c for c in seq if c.kind == "collective-permute"]
+
+
+def test_pipelined_context_ranks_sum_weight_gradients_once_per_step(cpu_devices):
+    # Megatron sums the weight gradients over the context-parallel ranks once per step,
+    # with the data-parallel ones. Summed where SPMD puts them, inside the pipeline's loop,
+    # they would run at every tick (M V + P - 1 of them). Here every sum over `sequence`
+    # runs once, and each of the layers' 9 stacked weights (a SwiGLU RMSNorm layer: 2
+    # norms, q, k, v, out, gate, up, down) is summed over data and sequence in one.
+    cfg = tiny()
+    mesh = sharding.make_mesh(H100, {"data": 2, "sequence": 2, "pipeline": 2})
+    prog = models.build_train_program(
+        cfg, mesh, sharding.default_rules(),
+        workload=models.Workload(seq_len=64, global_batch=8, microbatches=4),
+        precision=models.Precision(params="bfloat16", compute="bfloat16"),
+        train=models.Train(remat="none"))
+    assert prog.pipeline.ticks == 4 + 2 - 1
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    sums = [c for c in rep.collectives
+            if c.kind in ("all-reduce", "reduce-scatter") and "sequence" in c.mesh_axes]
+    assert sums and {c.count for c in sums} == {1}
+    layer_sums = [c for c in sums if c.mesh_axes == ("data", "sequence")
+                  and "gradient_sum" in c.op_name]
+    assert len(layer_sums) == 9

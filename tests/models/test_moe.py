@@ -12,6 +12,8 @@ import pytest
 import meshes
 import models
 import sharding
+from experiments import config as config_mod
+from models import hf
 from models.moe import capacity, route, routing_group_size
 from tests.steps import train_both_ways, train_program
 
@@ -19,7 +21,7 @@ from tests.steps import train_both_ways, train_program
 @pytest.mark.parametrize("name, total, active", [
     # Published totals / active parameters (model cards; workloads.md).
     ("mixtral-8x7b", 46.7, 12.9), ("mixtral-8x22b", 141, 39), ("gpt-oss-120b", 116.8, 5.1),
-    ("qwen3-235b-a22b", 235, 22),
+    ("qwen3-235b-a22b", 235, 22), ("deepseek-v3", 671, 37),
 ])
 def test_moe_presets_match_the_model_cards(name, total, active):
     cfg = models.preset(name)
@@ -27,17 +29,12 @@ def test_moe_presets_match_the_model_cards(name, total, active):
     assert cfg.active_param_count() / 1e9 == pytest.approx(active, rel=0.05)
 
 
-def test_deepseek_v3_overcount_is_the_documented_one():
-    # Modelled: every layer MoE, GQA-shaped attention (config.py). The card's 671B has 3
-    # dense layers (d_ff 18432) and MLA attention (187M per layer): remove our extra.
-    cfg = models.preset("deepseek-v3")
-    d = cfg.d_model
-    extra_moe = 3 * (3 * d * cfg.d_ff * (cfg.n_experts + 1) + d * cfg.n_experts
-                     - 3 * d * 18432)
-    mla = (d * 1536 + 1536 * 128 * 192 + d * 576 + 512 * 128 * 256 + 128 * 128 * d + 512 + 1536)
-    ours = d * 128 * 128 * 2 + 2 * d * 4 * 128
-    corrected = cfg.param_count() - extra_moe - cfg.n_layers * (ours - mla)
-    assert corrected / 1e9 == pytest.approx(671, rel=0.01)
+def test_deepseek_v3_preset_is_its_released_config():
+    # MLA, 3 dense first layers, 1 shared expert: the model its config.json describes
+    # (tests/models/test_hf.py checks that one's counts against the model card).
+    fields, _ = hf.load(config_mod.BUNDLED / "hf" / "deepseek-v3.json")
+    assert models.preset("deepseek-v3") == models.ModelConfig(**{**fields,
+                                                                 "name": "deepseek-v3"})
 
 
 def test_routing_keeps_first_choices_first_and_drops_beyond_capacity():
