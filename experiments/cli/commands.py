@@ -1,5 +1,5 @@
-"""The commands about one config or one thing: run, inspect, export, import, systems, models,
-configs."""
+"""The commands about one config or one thing: run, measure, inspect, export, import,
+systems, models, configs."""
 
 from __future__ import annotations
 
@@ -46,6 +46,32 @@ def cmd_run(args) -> int:
 
         write_text(args.html, render_html(report, chip=exp.system.chip,
                                           compute_dtype=exp.precision.compute))
+    return 0
+
+
+def cmd_measure(args) -> int:
+    from experiments import config as config_mod
+    from experiments import measure
+
+    exp = config_mod.load(args.config, args.set or [])
+    if args.out and Path(args.out).exists() and not args.force:  # before the run, not after
+        raise ConfigError(f"--out {args.out!r} exists; choose another name or add --force to "
+                          f"overwrite it")
+    procs = measure.start_processes(exp, coordinator=args.coordinator,
+                                    num_processes=args.num_processes,
+                                    process_id=args.process_id)
+    with progress_sink(args):
+        m = measure.measure(exp, steps=args.steps, warmup=args.warmup,
+                            profile_dir=args.profile, calibration=calibration_of(args),
+                            processes=procs)
+    if procs.index != 0:  # the others print their loss; process 0 writes
+        print(f"process {procs.index}: loss " + " ".join(f"{x:.4f}" for x in m.loss or ()))
+        return 0
+    print(m.format())
+    if args.json:
+        write_json(args.json, m.to_dict())
+    if args.out:
+        write_text(args.out, measure.to_toml(exp, m), flag="--out")
     return 0
 
 
