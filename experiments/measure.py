@@ -215,10 +215,15 @@ def _peak_memory(devices) -> float | None:
 
 
 def _backend_version(device) -> str:
+    """The runtime's own version (CUDA's, libtpu's), or jaxlib's for the CPU's."""
+    import jaxlib
+
     try:
-        return str(device.client.platform_version).strip()
+        version = str(device.client.platform_version).strip()
     except AttributeError:
-        return ""
+        version = ""
+    return version if version and version != device.platform else \
+        f"jaxlib {jaxlib.__version__}"
 
 
 def _profile(directory: str, hlo_text: str, steps: int):
@@ -299,7 +304,8 @@ class Measurement:
         from experiments.cli.output import format_columns
         from sharding.units import fmt_bytes, fmt_s
 
-        on = (f"{self.devices} {self.backend.upper()} devices ({self.device_kind})"
+        kind = f" ({self.device_kind})" if self.device_kind != self.backend else ""
+        on = (f"{self.devices} {self.backend.upper()} devices{kind}"
               + (f" in {self.process_count} processes" if self.process_count > 1 else ""))
         asked = f" (the config asks for {self.asked_system})" \
             if self.asked_system != self.system else ""
@@ -342,10 +348,11 @@ def to_toml(exp: Experiment, m: Measurement) -> str:
                           f"{len(m.step_times_s)} steps",
                 "evidence": "shardscope measure", "host": m.host, "date": m.date,
                 "jax_version": m.jax_version,
-                "backend": f"{m.backend} {m.device_kind}".strip(),
+                "backend": m.backend if m.device_kind == m.backend
+                else f"{m.backend} {m.device_kind}",
                 "backend_version": m.backend_version}
     lines = [f"# Measured by `shardscope measure` on {m.host} on {m.date}: {m.devices} "
-             f"{m.backend.upper()} devices ({m.device_kind}), {m.process_count} process(es).",
+             f"{m.backend.upper()} devices ({m.device_kind}), processes: {m.process_count}.",
              f"# The config asked for {m.asked_system}.", f"name = {_toml_value(raw['name'])}"]
     for table in ("model", "system", "parallelism", "workload", "precision", "train"):
         lines += ["", f"[{table}]"]

@@ -87,7 +87,8 @@ def cache_path() -> Path:
     return Path(root) / "shardscope" / CACHE_NAME
 
 
-def _read_cache() -> dict:
+def read_cache() -> dict:
+    """The cache file's contents for this host ({} when it has none)."""
     try:
         d = json.loads(cache_path().read_text())
     except (OSError, ValueError):
@@ -97,7 +98,7 @@ def _read_cache() -> dict:
 
 def cached_rates(devices: int) -> HostRates | None:
     """This host's rates for `devices` fake devices from the cache, None when it has none."""
-    entry = _read_cache().get("rates", {}).get(str(devices))
+    entry = read_cache().get("rates", {}).get(str(devices))
     try:
         return HostRates.from_dict(entry) if entry else None
     except (KeyError, TypeError, ValueError):
@@ -110,7 +111,7 @@ def host_rates(devices: int, *, refresh: bool = False) -> HostRates:
     rates = None if refresh else cached_rates(devices)
     if rates is None:
         rates = benchmark(devices)
-        cache = _read_cache() or {"host": rates.host, "rates": {}}
+        cache = read_cache() or {"host": rates.host, "rates": {}}
         cache["rates"][str(devices)] = rates.to_dict()
         try:
             cache_path().parent.mkdir(parents=True, exist_ok=True)

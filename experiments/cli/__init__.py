@@ -10,6 +10,7 @@ compare); `output.py` files, tables and progress.
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 import tomllib
@@ -17,8 +18,11 @@ import tomllib
 # Before JAX is imported: compile on fake CPU devices, never probe for accelerators. XLA's
 # C++ log lines are captured around each compile (sharding.compiler.capture_stderr) and the
 # useful ones shown in the report.
-# `measure` runs on the devices present: JAX looks for them unless told (JAX_PLATFORMS).
-if next((a for a in sys.argv[1:] if not a.startswith("-")), "") != "measure":
+# `measure` runs on the devices present: where a GPU or TPU is attached, JAX looks for it
+# (unless JAX_PLATFORMS says otherwise).
+_ACCELERATOR_FILES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
+if next((a for a in sys.argv[1:] if not a.startswith("-")), "") != "measure" or \
+        not any(glob.glob(p) for p in _ACCELERATOR_FILES):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from experiments.cli import commands, studies  # noqa: E402

@@ -160,6 +160,7 @@ def cmd_systems(args) -> int:
         print(name)
         for field, value in [*s.describe(), *power_of(s.family.name, s.chip)]:
             print(f"  {field:<11}{value}")
+    print(_host_cpu_lines())
     print("\nSizes: GPUs by count (NVL72: up to 72, or whole racks); TPUs by torus shape, "
           "'*N' for N slices over DCN.\nA TPU7x chip shows as two JAX devices; "
           "parallelism sizes count devices.")
@@ -169,6 +170,23 @@ def cmd_systems(args) -> int:
         print(f"  {name:<28}{value:<10.4g}(uncalibrated {PARAMETERS[name][2]:g}; "
               f"{PARAMETERS[name][3]})")
     return 0
+
+
+def _host_cpu_lines() -> str:
+    """host-cpu:N, with the figures this host's cache holds (nothing is measured here)."""
+    from meshes.host import HostCpuSystem, cache_path, cached_rates, read_cache
+
+    counts = sorted(int(n) for n in read_cache().get("rates", {}))
+    lines = ["host-cpu:N"]
+    for n in counts:
+        rates = cached_rates(n)
+        if rates is not None:
+            lines += [f"  {f:<11}{v}" for f, v in HostCpuSystem(n, rates).describe()]
+    if not counts:
+        lines.append(f"  {'device':<11}this host's CPU as N fake devices; its rates are "
+                     f"measured on first use (shardscope measure, or run on host-cpu:N) and "
+                     f"kept in {cache_path()}")
+    return "\n".join(lines)
 
 
 def cmd_models(args) -> int:

@@ -45,7 +45,7 @@ def _group(page: str, name: str):
 @pytest.mark.parametrize("page,group", GROUPS, ids=[f"{p}-{g}" for p, g in GROUPS])
 def test_every_command_runs_and_prints_what_it_shows(page, group, tmp_path):
     (tmp_path / "experiments").symlink_to(REPO / "experiments")
-    env = build.environment()  # as a user's shell has it: no JAX_PLATFORMS
+    env = build.environment(tmp_path)  # as a user's shell has it: no JAX_PLATFORMS
     for step in _group(page, group).steps:
         argv = build.argv(step, tmp_path)  # writes a script; None: a later command runs it
         if argv is None:
