@@ -149,11 +149,12 @@ def measure(exp: Experiment, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAUL
     args, _ = _steps(compiled, args, warmup, step.serving)
     args, timed = _steps(compiled, args, steps, step.serving)
     trace = None
-    if profile_dir is not None:
+    if profile_dir is not None and processes.index == 0:
         with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
             args, _ = _steps(compiled, args, steps, step.serving)
-        trace = _profile(profile_dir, compiled.as_text(), steps) if processes.index == 0 \
-            else None
+        trace = _profile(profile_dir, compiled.as_text(), steps)
+    elif profile_dir is not None:  # the others run the steps with it, and write nothing
+        args, _ = _steps(compiled, args, steps, step.serving)
     report = None
     if processes.index == 0 and estimate:
         report = runner.analyze_step(run, step, mesh, calibration=calibration,
