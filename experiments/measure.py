@@ -27,7 +27,6 @@ from experiments.config import ConfigError, Experiment
 
 DEFAULT_STEPS = 5
 DEFAULT_WARMUP = 2
-_MULTI_PROCESS_ENV = ("SLURM_NTASKS", "JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +50,7 @@ def start_processes(exp: Experiment, *, coordinator: str | None = None,
         raise ConfigError("multi-host measure needs all three of --coordinator HOST:PORT, "
                           "--num-processes N and --process-id I (or none, to let JAX read "
                           "SLURM's or the TPU pod's environment)")
-    detected = any(os.environ.get(k) for k in _MULTI_PROCESS_ENV) and not any(given) and \
-        int(os.environ.get("SLURM_NTASKS", "2")) > 1
+    launched = 0 if any(given) else _launched_processes()
     count = num_processes or 1
     # CPU devices of several processes talk over gloo (no effect on GPU and TPU devices)
     try:
@@ -66,13 +64,25 @@ def start_processes(exp: Experiment, *, coordinator: str | None = None,
         _local_cpu_devices(exp, num_processes)
         jax.distributed.initialize(coordinator_address=coordinator,
                                    num_processes=num_processes, process_id=process_id)
-    elif detected:
-        jax.distributed.initialize()
-        count = jax.process_count()
-        _local_cpu_devices(exp, count)
+    elif launched > 1:
+        _local_cpu_devices(exp, launched)
+        jax.distributed.initialize()  # JAX reads the launcher's environment itself
+        count = launched
     else:
         _local_cpu_devices(exp, 1)
     return Processes(jax.process_count(), jax.process_index()) if count > 1 else Processes()
+
+
+def _launched_processes() -> int:
+    """How many processes a launcher started, from the environment JAX also reads: a SLURM
+    job's tasks, a Cloud TPU pod's workers, JAX_NUM_PROCESSES; 1 otherwise."""
+    env = os.environ
+    for count in (env.get("JAX_NUM_PROCESSES"), env.get("SLURM_NTASKS"),
+                  str(len(env["TPU_WORKER_HOSTNAMES"].split(",")))
+                  if env.get("TPU_WORKER_HOSTNAMES") else None):
+        if count and count.isdigit() and int(count) > 1:
+            return int(count)
+    return 1
 
 
 def _local_cpu_devices(exp: Experiment, processes: int) -> None:
@@ -114,9 +124,10 @@ def system_for(exp: Experiment, kind: str, device_kind: str = ""):
     if want != kind:
         raise ConfigError(
             f"system.name={exp.system.name!r} is a {want.upper()} system but the devices "
-            f"here are {kind.upper()}s ({device_kind or kind}); measure it where its "
-            f"{want.upper()}s are, or --set system.name= a {kind.upper()} system of "
-            f"{exp.system.num_devices} devices")
+            f"here are {kind.upper()}s ({device_kind or kind}); run measure where its "
+            f"{want.upper()}s are, or give the config a {kind.upper()} system of "
+            f"{exp.system.num_devices} devices (--set system.name=...; `shardscope "
+            f"systems` lists them)")
     return exp.system
 
 

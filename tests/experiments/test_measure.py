@@ -118,6 +118,18 @@ def test_accelerators_of_another_kind_are_refused():
     assert measure.system_for(exp, "gpu", "NVIDIA H100") is exp.system
 
 
+def test_processes_a_launcher_started_are_read_from_its_environment(monkeypatch):
+    for key in ("JAX_NUM_PROCESSES", "SLURM_NTASKS", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(key, raising=False)
+    assert measure._launched_processes() == 1
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host TPU VM
+    assert measure._launched_processes() == 1
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2,10.0.0.3,10.0.0.4,10.0.0.5")
+    assert measure._launched_processes() == 4
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    assert measure._launched_processes() == 2
+
+
 def test_measure_flag_mistakes_are_one_line(tmp_path, capsys):
     out = tmp_path / "run.toml"
     out.write_text("mine\n")
