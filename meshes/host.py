@@ -34,9 +34,11 @@ from meshes.system import CollectiveTiming, System, bus_factor
 
 FAMILY = "host-cpu"
 CACHE_NAME = "host-cpu.json"
-# Square matmul sizes the benchmark times (the curve of rate against size; the tiny
-# configs' matmuls are ~64-512 wide) and the copy it times for the memory bandwidth.
-MATMUL_SIZES = (64, 512)
+# The matmuls the benchmark times, as a model's projections are: MATMUL_ROWS tokens times
+# a weight of each width (the curve of rate against cube-equivalent size (M*K*N)^(1/3);
+# the tiny configs' matmuls are ~100-300), and the copy it times for the memory bandwidth.
+MATMUL_ROWS = 2048
+MATMUL_WIDTHS = (16, 64, 512)
 MATMUL_DTYPES = ("bfloat16", "float32")
 COPY_BYTES = 32 * 2**20
 _BENCH_SECONDS = 0.05  # per point: repeats until this long, the fastest repeat kept
@@ -159,13 +161,12 @@ def benchmark(devices: int) -> HostRates:
     curves = {}
     for dtype in MATMUL_DTYPES:
         points = []
-        for n in MATMUL_SIZES:
-            # small matmuls several to a call, so that the call's dispatch is not timed
-            r = (MATMUL_SIZES[-1] // n) ** 2
-            a = on_each((r, n, n), dtype)
-            t = _best_time(jax.jit(lambda x, y: jnp.einsum("drij,drjk->drik", x, y),
-                                   out_shardings=split), a, a)
-            points.append((n, 2 * r * n**3 / t * share))
+        for n in MATMUL_WIDTHS:
+            x, w = on_each((MATMUL_ROWS, n), dtype), on_each((n, n), dtype)
+            t = _best_time(jax.jit(lambda x, w: jnp.einsum("dmk,dkn->dmn", x, w),
+                                   out_shardings=split), x, w)
+            flops = 2 * MATMUL_ROWS * n * n
+            points.append((round((flops / 2) ** (1 / 3)), flops / t * share))
         curves[dtype] = tuple(points)
     x = on_each((COPY_BYTES // 4 // k,), jnp.float32)
     t = _best_time(jax.jit(lambda v: v * 1.5, out_shardings=split), x)
