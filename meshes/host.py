@@ -3,12 +3,13 @@
 On a machine without accelerators `shardscope measure` runs a config's step on N fake CPU
 devices (`jax_num_cpu_devices`), and estimates it on this system so that the whole loop
 (estimate, measure, compare, calibrate) is real here. What the fake devices really do:
-they are N executors in one process that share the host's cores, caches and memory bus;
-XLA:CPU runs each device's program on the same thread pool. So the benchmark runs as a
-step does: the same matmul (or copy) on all N devices at once, and each device's rate is
-its own share of the host, measured (not the one-device rate divided by N: small matmuls
-leave cores idle that the other devices then use). A collective between fake devices is
-memcpy between buffers of one process: it moves at the devices' copy rate.
+they are N executors in one process that share the host's cores and memory bus, and a
+sharded step synchronises them at every collective. The profiler shows them taking turns:
+a device runs its kernels with the host to itself (its matmuls reach the one-device rate)
+while the others wait in the next collective, so a step takes about N times one device's
+work at the host's rate. Each device's share is therefore the host's rate, measured on one
+device with all of its cores, divided by N. A collective between fake devices is memcpy
+between buffers of one process: it moves at the host's copy rate, shared the same way.
 
 The rates are measured once per device count (a second or two: `benchmark`) and kept with
 the date and the host in `$XDG_CACHE_HOME/shardscope/host-cpu.json`
@@ -46,14 +47,13 @@ _BENCH_SECONDS = 0.05  # per point: repeats until this long, the fastest repeat 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HostRates:
-    """What the benchmark measured on this host, per fake device with `devices` of them
-    running at once.
+    """What the benchmark measured on this host: each of `devices` fake devices' share.
 
     Attributes:
         matmul_flops_per_s: dtype -> ((size, FLOP/s), ...) for square matmuls.
         memory_bytes_per_s: read + write bytes per second of a large elementwise kernel.
         memory_bytes: the host's RAM.
-        devices: the fake devices that ran the benchmark together (the N of host-cpu:N).
+        devices: the fake devices that share the host (the N of host-cpu:N).
         cores: os.cpu_count().
         host: the host's name; date: when it was measured; jax_version: who ran it.
     """
@@ -135,47 +135,38 @@ def _best_time(fn, *args) -> float:
 
 
 def benchmark(devices: int) -> HostRates:
-    """Time XLA:CPU's matmuls (bf16 and f32, as the CPU runs them) and a large copy on
-    `devices` fake devices at once, each its own: about a second or two. When JAX's CPU
-    backend is up with fewer devices, on those, each device's rate scaled to `devices`
-    sharing the same host."""
+    """Time XLA:CPU's matmuls (bf16 and f32, as the CPU runs them) and a large copy on one
+    device with all of the host's cores (about a second), each rate divided by `devices`:
+    the share of each of that many fake devices taking turns on the host."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec
 
     try:
         if devices > int(jax.config.jax_num_cpu_devices):
             jax.config.update("jax_num_cpu_devices", devices)
     except RuntimeError:
         pass  # the backend is up already: its device count is what it is
-    present = jax.devices("cpu")[:devices]
-    k = len(present)
-    mesh = jax.sharding.Mesh(np.array(present), ("d",))
-    split = NamedSharding(mesh, PartitionSpec("d"))
-    share = k / devices  # of the host's throughput each measured device stands for
+    device = jax.devices("cpu")[0]
 
-    def on_each(shape, dtype):
-        return jax.device_put(jnp.ones((k, *shape), dtype), split)
+    def array(shape, dtype):
+        return jax.device_put(jnp.ones(shape, dtype), device)
 
     curves = {}
     for dtype in MATMUL_DTYPES:
         points = []
         for n in MATMUL_WIDTHS:
-            x, w = on_each((MATMUL_ROWS, n), dtype), on_each((n, n), dtype)
-            t = _best_time(jax.jit(lambda x, w: jnp.einsum("dmk,dkn->dmn", x, w),
-                                   out_shardings=split), x, w)
+            t = _best_time(jax.jit(lambda x, w: x @ w), array((MATMUL_ROWS, n), dtype),
+                           array((n, n), dtype))
             flops = 2 * MATMUL_ROWS * n * n
-            points.append((round((flops / 2) ** (1 / 3)), flops / t * share))
+            points.append((round((flops / 2) ** (1 / 3)), flops / t / devices))
         curves[dtype] = tuple(points)
-    x = on_each((COPY_BYTES // 4 // k,), jnp.float32)
-    t = _best_time(jax.jit(lambda v: v * 1.5, out_shardings=split), x)
+    t = _best_time(jax.jit(lambda v: v * 1.5), array((COPY_BYTES // 4,), jnp.float32))
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         ram = 16 * 2**30
     return HostRates(matmul_flops_per_s=curves,
-                     memory_bytes_per_s=2 * COPY_BYTES / k / t * share,
+                     memory_bytes_per_s=2 * COPY_BYTES / t / devices,
                      memory_bytes=float(ram), devices=devices, cores=os.cpu_count() or 1,
                      host=socket.gethostname(), date=datetime.date.today().isoformat(),
                      jax_version=jax.__version__)
@@ -213,7 +204,7 @@ class HostCpuSystem(System):
         self.family = HostFamily()
         self.num_devices = n
         self.rates = rates
-        source = (f"measured on {rates.host} on {rates.date} with {n} fake devices at once "
+        source = (f"measured on {rates.host} on {rates.date}, one device's rate / {n} "
                   f"(jax {rates.jax_version}, {rates.cores} cores; {cache_path()})")
         self.chip = HostChip(
             name=FAMILY, tdp_w=None, matmul_efficiency=1.0, hbm_efficiency=1.0,
@@ -225,7 +216,7 @@ class HostCpuSystem(System):
             size_points=rates.matmul_flops_per_s, source=source)
         self.links = {"memcpy": Link(
             name="memcpy", bytes_per_s=rates.memory_bytes_per_s, latency_s=0.0,
-            efficiency=1.0, source=f"a device's copy rate (memcpy between the fake "
+            efficiency=1.0, source=f"the host's copy rate / {n} (memcpy between the fake "
                                    f"devices' buffers); {source}")}
 
     def coords(self, device_id: int) -> tuple[int, ...]:
