@@ -90,7 +90,7 @@ def test_measure_out_round_trips_through_validate(measured):
     assert row.estimate_s == pytest.approx(m["estimated_step_time_s"], rel=1e-6)
 
 
-def test_host_cpu_benchmark_is_cached_and_dated(measured, cache_home, monkeypatch):
+def test_host_cpu_benchmark_is_cached_and_dated(measured, cache_home, monkeypatch, capsys):
     from meshes import get_system, host
 
     cached = json.loads((cache_home / "shardscope" / "host-cpu.json").read_text())
@@ -107,6 +107,10 @@ def test_host_cpu_benchmark_is_cached_and_dated(measured, cache_home, monkeypatc
     assert s.chip.peak_flops_per_s["float32"] == max(r for _, r in
                                                     rates["matmul_flops_per_s"]["float32"])
     assert rates["date"] in dict(s.describe())["device"]
+    # `shardscope systems` shows the cached figures, dated
+    code, out, _ = run_cli(["systems"], capsys)
+    assert code == 0 and "host-cpu:N" in out
+    assert "4 fake CPU devices" in out and f"on {rates['date']}" in out
 
 
 def test_accelerators_of_another_kind_are_refused():
