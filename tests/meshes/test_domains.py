@@ -95,3 +95,21 @@ def test_ll_across_domains_stays_under_ncclS_ceiling(nodes, cap):
     lat = ring_latency_s("LL", nodes, nodes)
     assert t.time_s == pytest.approx(S * (nodes - 1) / nodes / min(cap, 25e9 * NIC_EFFICIENCY)
                                      + lat + NET_FIXED, rel=1e-9)
+
+
+@pytest.mark.parametrize("racks, per_rack", [(8, 64), (8, 72)])
+def test_all_reduce_over_eight_racks_is_bound_by_nvlink_not_by_the_nics(racks, per_rack):
+    # Every other GPU of 8 racks (32 or 36 in each), 1 GB: whatever NCCL picks (a ring, or
+    # NVLSTree's 2 S through each rack's 32+ NICs), the NVLink stage is the slower one:
+    # NICs twice as fast change nothing, and no algorithm beats S x 2(n - 1)/n at the
+    # best all-reduce busbw measured inside a rack (839 GB/s, 72 GPUs).
+    S = 1e9
+    extra = {} if per_rack == 72 else {"gpus_per_domain": per_rack}
+    n_all = racks * per_rack
+    groups = [list(range(t, n_all, 2)) for t in range(2)]
+    s = get_system(f"gb200-nvl72:{n_all}", **extra)
+    fast = get_system(f"gb200-nvl72:{n_all}", nic_gbps=800, **extra)
+    t = s.collective_time_s("all-reduce", S, groups)
+    assert fast.collective_time_s("all-reduce", S, groups) == pytest.approx(t, rel=1e-12)
+    n = n_all // 2
+    assert t > S * 2 * (n - 1) / n / 839.2e9
