@@ -75,6 +75,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_parse.py
 	$(PY) benchmarks/bench_search.py
 	$(PY) benchmarks/bench_scale.py
+	$(PY) benchmarks/bench_measure.py
 	@echo "validate (experiments/validation):"
 	@$(VENV)/bin/shardscope validate | tail -n 1
 

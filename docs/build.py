@@ -120,11 +120,14 @@ def groups(text: str) -> list[Group]:
     return [g for g in out if g.steps]
 
 
-def environment() -> dict[str, str]:
-    """A user's shell: this repository's code and the project's `shardscope` first."""
+def environment(cwd: Path | None = None) -> dict[str, str]:
+    """A user's shell: this repository's code and the project's `shardscope` first; with
+    `cwd`, the user's cache folder in it (the host-cpu benchmark's, meshes/host.py)."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
            f"{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
     env.pop("JAX_PLATFORMS", None)
+    if cwd is not None:
+        env["XDG_CACHE_HOME"] = str(cwd / ".cache")
     return env
 
 
@@ -153,7 +156,7 @@ def run(step: Step, cwd: Path) -> list[str]:
     args = argv(step, cwd)
     if args is None:
         return []
-    p = subprocess.run(args, cwd=cwd, env=environment(), capture_output=True, text=True,
+    p = subprocess.run(args, cwd=cwd, env=environment(cwd), capture_output=True, text=True,
                        timeout=900)
     if p.returncode != 0:
         raise SystemExit(f"command failed: {step.text}\n{p.stderr[-3000:]}")

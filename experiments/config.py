@@ -87,6 +87,14 @@ class Measured:
     tflops_per_chip: float = described("the published TFLOP/s per chip (0: not published)",
                                        0.0)
     mfu: float = described("the published MFU (0: not published)", 0.0)
+    # written by `shardscope measure --out`: where and with what the run was measured
+    host: str = described("the host that ran it (shardscope measure)", "")
+    date: str = described("the day it was measured, YYYY-MM-DD (shardscope measure)", "")
+    jax_version: str = described("the JAX version that ran it (shardscope measure)", "")
+    backend: str = described('the devices that ran it, e.g. "cpu", "gpu NVIDIA H200" '
+                             '(shardscope measure)', "")
+    backend_version: str = described("the backend's own version, e.g. the CUDA or libtpu "
+                                     "runtime's (shardscope measure)", "")
 
     def __post_init__(self):
         if self.step_time_s <= 0:

@@ -110,18 +110,27 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
     if advise is not None and need > cap:
         stage("searching for the changes that make it fit")
         advice = advise(full or exp, calibration)
+    return analyze_step(exp, step, mesh, memory=memory, calibration=calibration,
+                        timings={"build_s": time.perf_counter() - t0},
+                        warnings=(*warnings, *(full or exp).notes, *step.notes),
+                        compiler=target.compiler,
+                        compiler_note=_with_compare_hint(target.note, system),
+                        fit_advice=advice)
+
+
+def analyze_step(exp: Experiment, step: Step, mesh, *, memory: sharding.Memory | None = None,
+                 calibration: Calibration | None = None, **kwargs) -> Report:
+    """Compile the experiment's step on `mesh` and estimate it on `exp.system`; `kwargs`:
+    the rest of `sharding.analyze`'s (timings, warnings, compiler, ...)."""
     program = step.program
     return sharding.analyze(
-        program.step, *program.args, mesh=mesh, system=system,
+        program.step, *program.args, mesh=mesh, system=exp.system,
         model_flops_per_step=program.model_flops_per_step,
         tokens_per_step=program.tokens_per_step,
         sequences_per_step=exp.workload.global_batch if step.serving else None,
-        memory=memory, timings={"build_s": time.perf_counter() - t0},
-        warnings=(*warnings, *(full or exp).notes, *step.notes), name=exp.name,
-        compiler=target.compiler,
-        compiler_note=_with_compare_hint(target.note, system), calibration=calibration,
+        memory=memory or step.memory, name=exp.name, calibration=calibration,
         host_transfer_bytes=step.host_transfer_bytes, pipeline=step.pipeline,
-        fit_advice=advice, cost=exp.cost)
+        cost=exp.cost, **kwargs)
 
 
 def _with_compare_hint(note: str, system) -> str:

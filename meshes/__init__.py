@@ -10,6 +10,8 @@ Rooms:
   and nccl-tests bus factors.
 - `gpu.py`: GPU families (HGX nodes, NVL72 racks) over a scale-out fabric, NCCL's model.
 - `tpu.py`: TPU families (ICI tori with their wraparound rules), DCN between slices.
+- `host.py`: `host-cpu:N`, this host's CPU as N fake devices, timed from a cached
+  microbenchmark.
 - `catalog.py`: `get_system("<family>:<size>")` and the list of names.
 
 Imports nothing else from the project.
@@ -18,6 +20,7 @@ Imports nothing else from the project.
 from meshes.catalog import get_system, system_names
 from meshes.chips import CHIPS, Chip
 from meshes.gpu import GpuSystem
+from meshes.host import HostCpuSystem
 from meshes.links import BusBandwidthCurve, Link
 from meshes.system import COLLECTIVE_KINDS, CollectiveTiming, System, bus_factor
 from meshes.tpu import TpuSystem
@@ -29,6 +32,7 @@ __all__ = [
     "Chip",
     "CollectiveTiming",
     "GpuSystem",
+    "HostCpuSystem",
     "Link",
     "System",
     "TpuSystem",

@@ -11,6 +11,8 @@ import difflib
 import re
 
 from meshes.gpu import GPU_FAMILIES, GpuFamily, GpuSystem
+from meshes.host import FAMILY as HOST_FAMILY
+from meshes.host import host_system
 from meshes.system import System
 from meshes.tpu import TPU_FAMILIES, TpuFamily, TpuSystem
 
@@ -74,7 +76,7 @@ def get_system(name: str, **overrides) -> System:
         ValueError: unknown family, a size the family cannot have, or a bad override.
     """
     family, sep, size = name.partition(":")
-    valid = ", ".join(system_names())
+    valid = ", ".join([*system_names(), f"{HOST_FAMILY}:N"])
     if not sep or not size:
         raise ValueError(f"system {name!r} needs the form <family>:<size>; e.g. {valid}")
     if family in GPU_FAMILIES:
@@ -83,7 +85,13 @@ def get_system(name: str, **overrides) -> System:
     if family in TPU_FAMILIES:
         _check_overrides(name, "tpu", overrides)
         return _tpu_system(TPU_FAMILIES[family], name, size, overrides)
-    close = difflib.get_close_matches(family.lower(), [*GPU_FAMILIES, *TPU_FAMILIES], n=1,
+    if family == HOST_FAMILY:  # this machine's CPU as fake devices (meshes/host.py)
+        if overrides:
+            raise ValueError(f"system {name!r} takes no overrides ({', '.join(overrides)}): "
+                             f"its rates are measured on this host")
+        return host_system(size, name)
+    close = difflib.get_close_matches(family.lower(), [*GPU_FAMILIES, *TPU_FAMILIES,
+                                                       HOST_FAMILY], n=1,
                                       cutoff=0.6)
     hint = f"did you mean {close[0]}:{size}? " if close else ""
     raise ValueError(f"unknown system family {family!r} in {name!r}; {hint}valid: {valid}")

@@ -31,6 +31,7 @@ from meshes.links import (
     BusBandwidthCurve,
     Link,
     fixed_latency_from,
+    nccl_ll_max_bus_bytes_per_s,
     nic_efficiency_from,
 )
 from meshes.system import CollectiveTiming, System, bus_factor
@@ -316,26 +317,38 @@ class GpuSystem(System):
             t_in, _ = self._in_domain_time(kind, nbytes * m_most / n, m_most)
             return CollectiveTiming(t_out + t_in + self.net_fixed_s, "infiniband",
                                     "hierarchical all-to-all")
-        # Across domains NCCL runs flat rings, one channel per NIC: every rank moves
-        # S x bus factor, at the slower of the NVLink ring inside a domain and the domain's
-        # NICs (m per domain used by the group): busbw = m x NIC (NVIDIA/nccl-tests #309:
-        # 4 nodes x 8 NICs measure 366 GB/s). A tree reduces inside the domain first and
-        # sends what NCCL's double binary tree loads the busiest domain's NICs with
-        # (meshes/fabric.py: S on 2 domains, 1.5 S on 3, 2 S from 4 on), against the ring's
-        # 2(n - 1)/n S: it beats the ring's bandwidth on 2 and 3 domains only. LL, LL128 or
-        # Simple, with NCCL's own latencies: the fastest wins.
+        # Across domains NCCL runs flat rings, one channel per NIC, each laid through every
+        # domain with one hop out of it: every rank moves S x bus factor, at the slower of
+        # the NVLink ring inside a domain and the domain's NICs (m per domain used by the
+        # group): busbw = m x NIC (NVIDIA/nccl-tests #309: 4 nodes x 8 NICs measure 366
+        # GB/s), or the NVLink ring's per-port rate where m NICs carry more (32 of a GB200
+        # rack's: 1.46 TB/s against NVLink's 0.68). That rate is the ring's plateau, not a
+        # measured curve's value at S: the curve's small sizes hold its own few steps'
+        # latency, and NCCL's latency for this ring's n - 1 steps is added below.
+        # A tree reduces inside the domain first and sends what NCCL's double binary tree
+        # loads the busiest domain's NICs with (meshes/fabric.py: S on 2 domains, 1.5 S on
+        # 3, 2 S from 4 on), against the ring's 2(n - 1)/n S: it beats the ring's bandwidth
+        # on 2 and 3 domains only. LL, LL128 or Simple, with NCCL's own latencies and its
+        # LL ceiling across nodes: the fastest wins.
         nvlink_bw = self._domain_busbw(kind, nbytes, m_most)[0] if m_most > 1 else math.inf
-        ring_bw = min(nvlink_bw, m * nic_bw)
+        nvlink_ring_bw = self.family.ring_cap_bytes_per_s if m_most > 1 else math.inf
+        ring_bw = min(nvlink_ring_bw, m * nic_bw)
         t_ring = nbytes * bus_factor(kind, n) / ring_bw
         t_tree = max(nbytes * tree_network_load(d) / (m * nic_bw),
                      nbytes * bus_factor(kind, n) / nvlink_bw)
+        ll_max = nccl_ll_max_bus_bytes_per_s(d)
         best = None
         algos = ("ring", "tree") if kind == "all-reduce" else ("ring",)
         for algo in algos:
             for proto in NCCL_PROTOCOLS:
                 share = NCCL_PROTOCOL_BANDWIDTH_SHARE[(algo, proto)]
                 t_bw = t_ring if algo == "ring" else t_tree
-                t = t_bw / share + _nccl_latency_s(kind, algo, proto, n, d, m)
+                t_bw /= share
+                if proto == "LL":
+                    # busbw no more than NCCL's ceiling (the tree's bus is 2 S per rank)
+                    bus = bus_factor(kind, n) if algo == "ring" else 2.0
+                    t_bw = max(t_bw, nbytes * bus / ll_max)
+                t = t_bw + _nccl_latency_s(kind, algo, proto, n, d, m)
                 if best is None or t < best[0]:
                     best = (t, algo, proto)
         if kind == "all-reduce" and self.family.has_nvls and d > 2 and m_most > 1:

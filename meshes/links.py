@@ -154,10 +154,24 @@ NCCL_HW_LATENCY_US = {
 # When a collective spans nodes, NCCL charges LL's intra-node steps 1.8x their NVLink latency
 # (tuning.cc: `if (nNodes > 1 && p == NCCL_PROTO_LL) intraLat *= 1.8;`).
 NCCL_LL_MULTINODE_INTRA_LATENCY_FACTOR = 1.8
-# Share of the Simple protocol's bus bandwidth each protocol reaches (tuning.cc).
-NCCL_PROTOCOL_BANDWIDTH_SHARE = {("ring", "LL"): 1 / 4, ("ring", "LL128"): 0.92,
+# Share of the Simple protocol's bus bandwidth each protocol reaches (tuning.cc; ring LL:
+# half since NCCL 2.21, `busBw * .5`, a quarter across nodes before: LL's 8-byte stores
+# carry 4 bytes of data and a 4-byte flag).
+NCCL_PROTOCOL_BANDWIDTH_SHARE = {("ring", "LL"): 1 / 2, ("ring", "LL128"): 0.92,
                                  ("ring", "Simple"): 1.0, ("tree", "LL"): 1 / 3.8,
                                  ("tree", "LL128"): 0.915, ("tree", "Simple"): 1.0}
+# LL's bus bandwidth ceiling across nodes, B/s, whatever the links (tuning.cc `llMaxBws`,
+# the Intel / Arm host row, NCCL 2.18-2.30: 39.0 GB/s on 2 nodes, 20.4 on more; "for
+# multi-node, we look at CPU type"): NCCL's own model of LL through the network, applied
+# to its ring and tree LL (`busBw = std::min(llMaxBw, ...)`). By node count: 2, 3 or more.
+NCCL_LL_MAX_BUS_BYTES_PER_S = {2: 39.0e9, 3: 20.4e9}
+
+
+def nccl_ll_max_bus_bytes_per_s(nodes: int) -> float:
+    """NCCL's LL ceiling for a collective over `nodes` > 1 nodes (NVLink domains)."""
+    return NCCL_LL_MAX_BUS_BYTES_PER_S[2 if nodes <= 2 else 3]
+
+
 # NVLSTree (NCCL >= 2.18 on NVSwitch systems with NVLink SHARP, across nodes): its latency
 # is one NVLS step inside the domain plus a tree's depth across domains, up and down:
 # intra + 2 x floor(log2(nodes)) x inter, microseconds (tuning.cc, hwLat NVLSTree: NVLink

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from meshes.host import HostCpuSystem
 from meshes.tpu import TpuSystem
 
 GiB = 2**30
@@ -61,6 +62,8 @@ JAX_GPU_MEM_FRACTION = 0.75
 def runtime_reserve(system, communicators: int) -> list[Reserve]:
     """What the runtime keeps per device on `system` (a meshes.System) for a program that
     communicates over `communicators` groups (the mesh axes of size > 1)."""
+    if isinstance(system, HostCpuSystem):
+        return []  # host memory: nothing set aside per device
     if isinstance(system, TpuSystem):
         entry = TPU_RESERVED.get(system.chip.name)  # Trainium: no public figure
         return [] if entry is None else [Reserve("TPU runtime reserve", *entry)]

@@ -52,8 +52,12 @@ def _bwd(spec, residuals, dy):
     dyq, sdy = _per_tensor_e4m3(dy)
     dx_spec, dw_spec = _transposed(spec)
     dx = jnp.einsum(dx_spec, dyq, wq, preferred_element_type=jnp.float32) * (sdy * sw)
-    dw = jnp.einsum(dw_spec, xq, dyq, preferred_element_type=jnp.float32) * (sx * sdy)
-    return dx.astype(x_dtype.dtype), dw.astype(w_dtype.dtype)
+    # The weight gradient leaves the GEMM in the weight's dtype (Transformer Engine's wgrad
+    # GEMM writes bf16 for bf16 weights): a partial sum over sharded tokens is then reduced
+    # in that dtype, not in f32 (grad_reduce = "bfloat16" recipes).
+    dw = jnp.einsum(dw_spec, xq, dyq, preferred_element_type=w_dtype.dtype) * (
+        sx * sdy).astype(w_dtype.dtype)
+    return dx.astype(x_dtype.dtype), dw
 
 
 fp8_einsum.defvjp(_fwd, _bwd)
@@ -131,8 +135,8 @@ def _fp4_bwd(spec, residuals, dy):
                     preferred_element_type=jnp.float32)
     dw = jnp.einsum(dw_spec, quantize_blocks(x, _block_axis(dw_spec, 0, x.shape)),
                     quantize_blocks(dy, _block_axis(dw_spec, 1, dy.shape)),
-                    preferred_element_type=jnp.float32)
-    return dx.astype(x.dtype), dw.astype(w.dtype)
+                    preferred_element_type=w.dtype)  # reduced in the weight's dtype (FP8's)
+    return dx.astype(x.dtype), dw
 
 
 fp4_einsum.defvjp(_fp4_fwd, _fp4_bwd)

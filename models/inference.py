@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from models.config import ModelConfig
 from models.program import DTYPES, Precision, Program, Workload
 from models.quant import SCALE_DTYPE, STORAGE_DTYPES
-from models.train import abstract_params, per_device_bytes
+from models.train import abstract_params, initial_params, per_device_bytes, random_tokens
 from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
 
 # The cache in the layout an attention kernel reads (vLLM's per-head blocks): batch and kv
@@ -142,8 +142,19 @@ def build_serve_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
                        donate_argnums=(1,))
         index = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
         args = (params, cache, tokens, index)
+    def init(seed: int = 0):
+        """Concrete arguments like `args`: the model's initial weights, a zero cache, random
+        tokens, position 0."""
+        p = initial_params(cfg, precision, p_shard, seed=seed)
+        t = random_tokens(seed + 1, tokens.shape, cfg.vocab, tok_sharding)
+        if w.kind == "prefill":
+            return p, t
+        zeros = jax.jit(lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), cache),
+                        out_shardings=cache_sharding)()
+        return p, zeros, t, jax.device_put(jnp.int32(0), replicated)
+
     return ServeProgram(
-        step=step, args=args, param_count=cfg.param_count(),
+        init=init, step=step, args=args, param_count=cfg.param_count(),
         model_flops_per_step=serve_flops(cfg, w),
         tokens_per_step=w.tokens_per_step,
         param_bytes_per_device=per_device_bytes(params),

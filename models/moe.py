@@ -70,6 +70,20 @@ def _batch_ways() -> int:
     return 1 if mesh is None else rules.ways("batch", mesh_shape_of(mesh))
 
 
+def _top_k(x_RTX, k: int):
+    """`jax.lax.top_k` over the last axis (the first index on ties) as k rounds of argmax:
+    a reduction, which XLA's SPMD partitioner splits along any other dimension. Its TopK
+    sort is not split along a vmapped dimension: inside the pipeline's vmap over stages
+    (models/pipeline.py) every stage's router logits were gathered over `pipeline`."""
+    values, indices = [], []
+    for _ in range(k):
+        i_RT = jnp.argmax(x_RTX, axis=-1)
+        values.append(jnp.take_along_axis(x_RTX, i_RT[..., None], axis=-1)[..., 0])
+        indices.append(i_RT)
+        x_RTX = jnp.where(jax.nn.one_hot(i_RT, x_RTX.shape[-1], dtype=bool), -jnp.inf, x_RTX)
+    return jnp.stack(values, axis=-1), jnp.stack(indices, axis=-1)
+
+
 def route(cfg: ModelConfig, logits_RTX):
     """Top-k routing with capacity: (weights G,S,K; expert G,S,K; slot G,S,K; kept G,S,K).
 
@@ -79,7 +93,7 @@ def route(cfg: ModelConfig, logits_RTX):
     g, s, x = logits_RTX.shape
     k = cfg.experts_per_token
     probs_RTX = jax.nn.softmax(logits_RTX.astype(jnp.float32), axis=-1)
-    weight_RTA, expert_RTA = jax.lax.top_k(probs_RTX, k)
+    weight_RTA, expert_RTA = _top_k(probs_RTX, k)
     weight_RTA = weight_RTA / jnp.sum(weight_RTA, axis=-1, keepdims=True)
     # Priority order: all first choices of the group, then all second choices, ...
     onehot_RATX = jax.nn.one_hot(jnp.swapaxes(expert_RTA, 1, 2), x, dtype=jnp.int32)

@@ -252,3 +252,6 @@ class Program:
     model_flops_per_step: float
     tokens_per_step: int
     param_bytes_per_device: int
+    # seed -> concrete arguments like `args` (the model's own initial weights, random
+    # tokens), each with its sharding, built on the devices (`shardscope measure`)
+    init: object = None

@@ -309,20 +309,34 @@ def param_shardings(axes_tree, abstract_params, rules: AxisRules, mesh: Mesh):
 
 
 def abstract_params(cfg: ModelConfig, precision: Precision, mesh: Mesh, rules: AxisRules,
-                    *, remat: str = "none", save: tuple[str, ...] = (),
-                    offload: tuple[str, ...] = (), pipeline: Pipeline | None = None,
-                    context_mode: str = "ring", offload_layers: int = 0):
-    """(graphdef, params as sharded ShapeDtypeStructs, their NamedShardings); no memory."""
-    abstract_model = nnx.eval_shape(
-        lambda: make_model(cfg, precision, remat=remat, save=save, offload=offload,
-                           pipeline=pipeline, context_mode=context_mode,
-                           offload_layers=offload_layers))
+                    **model_kw):
+    """(graphdef, params as sharded ShapeDtypeStructs, their NamedShardings); no memory.
+    `model_kw`: `make_model`'s remat, save, offload, pipeline, context_mode,
+    offload_layers."""
+    abstract_model = nnx.eval_shape(lambda: make_model(cfg, precision, **model_kw))
     graphdef, state = nnx.split(abstract_model, nnx.Param)
     params = nnx.to_pure_dict(state)
     shardings = param_shardings(logical_axes(state), params, rules, mesh)
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           params, shardings)
     return graphdef, params, shardings
+
+
+def initial_params(cfg: ModelConfig, precision: Precision, shardings, *, seed: int = 0,
+                   **model_kw):
+    """The model's own initial weights (`make_model` with `seed`), made on the devices
+    that `shardings` place them on (no host copy of the whole model)."""
+    def init():
+        return nnx.to_pure_dict(nnx.split(make_model(cfg, precision, seed=seed, **model_kw),
+                                          nnx.Param)[1])
+
+    return jax.jit(init, out_shardings=shardings)()
+
+
+def random_tokens(seed: int, shape, vocab: int, sharding):
+    """Random token ids in [0, vocab), made on their devices."""
+    return jax.jit(lambda: jax.random.randint(jax.random.key(seed), shape, 0, vocab,
+                                              jnp.int32), out_shardings=sharding)()
 
 
 def per_device_bytes(tree) -> int:
@@ -364,10 +378,10 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
     # With pipeline stages, the microbatches are the pipeline's (models/pipeline.py).
     pipeline = pipeline_plan(cfg, mesh_shape, rules, workload=workload,
                              virtual_stages=virtual_stages, schedule=pipeline_schedule)
-    graphdef, params, p_shard = abstract_params(cfg, precision, mesh, rules, remat=train.remat,
-                                                save=train.save, offload=train.offload,
-                                                pipeline=pipeline, context_mode=context_mode,
-                                                offload_layers=train.offload_layers)
+    model_kw = dict(remat=train.remat, save=train.save, offload=train.offload,
+                    pipeline=pipeline, context_mode=context_mode,
+                    offload_layers=train.offload_layers)
+    graphdef, params, p_shard = abstract_params(cfg, precision, mesh, rules, **model_kw)
 
     # Gradients summed over the data-parallel replicas once per step when the step has
     # several micro-steps or pipeline ticks (one micro-step sums once anyway), or when they
@@ -407,8 +421,24 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
         out_shardings=(p_shard, opt_shard, replicated),
         donate_argnums=(0, 1),
     )
+    def init(seed: int = 0):
+        """(params, optimizer state, a batch whose targets are its inputs shifted by one
+        position), concrete and sharded like `args`."""
+        p = initial_params(cfg, precision, p_shard, seed=seed, **model_kw)
+        o = jax.jit(lambda p: init_state(tx, p, precision), out_shardings=opt_shard)(p)
+        b, seq = workload.global_batch, workload.seq_len
+
+        def batch():
+            t_BL = jax.random.randint(jax.random.key(seed + 1), (b, seq + 1), 0, cfg.vocab,
+                                      jnp.int32)
+            return {"inputs": t_BL[:, :-1], "targets": t_BL[:, 1:]}
+
+        shardings = {"inputs": batch_sharding, "targets": batch_sharding}
+        return p, o, jax.jit(batch, out_shardings=shardings)()
+
     tokens_per_step = workload.tokens_per_step
     return TrainProgram(
+        init=init,
         pipeline=pipeline,
         step=step,
         args=(params, opt_state, batch),

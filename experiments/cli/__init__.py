@@ -10,6 +10,7 @@ compare); `output.py` files, tables and progress.
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 import tomllib
@@ -17,13 +18,19 @@ import tomllib
 # Before JAX is imported: compile on fake CPU devices, never probe for accelerators. XLA's
 # C++ log lines are captured around each compile (sharding.compiler.capture_stderr) and the
 # useful ones shown in the report.
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# `measure` runs on the devices present: where a GPU or TPU is attached, JAX looks for it
+# (unless JAX_PLATFORMS says otherwise).
+_ACCELERATOR_FILES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
+if next((a for a in sys.argv[1:] if not a.startswith("-")), "") != "measure" or \
+        not any(glob.glob(p) for p in _ACCELERATOR_FILES):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from experiments.cli import commands, studies  # noqa: E402
 from experiments.cli.flags import (  # noqa: E402
     Parser,
     backend_flag,
     names,
+    non_negative_int,
     parents,
     percent,
     positive_int,
@@ -62,6 +69,21 @@ def build_parser() -> Parser:
     ft.add_argument("--no-compile", action="store_true",
                     help="size the changes with the memory model only (no compile, no step "
                          "time)")
+    me = command("measure", "run the config's step on the devices present, timed and "
+                 "profiled, beside its estimate", commands.cmd_measure, "config", "json",
+                 "calibration", "out", "quiet")
+    me.add_argument("--steps", type=positive_int, default=5, help="timed steps (default 5)")
+    me.add_argument("--warmup", type=non_negative_int, default=2,
+                    help="untimed steps first (default 2)")
+    me.add_argument("--profile", metavar="DIR",
+                    help="take a jax.profiler trace of --steps more steps into DIR (kept for "
+                         "TensorBoard / Perfetto) and measure device time by category")
+    me.add_argument("--coordinator", metavar="HOST:PORT",
+                    help="multi-host: process 0's address (jax.distributed)")
+    me.add_argument("--num-processes", type=positive_int, metavar="N",
+                    help="multi-host: the processes in all")
+    me.add_argument("--process-id", type=non_negative_int, metavar="I",
+                    help="multi-host: this process's index, 0 to N-1")
     i = command("inspect", "collectives and estimate of any HLO text dump",
                 commands.cmd_inspect, "json", "groups")
     i.add_argument("hlo")

@@ -1,5 +1,5 @@
-"""The commands about one config or one thing: run, inspect, export, import, systems, models,
-configs."""
+"""The commands about one config or one thing: run, measure, inspect, export, import,
+systems, models, configs."""
 
 from __future__ import annotations
 
@@ -55,6 +55,32 @@ def model_params(exp) -> dict:
     counted), as DeepSeek and OpenAI count "activated" parameters."""
     return {"model_params": exp.model.param_count(),
             "active_params": exp.model.active_param_count()}
+
+
+def cmd_measure(args) -> int:
+    from experiments import config as config_mod
+    from experiments import measure
+
+    exp = config_mod.load(args.config, args.set or [])
+    if args.out and Path(args.out).exists() and not args.force:  # before the run, not after
+        raise ConfigError(f"--out {args.out!r} exists; choose another name or add --force to "
+                          f"overwrite it")
+    procs = measure.start_processes(exp, coordinator=args.coordinator,
+                                    num_processes=args.num_processes,
+                                    process_id=args.process_id)
+    with progress_sink(args):
+        m = measure.measure(exp, steps=args.steps, warmup=args.warmup,
+                            profile_dir=args.profile, calibration=calibration_of(args),
+                            processes=procs)
+    if procs.index != 0:  # the others print their loss; process 0 writes
+        print(f"process {procs.index}: loss " + " ".join(f"{x:.4f}" for x in m.loss or ()))
+        return 0
+    print(m.format())
+    if args.json:
+        write_json(args.json, m.to_dict())
+    if args.out:
+        write_text(args.out, measure.to_toml(exp, m), flag="--out")
+    return 0
 
 
 def cmd_fit(args) -> int:
@@ -143,6 +169,7 @@ def cmd_systems(args) -> int:
         print(name)
         for field, value in [*s.describe(), *power_of(s.family.name, s.chip)]:
             print(f"  {field:<11}{value}")
+    print(_host_cpu_lines())
     print("\nSizes: GPUs by count (NVL72: up to 72, or whole racks); TPUs by torus shape, "
           "'*N' for N slices over DCN.\nA TPU7x chip shows as two JAX devices; "
           "parallelism sizes count devices.")
@@ -152,6 +179,23 @@ def cmd_systems(args) -> int:
         print(f"  {name:<28}{value:<10.4g}(uncalibrated {PARAMETERS[name][2]:g}; "
               f"{PARAMETERS[name][3]})")
     return 0
+
+
+def _host_cpu_lines() -> str:
+    """host-cpu:N, with the figures this host's cache holds (nothing is measured here)."""
+    from meshes.host import HostCpuSystem, cache_path, cached_rates, read_cache
+
+    counts = sorted(int(n) for n in read_cache().get("rates", {}))
+    lines = ["host-cpu:N"]
+    for n in counts:
+        rates = cached_rates(n)
+        if rates is not None:
+            lines += [f"  {f:<11}{v}" for f, v in HostCpuSystem(n, rates).describe()]
+    if not counts:
+        lines.append(f"  {'device':<11}this host's CPU as N fake devices; its rates are "
+                     f"measured on first use (shardscope measure, or run on host-cpu:N) and "
+                     f"kept in {cache_path()}")
+    return "\n".join(lines)
 
 
 def cmd_models(args) -> int:

@@ -37,6 +37,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more")
+    return value
+
+
 _POWER_UNITS = {"w": 1.0, "kw": 1e3, "mw": 1e6, "gw": 1e9}
 
 

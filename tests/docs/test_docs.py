@@ -32,6 +32,14 @@ def _load_builder():
 
 
 build = _load_builder()
+# Commands that print what they measured (step times vary from run to run): their lines are
+# compared with every number, its unit and the spacing masked.
+MEASURED = ("shardscope measure",)
+_NUMBER = re.compile(r"[+-]?\d[\d.,]*(?: ?(?:ms|us|ns|s|%)\b)?%?")
+
+
+def _masked(line: str) -> str:
+    return " ".join(_NUMBER.sub("#", line).split())
 PAGES = build.pages()
 GROUPS = [(page, g.name) for page in PAGES
           for g in build.groups(build.output(page).read_text())]
@@ -45,7 +53,7 @@ def _group(page: str, name: str):
 @pytest.mark.parametrize("page,group", GROUPS, ids=[f"{p}-{g}" for p, g in GROUPS])
 def test_every_command_runs_and_prints_what_it_shows(page, group, tmp_path):
     (tmp_path / "experiments").symlink_to(REPO / "experiments")
-    env = build.environment()  # as a user's shell has it: no JAX_PLATFORMS
+    env = build.environment(tmp_path)  # as a user's shell has it: no JAX_PLATFORMS
     for step in _group(page, group).steps:
         argv = build.argv(step, tmp_path)  # writes a script; None: a later command runs it
         if argv is None:
@@ -55,6 +63,8 @@ def test_every_command_runs_and_prints_what_it_shows(page, group, tmp_path):
         assert p.returncode == 0, f"{page}: {step.text}\n{p.stderr[-2000:]}"
         got = [ln.rstrip() for ln in p.stdout.splitlines() if ln.strip()]
         want = [ln for ln in step.shown if ln.strip() and ln.strip() != "..."]
+        if any(m in step.text for m in MEASURED):
+            got, want = [_masked(ln) for ln in got], [_masked(ln) for ln in want]
         if want:
             assert got and got[0] == want[0], \
                 f"{page}: {step.text}: first line\n{got[:1]}\n{want[0]}"
@@ -114,7 +124,7 @@ def test_the_readme_shows_commands_of_every_kind():
     steps = [s for g in build.groups((REPO / "README.md").read_text()) for s in g.steps]
     shown = " ".join(s.text for s in steps if s.kind == "sh")
     for sub in ("run", "configs", "systems", "models", "inspect", "validate", "calibrate",
-                "search", "results", "compare", "diff"):
+                "search", "results", "compare", "diff", "measure"):
         assert f"shardscope {sub}" in shown, sub
     assert any(s.kind == "python" for s in steps)
 

@@ -1,0 +1,174 @@
+"""`shardscope measure`: the config's step run for real on fake CPU devices, timed, profiled
+and estimated as host-cpu:N; its --out through `validate`; two processes over
+jax.distributed; the refusal on accelerators of another kind; the host-cpu benchmark's
+cache."""
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from experiments import config, measure
+from experiments.config import ConfigError
+from tests.conftest import REPO
+from tests.helpers import run_cli
+
+# The bundled tiny config on 4 devices (data 2 x tensor 2), a short sequence.
+SMALL = ["--set", "system.name=h100:4", "--set", "parallelism.tensor=2",
+         "--set", "workload.seq_len=32", "--set", "workload.global_batch=4"]
+CONTRACT_KEYS = {"measured_step_time_s", "estimated_step_time_s", "error", "step_times_s",
+                 "loss", "peak_memory_bytes", "categories", "process_count", "devices",
+                 "backend"}
+
+
+@pytest.fixture(scope="module")
+def cache_home(tmp_path_factory):
+    """The host-cpu benchmark's cache in a folder of the tests' own."""
+    home = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(home))
+        yield home
+
+
+@pytest.fixture(scope="module")
+def measured(cache_home, tmp_path_factory):
+    """One measure run of the small config, with a profile, --json and --out."""
+    d = tmp_path_factory.mktemp("measure")
+    args = ["measure", "tiny-h100-dp-tp", *SMALL, "--steps", "3", "--warmup", "1",
+            "--profile", str(d / "trace"), "--json", str(d / "m.json"),
+            "--out", str(d / "run.toml"), "--quiet"]
+    from experiments import cli
+
+    code = cli.main(args)
+    assert code == 0
+    return d, json.loads((d / "m.json").read_text())
+
+
+def test_measure_runs_trains_and_estimates_as_host_cpu(measured):
+    d, m = measured
+    assert CONTRACT_KEYS <= set(m)
+    assert m["backend"] == "cpu" and m["devices"] == 4 and m["process_count"] == 1
+    # on CPU devices the estimate is for this host; the config asked for an HGX node
+    assert m["system"] == "host-cpu:4" and m["config_system"] == "h100:4"
+    assert len(m["step_times_s"]) == 3 and all(t > 0 for t in m["step_times_s"])
+    assert m["measured_step_time_s"] == sorted(m["step_times_s"])[1]  # the median
+    assert m["estimated_step_time_s"] > 0
+    assert m["error"] == pytest.approx((m["estimated_step_time_s"] - m["measured_step_time_s"])
+                                       / m["measured_step_time_s"])
+    # training trains: a fixed batch, AdamW at 3e-4, the loss falls every step
+    loss = m["loss"]
+    assert len(loss) == 3 and loss[0] > loss[1] > loss[2]
+    assert m["peak_memory_bytes"] is None  # XLA:CPU reports no memory stats
+    rows = {c["category"]: c for c in m["categories"]}
+    # data 2 x tensor 2: the tensor-parallel matmuls' partial sums and the gradients are
+    # all-reduced, so the profile and the estimate both have matmul, memory-bound kernels
+    # and all-reduce time
+    for cat in ("matmul", "memory-bound", "all-reduce"):
+        assert rows[cat]["measured_s"] > 0 and rows[cat]["estimated_s"] > 0, cat
+    # the raw trace is kept for TensorBoard / Perfetto
+    traces = list((d / "trace").glob("**/*.trace.json.gz"))
+    assert traces and json.load(gzip.open(traces[0]))
+
+
+def test_measure_out_round_trips_through_validate(measured):
+    from experiments.validate import validate
+
+    d, m = measured
+    exp = config.load(d / "run.toml")
+    assert exp.system.name == "host-cpu:4"
+    assert exp.measured.evidence == "shardscope measure"
+    assert exp.measured.host == socket.gethostname() and exp.measured.date
+    assert exp.measured.jax_version and exp.measured.backend.startswith("cpu")
+    [row] = validate([d / "run.toml"], workers=1)
+    assert row.status == "ok", row.message
+    assert row.measured_s == pytest.approx(m["measured_step_time_s"], rel=1e-5)
+    # the same program on the same host's cached rates: validate's estimate is measure's
+    assert row.estimate_s == pytest.approx(m["estimated_step_time_s"], rel=1e-6)
+
+
+def test_host_cpu_benchmark_is_cached_and_dated(measured, cache_home, monkeypatch, capsys):
+    from meshes import get_system, host
+
+    cached = json.loads((cache_home / "shardscope" / "host-cpu.json").read_text())
+    assert cached["host"] == socket.gethostname()
+    rates = cached["rates"]["4"]
+    assert rates["date"] and rates["devices"] == 4 and rates["memory_bytes_per_s"] > 0
+    assert set(rates["matmul_flops_per_s"]) == {"bfloat16", "float32"}
+
+    def fail(devices):
+        raise AssertionError("benchmarked again instead of reading the cache")
+
+    monkeypatch.setattr(host, "benchmark", fail)
+    s = get_system("host-cpu:4")
+    assert s.chip.peak_flops_per_s["float32"] == max(r for _, r in
+                                                    rates["matmul_flops_per_s"]["float32"])
+    assert rates["date"] in dict(s.describe())["device"]
+    # `shardscope systems` shows the cached figures, dated
+    code, out, _ = run_cli(["systems"], capsys)
+    assert code == 0 and "host-cpu:N" in out
+    assert "4 fake CPU devices" in out and f"on {rates['date']}" in out
+
+
+def test_accelerators_of_another_kind_are_refused():
+    exp = config.load("tiny-h100-dp-tp")
+    with pytest.raises(ConfigError) as e:
+        measure.system_for(exp, "tpu", "TPU v6 lite")
+    msg = str(e.value)
+    assert "\n" not in msg and "h100:8" in msg and "GPU" in msg and "TPU v6 lite" in msg
+    assert measure.system_for(exp, "gpu", "NVIDIA H100") is exp.system
+
+
+def test_processes_a_launcher_started_are_read_from_its_environment(monkeypatch):
+    for key in ("JAX_NUM_PROCESSES", "SLURM_NTASKS", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(key, raising=False)
+    assert measure._launched_processes() == 1
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host TPU VM
+    assert measure._launched_processes() == 1
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2,10.0.0.3,10.0.0.4,10.0.0.5")
+    assert measure._launched_processes() == 4
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    assert measure._launched_processes() == 2
+
+
+def test_measure_flag_mistakes_are_one_line(tmp_path, capsys):
+    out = tmp_path / "run.toml"
+    out.write_text("mine\n")
+    code, _, err = run_cli(["measure", "tiny-h100-dp-tp", "--out", str(out)], capsys)
+    assert code == 2 and "--force" in err and err.count("\n") == 1
+    assert out.read_text() == "mine\n"  # a user's file is kept
+    code, _, err = run_cli(["measure", "tiny-h100-dp-tp", "--coordinator", "h:1"], capsys)
+    assert code == 2 and "--num-processes" in err and err.count("\n") == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_loss_of_one(measured, tmp_path, cache_home):
+    """Two processes on localhost, two CPU devices each, collectives over gloo: the same
+    loss as the four devices of one process."""
+    _, one = measured
+    coordinator = f"localhost:{_free_port()}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "experiments.cli", "measure", "tiny-h100-dp-tp", *SMALL,
+         "--steps", "3", "--warmup", "1", "--quiet", "--coordinator", coordinator,
+         "--num-processes", "2", "--process-id", str(i)]
+        + (["--json", str(tmp_path / "m.json")] if i == 0 else []),
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    two = json.loads((tmp_path / "m.json").read_text())
+    assert two["process_count"] == 2 and two["devices"] == 4
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    # process 1 prints its loss and writes nothing
+    assert "process 1: loss" in outs[1][0]
