@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from sharding import kernel_scopes
 
 _FUSED = contextvars.ContextVar("fused_kernels", default=False)
+CROSS_ENTROPY = kernel_scopes.CROSS_ENTROPY  # the loss's scope (models/train.py)
 _EPS = 1e-6
 
 

@@ -8,6 +8,7 @@ micro-batch is sharded over the data-parallel axes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -29,7 +30,6 @@ from models.optimizer import (
 from models.pipeline import Pipeline
 from models.program import DTYPES, Precision, Program, Train, Workload
 from models.transformer import Transformer, logical_axes
-from sharding import kernel_scopes
 from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
 
 
@@ -106,7 +106,7 @@ def cross_entropy(logits_BLV, targets_BL):
     return _cross_entropy_fwd(logits_BLV, targets_BL)[0]
 
 
-@jax.named_scope(kernel_scopes.CROSS_ENTROPY)  # one kernel on GPUs (Megatron's)
+@jax.named_scope(kernels.CROSS_ENTROPY)  # one kernel on GPUs (Megatron's)
 def _cross_entropy_fwd(logits_BLV, targets_BL):
     # The f32 upcast feeds the reductions alone, so that it fuses into them instead of
     # becoming an f32 copy of the logits; the target's logit is picked in bf16.
@@ -115,7 +115,7 @@ def _cross_entropy_fwd(logits_BLV, targets_BL):
     return lse_BL - target_BL.astype(jnp.float32), (logits_BLV, lse_BL, targets_BL)
 
 
-@jax.named_scope(kernel_scopes.CROSS_ENTROPY)
+@jax.named_scope(kernels.CROSS_ENTROPY)
 def _cross_entropy_bwd(residuals, g_BL):
     logits_BLV, lse_BL, targets_BL = residuals
     p_BLV = jnp.exp(logits_BLV.astype(jnp.float32) - lse_BL[..., None])
@@ -144,8 +144,7 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
     PartitionSpecs when the distributed optimizer splits it further than the parameters.
     `vocab_tiles`: the loss's vocabulary tiling (`loss_fn`). `copies`: path -> RankCopies
     of the layer weights the context-parallel ranks each hold (models/context.rank_copies),
-    summed with the replicas' gradients. `fused_kernels`: the norms and activations as a GPU
-    framework's fused kernels (models/kernels.py)."""
+    summed with the replicas' gradients. `fused_kernels`: see models/kernels.py."""
     precision = precision or Precision()
     grad_dtype = DTYPES[precision.gradient_dtype]
     reduced_specs = state_specs if state_specs is not None else param_specs
@@ -199,11 +198,9 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
         return step
 
     def sharded_step(params, opt_state, batch):
-        with kernels.fused_kernels(fused_kernels):
-            if rules is None:
-                return step(params, opt_state, batch)
-            with use_rules(rules, mesh):
-                return step(params, opt_state, batch)
+        in_force = contextlib.nullcontext() if rules is None else use_rules(rules, mesh)
+        with kernels.fused_kernels(fused_kernels), in_force:
+            return step(params, opt_state, batch)
 
     return sharded_step
 
@@ -366,8 +363,7 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
     """Abstract sharded params, optimizer state and batch, and the jitted train step.
     With pipeline stages, `virtual_stages` chunks per stage and the schedule
     (models/pipeline.py); with the sequence split, the context-parallel exchange
-    (models/context.py); `fused_kernels`: norms and activations as a GPU framework's
-    fused kernels (models/kernels.py)."""
+    (models/context.py); `fused_kernels`: GPU frameworks' fused kernels (models/kernels.py)."""
     mesh_shape = mesh_shape_of(mesh)
     k = workload.microbatches
     if workload.global_batch % k:
