@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from experiments.config import Measured, Parallelism
+from experiments.config import Parallelism
+from experiments.measured import Measured
 from meshes.catalog import OVERRIDES
 from meshes.power import Cost
 from models.config import ModelConfig
