@@ -8,6 +8,7 @@ one with a value shardscope cannot express is refused, naming it. MaxText's own 
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from pathlib import Path
@@ -96,12 +97,20 @@ def read_maxtext(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str
         raise ConfigError(f"MaxText config {str(path)!r} not found; give its YAML, e.g. one "
                           f"written by `shardscope export CONFIG --to maxtext --out X.yml`")
     keys, system = parse_yaml(p.read_text())
+    known = {*keys, *DEFAULTS, *MAXTEXT_MODEL_KEYS, *MAXTEXT_FUSED, *CHECKPOINT_NAMES,
+             *(f"{level}_{name}_parallelism" for level in ("ici", "dcn")
+               for name in (*MAXTEXT_AXES.values(), *UNSUPPORTED_AXES))}
     for item in overrides:
         key, eq, value = item.partition("=")
-        if not eq or not key.strip():
+        key = key.strip()
+        if not eq or not key:
             raise ConfigError(f"override {item!r}: expected key=value as MaxText's train.py "
                               f"takes them, e.g. ici_fsdp_parallelism=8")
-        keys[key.strip()] = scalar(value)
+        near = difflib.get_close_matches(key, known, n=1, cutoff=0.85)
+        if key not in known and near:
+            raise ConfigError(f"override {key}={value}: not a MaxText key shardscope reads; "
+                              f"did you mean {near[0]}={value}?")
+        keys[key] = scalar(value)
     return keys, system
 
 
@@ -289,6 +298,9 @@ def to_experiment(keys: dict, system_name: str, name: str) -> dict:
                           f"gradient_accumulation_steps=1")
     microbatches = (micro if micro != -1 else par["pipeline"]) if pipelined else ga
     per_device = keys.get("per_device_batch_size", DEFAULTS["per_device_batch_size"])
+    if isinstance(per_device, bool) or not isinstance(per_device, int | float):
+        raise ConfigError(f"per_device_batch_size={per_device!r} must be a number of sequences, "
+                          f"e.g. per_device_batch_size=4")
     batch = per_device * system.num_devices * (1 if pipelined else ga)
     if not float(batch).is_integer() or batch < 1:
         raise ConfigError(f"per_device_batch_size={per_device} x {system.num_devices} devices "

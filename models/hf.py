@@ -116,10 +116,16 @@ class _Translation:
         for key, field in (*COMMON.items(), *MOE.get(self.kind, {}).items()):
             value = self.get(key)
             if value is not None:
+                flag = field == "tie_embeddings"
+                if (not isinstance(value, bool) if flag else
+                        isinstance(value, bool) or not isinstance(value, int | float)):
+                    self.refuse(key, "must be " + ("true or false" if flag else
+                                                   "a number (e.g. 4096, not a string)")
+                                + "; fix the config.json")
                 self.fields[field] = value
         f = self.fields
         missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
-                               "vocab_size") if k not in self.config]
+                               "vocab_size") if self.config.get(k) is None]
         if missing:
             raise ValueError(f"{self.where}: missing {', '.join(missing)} (a {self.kind} "
                              f"config.json has them)")

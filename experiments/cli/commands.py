@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.cli.output import format_columns, progress_sink, write_json, write_text
+from experiments.cli.output import (
+    checked,
+    format_columns,
+    progress_sink,
+    write_json,
+    write_text,
+)
 from experiments.config import ConfigError
 
 
@@ -65,6 +71,9 @@ def cmd_measure(args) -> int:
     if args.out and Path(args.out).exists() and not args.force:  # before the run, not after
         raise ConfigError(f"--out {args.out!r} exists; choose another name or add --force to "
                           f"overwrite it")
+    for path, flag in ((args.out, "--out"), (args.json, "--json")):
+        if path:
+            checked(path, flag)  # a missing folder too, before the run
     procs = measure.start_processes(exp, coordinator=args.coordinator,
                                     num_processes=args.num_processes,
                                     process_id=args.process_id)

@@ -20,7 +20,9 @@ def _jsonable(o):
     return str(o)
 
 
-def _checked(path: str, flag: str) -> Path:
+def checked(path: str, flag: str) -> Path:
+    """The path a flag writes to; an error naming the flag when its folder is missing (call it
+    before a long run, not only when writing)."""
     out = Path(path)
     if out.parent and not out.parent.exists():
         raise ConfigError(f"{flag} {path!r}: folder {str(out.parent)!r} does not exist; create "
@@ -29,12 +31,12 @@ def _checked(path: str, flag: str) -> Path:
 
 
 def write_json(path: str, data: dict, flag: str = "--json") -> None:
-    _checked(path, flag).write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
+    checked(path, flag).write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
     print(f"\nwrote {path}")
 
 
 def write_text(path: str, text: str, flag: str = "--html") -> None:
-    _checked(path, flag).write_text(text)
+    checked(path, flag).write_text(text)
     print(f"wrote {path}")
 
 

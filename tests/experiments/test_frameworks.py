@@ -148,6 +148,10 @@ def test_out_keeps_a_file_unless_force(tmp_path, capsys):
     ("ici_fsdp_parallelism=4", "ici_*_parallelism multiply to 4"),
     ("model_name=gemma2-9b", "model_name='gemma2-9b'"),
     ("mlpwi_0=offload", "mlpwi_0='offload'"),
+    # a misspelt key or a value of the wrong kind: named, with the fix
+    ("per_device_batch_sise=4", "did you mean per_device_batch_size=4?"),
+    ("ici_tensr_parallelism=2", "did you mean ici_tensor_parallelism=2?"),
+    ("per_device_batch_size=abc", "per_device_batch_size='abc' must be a number"),
 ])
 def test_import_refuses_what_shardscope_cannot_express(override, named, tmp_path, capsys):
     yml = tmp_path / "x.yml"

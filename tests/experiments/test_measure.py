@@ -142,6 +142,10 @@ def test_measure_flag_mistakes_are_one_line(tmp_path, capsys):
     assert out.read_text() == "mine\n"  # a user's file is kept
     code, _, err = run_cli(["measure", "tiny-h100-dp-tp", "--coordinator", "h:1"], capsys)
     assert code == 2 and "--num-processes" in err and err.count("\n") == 1
+    # a missing folder is said before the run, not after it
+    code, out_, err = run_cli(["measure", "tiny-h100-dp-tp", "--out",
+                               str(tmp_path / "no" / "run.toml")], capsys)
+    assert code == 2 and "does not exist" in err and "measured" not in out_
 
 
 def _free_port() -> int:

@@ -81,6 +81,10 @@ LLAMA = json.loads((HF / "meta-llama-3-8b.json").read_text())
     ({"num_experts_per_token_typo": 2}, "field num_experts_per_token_typo=2 (model_type "
                                         "'llama') is unknown"),
     ({"layer_types": ["sliding_attention"] * 32}, "layer_types="),
+    # malformed values: named, never a traceback
+    ({"num_attention_heads": None}, "missing num_attention_heads"),
+    ({"num_attention_heads": "32"}, "num_attention_heads='32' must be a number"),
+    ({"tie_word_embeddings": "no"}, "tie_word_embeddings='no' must be true or false"),
 ])
 def test_what_changes_the_math_and_cannot_be_modelled_is_refused_by_name(change, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
