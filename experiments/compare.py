@@ -4,9 +4,10 @@ side by side.
 Each system gets the config's sharding where it is valid there (the validator's reason
 otherwise), its batch-sharding axis scaled to the system's device count (`fit_to_devices`:
 256 TPU7x chips are 512 devices), or with `--search` the fastest sharding that fits from a
-search on that system. On the CPU path the compiled program depends only on the mesh, not
-on the machine, so it is compiled once per device count and sharding and re-timed on every
-system of that size (`sharding.reanalyze`: each system's chips and links, no recompile); a
+search on that system. On the CPU path the compiled program depends only on the mesh and on
+whether the system is a GPU (whose program saves what Transformer Engine's fused kernels
+save), so it is compiled once per device count, sharding and kind and re-timed on every
+such system of that size (`sharding.reanalyze`: each system's chips and links, no recompile); a
 test checks this equals compiling for each.
 
 Power, energy per token, tokens/s per MW and USD per million tokens are each report's
@@ -28,6 +29,7 @@ from experiments import config as config_mod
 from experiments import runner
 from experiments.config import ConfigError
 from experiments.ranking import ranking
+from sharding.compute import runs_fused_kernels
 from sharding.mesh import CPU_MAX_DEVICES
 from sharding.report import Report
 from sharding.rules import MESH_AXES, rules_preset
@@ -209,7 +211,10 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
                 exp.cost,
                 usd_per_chip_hour=price_per_device_hour * exp.system.chip.devices_per_chip))
         sizes = {a: s for a, s in exp.parallelism.sizes().items() if s > 1}
-        key = (n, json.dumps(r["parallelism"], sort_keys=True))
+        # one compile per device count and sharding, GPU and TPU programs apart (a GPU
+        # system's program saves what Transformer Engine's fused kernels save)
+        key = (n, runs_fused_kernels(exp.system.chip), json.dumps(r["parallelism"],
+                                                                sort_keys=True))
         if key in compiled:
             first, rep = compiled[key]
             report = sharding.reanalyze(

@@ -112,7 +112,9 @@ def test_compare_with_search_picks_each_systems_fastest(tmp_path, capsys, cpu_de
     assert cli.main(args) == 0
     with Store(tmp_path / "s.sqlite") as store:
         assert len(store.results()) == before
-    assert json.loads(out.read_text())["systems"][1]["retimed_from"] == "h100:2"
+    # (the TPU's program is its own: a GPU system's saves what Transformer Engine's fused
+    # kernels save, so it is compiled, not re-timed from the H100's)
+    assert json.loads(out.read_text())["systems"][1]["retimed_from"] is None
 
 
 @needs_browser
