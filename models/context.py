@@ -29,7 +29,6 @@ chunk's positions.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -72,8 +71,7 @@ def rank_copies(cfg, rules, mesh_shape):
         if keys[0] != "blocks":
             return RankCopies()
         logical = "residual_seq" if any("norm" in k for k in keys) else "seq"
-        axes = tuple(a for a in rules.mesh_axes(logical) if mesh_shape.get(a, 1) > 1)
-        return RankCopies(axes, math.prod(mesh_shape[a] for a in axes))
+        return RankCopies(rules.split_axes(logical, mesh_shape), rules.ways(logical, mesh_shape))
 
     return of
 
@@ -139,7 +137,7 @@ def context_axis() -> dict:
     """The mesh, rules and the one mesh axis that split the positions (context_attention's
     keywords)."""
     mesh, rules = active_mesh(), active_rules()
-    axes = [a for a in rules.mesh_axes("seq") if dict(mesh.shape).get(a, 1) > 1]
+    axes = rules.split_axes("seq", dict(mesh.shape))
     if len(axes) != 1:
         raise ValueError(f"context parallelism needs the rule of 'seq' to name one mesh axis "
                          f"of size > 1; it names {axes}")

@@ -7,8 +7,6 @@ Array-name suffixes: the legend in models/__init__.py.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -66,12 +64,13 @@ class Norm(nnx.Module):
 
     def __call__(self, x_BLD):
         weights = (self.scale[...],) + ((self.bias[...],) if self.kind == "layernorm" else ())
-        if weights[0].ndim == 2:  # one copy per context rank (per_context_rank)
-            return per_context_rank(self._normalize, x_BLD, *weights, logical="residual_seq")
-        return self._normalize(x_BLD, *weights)
 
-    def _normalize(self, x_BLD, scale_D, bias_D=None):
-        return kernels.norm(x_BLD, scale_D, bias_D, self.kind)  # one kernel on GPUs
+        def normalize(x, scale_D, bias_D=None):
+            return kernels.norm(x, scale_D, bias_D, self.kind)  # one kernel on GPUs
+
+        if weights[0].ndim == 2:  # one copy per context rank (per_context_rank)
+            return per_context_rank(normalize, x_BLD, *weights, logical="residual_seq")
+        return normalize(x_BLD, *weights)
 
 
 @jax.named_scope(kernel_scopes.ROPE)  # one kernel on GPUs (Transformer Engine's fused RoPE)
@@ -107,26 +106,20 @@ def project(spec: str, x, w, *, precision: Precision):
     return jnp.einsum(spec, x, w)
 
 
-def rank_split(logical: str) -> tuple[tuple[str, ...], int]:
-    """The mesh axes (of size > 1) that split the positions under the logical axis
-    `logical` ("seq": a projection's input; "residual_seq": the residual stream, which
-    sequence parallelism splits further), and how many ranks they make."""
-    mesh, rules = active_mesh(), active_rules()
-    shape = dict(mesh.shape)
-    axes = tuple(a for a in rules.mesh_axes(logical) if shape.get(a, 1) > 1)
-    return axes, math.prod(shape[a] for a in axes)
-
-
 def per_context_rank(fn, x_BL, *weights_Y, logical: str = "seq"):
     """`fn(x, *weights)` run by each rank that holds a block of the positions (the mesh
-    axes `rank_split(logical)` gives), on its own positions with its own copy of the
+    axes of size > 1 that split the activations' `logical` dimension: "seq" for a
+    projection's input, "residual_seq" for the residual stream, which sequence parallelism
+    splits over `tensor` too), on its own positions with its own copy of the
     weights (leading dimension Y, sharded over those axes).
 
     The point is the backward: a weight's gradient stays per rank (no sum over the ranks)
     until the copies are summed where they were made: with the data-parallel replicas'
     gradients, once per step (models/context.rank_copies), instead of at every micro-step
     or pipeline tick. Suffix Y: the ranks."""
-    axes, ranks = rank_split(logical)
+    mesh, rules = active_mesh(), active_rules()
+    shape = dict(mesh.shape)
+    axes, ranks = rules.split_axes(logical, shape), rules.ways(logical, shape)
     b, seq = x_BL.shape[:2]
     x_BYl = x_BL.reshape(b, ranks, seq // ranks, *x_BL.shape[2:])
     out_BYl = jax.vmap(fn, in_axes=(1,) + (0,) * len(weights_Y), out_axes=1,

@@ -80,6 +80,10 @@ class AxisRules:
             **self.activations,
             "residual_seq": (*seq, *(a for a in self.activations["heads"] if a not in seq))})
 
+    def split_axes(self, logical: str, mesh_shape: Mapping[str, int]) -> tuple[str, ...]:
+        """The mesh axes of size > 1 that split the activations' `logical` dimension."""
+        return tuple(a for a in self.mesh_axes(logical) if mesh_shape.get(a, 1) > 1)
+
     def ways(self, logical: str, mesh_shape: Mapping[str, int], *,
              params: bool = False) -> int:
         """How many ways `logical` splits on a mesh of `mesh_shape` (mesh axis -> size;
