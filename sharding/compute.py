@@ -21,7 +21,7 @@ import dataclasses
 from meshes import Chip
 from meshes.calibration import IDENTITY, Calibration
 from meshes.chips import GPU_TARGETS
-from sharding.dataflow import MATMUL_OPS, through_views, users_through_views
+from sharding.dataflow import is_matmul, through_views, users_through_views
 from sharding.dequant import dequant_read_bytes
 from sharding.flops import dot_flops
 from sharding.hlo import HloModule, operation_of
@@ -164,7 +164,7 @@ def work(module: HloModule) -> dict[str, Work]:
         inside_fusion = comp.name in fused
         matmuls = []
         for inst in comp.instructions:
-            if inst.opcode in MATMUL_OPS:
+            if is_matmul(inst):
                 f, dt, own_io = dot_flops(inst, comp)
                 on_chip = inside_fusion or FUSED_KERNEL_SCOPE in inst.op_name
                 scoped = (not module.is_scheduled and not inside_fusion

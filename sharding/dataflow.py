@@ -7,6 +7,10 @@ from __future__ import annotations
 from sharding.hlo import ArrayShape, Computation, Instruction
 
 MATMUL_OPS = frozenset({"dot", "convolution"})
+# The GEMM libraries a compiler calls in place of a dot, the dimension numbers in the call's
+# backend_config: cuBLAS and cuBLASLt (`__cublas$gemm`, `__cublas$lt$matmul`, its `$f8`
+# form), which XLA:GPU's autotuner picks on a real GPU wherever they beat its Triton GEMM.
+GEMM_CALL_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
 VIEW_OPS = frozenset({"reshape", "bitcast"})
 SLICE_OPS = frozenset({"slice", "dynamic-slice", "gather"})
 IN_PLACE_OPS = frozenset({"dynamic-update-slice", "scatter"})
@@ -67,6 +71,17 @@ def users_through_views(comp: Computation, name: str) -> list[Instruction]:
     return out
 
 
+def is_gemm_call(inst: Instruction) -> bool:
+    """A custom-call to a GEMM library (GEMM_CALL_TARGETS)."""
+    return inst.opcode == "custom-call" and (
+        inst.attr("custom_call_target") or "").strip('"').startswith(GEMM_CALL_TARGETS)
+
+
+def is_matmul(inst: Instruction) -> bool:
+    """A dot, a convolution or a library GEMM call."""
+    return inst.opcode in MATMUL_OPS or is_gemm_call(inst)
+
+
 def feeds_only_matmuls(comp: Computation, inst: Instruction) -> bool:
     users = comp.users.get(inst.name, [])
     if not users:
@@ -75,6 +90,6 @@ def feeds_only_matmuls(comp: Computation, inst: Instruction) -> bool:
         if is_view(u, comp):
             if not feeds_only_matmuls(comp, u):
                 return False
-        elif u.opcode not in MATMUL_OPS:
+        elif not is_matmul(u):
             return False
     return True

@@ -1,7 +1,9 @@
-"""FLOPs and operand bytes of a dot or convolution, as XLA's HloCostAnalysis counts them."""
+"""FLOPs and operand bytes of a dot, a convolution or a library GEMM call, as XLA's
+HloCostAnalysis counts them."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from sharding.dequant import LOW_PRECISION_MMA, dequant_read_bytes, dequant_source_dtype
@@ -9,7 +11,9 @@ from sharding.hlo import DTYPE_NAMES, ArrayShape, Computation, Instruction
 
 
 def dot_flops(inst: Instruction, comp: Computation) -> tuple[float, str, float]:
-    """(FLOPs, matmul dtype, HBM bytes of operands + output) of a dot or convolution."""
+    """(FLOPs, matmul dtype, HBM bytes of operands + output) of a dot, a convolution or a
+    GEMM library call (`dataflow.is_gemm_call`: its output is the first of its tuple, its
+    workspace not counted)."""
     out = inst.shapes
     if not out:
         return 0.0, "float32", 0.0
@@ -25,17 +29,32 @@ def dot_flops(inst: Instruction, comp: Computation) -> tuple[float, str, float]:
     for i, shape in ((0, lhs), (1, rhs)):
         fused = dequant_read_bytes(comp, inst.operands[i]) if i < len(inst.operands) else None
         io_bytes += fused if fused is not None else (shape.hbm_bytes if shape else 0)
-    if inst.opcode == "dot":
-        dims = inst.attr("lhs_contracting_dims")
+    if inst.opcode in ("dot", "custom-call"):
+        dims = (inst.attr("lhs_contracting_dims") or "").strip("{}").split(",") \
+            if inst.opcode == "dot" else gemm_contracting_dims(inst)
         contract = 1
-        if lhs is not None and dims:
-            for d in dims.strip("{}").split(","):
-                if d.strip():
+        if lhs is not None:
+            for d in dims:
+                if str(d).strip():
                     contract *= lhs.dims[int(d)]
         return 2.0 * out_elems * contract, dtype, io_bytes
     if lhs is None or rhs is None:
         return 0.0, dtype, io_bytes
     return convolution_flops(inst, lhs, rhs, out[0]), dtype, io_bytes
+
+
+def gemm_contracting_dims(inst: Instruction) -> list[str]:
+    """The left operand's contracting dimensions of a cuBLAS / cuBLASLt call, from the
+    `dot_dimension_numbers` of its backend_config (JSON; under `gemm_backend_config` in
+    current XLA, at the top in older dumps)."""
+    text = inst.attr("backend_config") or ""
+    try:
+        config = json.loads(json.loads(text) if text.startswith('"') else text)
+    except ValueError:
+        return []
+    gemm = config.get("gemm_backend_config", config) if isinstance(config, dict) else {}
+    numbers = gemm.get("dot_dimension_numbers") or {}
+    return [str(d) for d in numbers.get("lhs_contracting_dimensions", [])]
 
 
 def convolution_flops(inst: Instruction, lhs: ArrayShape, rhs: ArrayShape,

@@ -13,8 +13,11 @@ category the estimate times it in, from the executed program's own HLO text:
   users keep a 1/n slice each is the reduce-scatter it stands for);
 - `matmul`: a dot or convolution, a fusion that holds one, a library GEMM custom call;
 - `memory-bound`: every other kernel;
-- control flow (`while`, `conditional`, `call`) is not counted: the instructions it
-  runs have their own events.
+- control flow (`while`, `conditional`, `call`) is not counted where the instructions it
+  runs have their own events. Where they have none -- XLA:GPU runs most of a step's kernels
+  in command buffers (CUDA graphs), and the profiler names their kernels by the command
+  buffer's call, not by instruction -- its time is `unattributed`: device time measured but
+  not placed (experiments/measure.py compiles the profiled steps with command buffers off).
 """
 
 from __future__ import annotations
@@ -26,15 +29,17 @@ from collections import defaultdict
 from pathlib import Path
 
 from sharding.collectives import extract_collectives, is_collective
-from sharding.dataflow import MATMUL_OPS
+from sharding.dataflow import GEMM_CALL_TARGETS, MATMUL_OPS
 from sharding.hlo import HloModule, parse_hlo
 
 MATMUL = "matmul"
 MEMORY_BOUND = "memory-bound"
+UNATTRIBUTED = "unattributed"
 _CONTAINERS = frozenset({"while", "conditional", "call", "async-start", "async-done",
                          "parameter", "tuple", "get-tuple-element", "constant", "bitcast"})
 # custom-call targets that are GEMMs: cuBLAS / cuBLASLt, oneDNN, XLA:CPU's own
-_GEMM_TARGETS = ("__cublas", "__onednn$matmul", "__onednn$convolution", "__xla_cpu_gemm")
+_GEMM_TARGETS = (*GEMM_CALL_TARGETS, "__onednn$matmul", "__onednn$convolution",
+                 "__xla_cpu_gemm")
 # an async collective's halves: the time is the pair's, its kind the start's
 _ASYNC_SUFFIXES = ("-start", "-done", "-update")
 
@@ -140,18 +145,21 @@ def profile_by_category(events: list[OpEvent], hlo_text: str, *, steps: int,
     module = parse_hlo(hlo_text)
     name = module_name or module.name
     cats = categories_of(module)
-    containers = {i.name for c in module.computations.values() for i in c.instructions
-                  if i.opcode in _CONTAINERS}
+    mine = [e for e in events if e.module == name]
+    seen = {e.op for e in mine}
+    containers = _containers(module)
     total: dict[str, float] = defaultdict(float)
     devices, unmatched, n = set(), set(), 0
-    for e in events:
-        if e.module != name:
-            continue
+    for e in mine:
         cat = cats.get(e.op)
         if cat is None:
-            if e.op not in containers:
+            inner = containers.get(e.op)
+            if inner is None:
                 unmatched.add(e.op)
-            continue
+                continue
+            if not inner or inner & seen:
+                continue  # what it runs has events of its own
+            cat = UNATTRIBUTED  # its kernels ran without their instructions' names
         total[cat] += e.seconds
         devices.add(e.device)
         n += 1
@@ -162,3 +170,32 @@ def profile_by_category(events: list[OpEvent], hlo_text: str, *, steps: int,
     return Profile({k: v / per for k, v in sorted(total.items())}, len(devices), n,
                    tuple(sorted(unmatched)))
 
+
+def _containers(module: HloModule) -> dict[str, frozenset[str]]:
+    """Control-flow instruction (and called computation) name -> the names of every
+    instruction it runs, through nested control flow (empty for a container that runs
+    nothing: a parameter, a tuple)."""
+    memo: dict[str, frozenset[str]] = {}
+
+    def runs(comp_name: str, depth: int = 0) -> frozenset[str]:
+        if comp_name not in memo:
+            comp = module.computations.get(comp_name)
+            names: set[str] = set()
+            for i in comp.instructions if comp is not None and depth < 16 else ():
+                names.add(i.name)
+                if i.opcode in _CONTAINERS:
+                    for _, callee in i.called_computations():
+                        names |= runs(callee, depth + 1)
+            memo[comp_name] = frozenset(names)
+        return memo[comp_name]
+
+    out: dict[str, frozenset[str]] = {}
+    for comp in module.computations.values():
+        for inst in comp.instructions:
+            if inst.opcode in _CONTAINERS:
+                callees = [c for _, c in inst.called_computations()]
+                inner = frozenset().union(*(runs(c) for c in callees))
+                out[inst.name] = inner
+                for c in callees:  # a profiler may name the event by the computation
+                    out.setdefault(c, inner)
+    return out

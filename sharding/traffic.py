@@ -42,6 +42,7 @@ from sharding.dataflow import (
     MATMUL_OPS,
     SLICE_OPS,
     feeds_only_matmuls,
+    is_matmul,
     is_view,
     read_bytes,
     shapes_of,
@@ -159,7 +160,7 @@ def _in_epilogue(comp: Computation, inst: Instruction, depth: int = 0) -> bool:
     src = comp.by_name.get(through_views(comp, chain[0])) if len(chain) == 1 else None
     if src is None or len(users_through_views(comp, src.name)) != 1:
         return False
-    return src.opcode in MATMUL_OPS or _in_epilogue(comp, src, depth + 1)
+    return is_matmul(src) or _in_epilogue(comp, src, depth + 1)
 
 
 def _stacks(inst: Instruction) -> bool:
@@ -270,7 +271,7 @@ def _slice_for_matmuls(module: HloModule | None, comp: Computation, inst: Instru
         return False
     users = users_through_views(comp, inst.name)
     return bool(users) and all(
-        u.opcode in MATMUL_OPS or (f := _fused(module, u)) is not None
+        is_matmul(u) or (f := _fused(module, u)) is not None
         and any(i.opcode in MATMUL_OPS for i in f.instructions) for u in users)
 
 

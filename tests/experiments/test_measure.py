@@ -176,3 +176,18 @@ def test_two_processes_give_the_loss_of_one(measured, tmp_path, cache_home):
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
     # process 1 prints its loss and writes nothing
     assert "process 1: loss" in outs[1][0]
+
+
+def test_the_profiled_gpu_compile_turns_command_buffers_off_with_an_option_xla_takes():
+    # XLA checks a compile option's name and value on every backend (an unknown enum value
+    # is refused), so the GPU option is proven valid here; the timed steps keep the default.
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.measure import PROFILE_OPTIONS
+
+    assert PROFILE_OPTIONS["gpu"] == {"xla_gpu_enable_command_buffer": ""}
+    lowered = jax.jit(lambda x: x @ x).lower(jnp.ones((4, 4)))
+    assert lowered.compile(compiler_options=PROFILE_OPTIONS["gpu"])(jnp.ones((4, 4)))[0, 0] == 4
+    with pytest.raises(Exception, match="not a valid enum value"):
+        lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": "NO_SUCH"})

@@ -80,3 +80,50 @@ def test_a_trace_without_the_program_says_so(tmp_path):
         trace_file(tmp_path)
     with pytest.raises(ValueError, match="jit_step"):
         profile_by_category([], HLO, steps=1)
+
+
+# XLA:GPU's shape of a step: most kernels inside a command buffer (a CUDA graph) called from
+# the entry, a cuBLAS GEMM outside it.
+GPU_HLO = """HloModule jit_step, is_scheduled=true
+
+%fused_neg (p: f32[8,8]) -> f32[8,8] {
+  %p = f32[8,8]{1,0} parameter(0)
+  ROOT %n = f32[8,8]{1,0} negate(%p)
+}
+
+%command_buffer (a: f32[8,8]) -> f32[8,8] {
+  %a = f32[8,8]{1,0} parameter(0)
+  %loop_neg_fusion = f32[8,8]{1,0} fusion(%a), kind=kLoop, calls=%fused_neg
+  ROOT %loop_neg_fusion.1 = f32[8,8]{1,0} fusion(%loop_neg_fusion), kind=kLoop, calls=%fused_neg
+}
+
+ENTRY %main (x: f32[8,8], w: f32[8,8]) -> f32[8,8] {
+  %x = f32[8,8]{1,0} parameter(0)
+  %w = f32[8,8]{1,0} parameter(1)
+  %gemm = (f32[8,8]{1,0}, s8[0]{0}) custom-call(%x, %w), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  %out = f32[8,8]{1,0} get-tuple-element(%gemm), index=0
+  ROOT %call = f32[8,8]{1,0} call(%out), to_apply=%command_buffer
+}
+"""
+
+
+def test_kernels_run_in_a_command_buffer_are_unattributed_not_lost():
+    # Under a command buffer the profiler names the kernels by the call: their time is
+    # counted, as unattributed; without one (each kernel named) it is placed, and the call,
+    # whose kernels have their own events, is not counted twice.
+    graph = [_event("gemm", "0", 30), _event("call", "0", 70)]
+    prof = profile_by_category([read(e) for e in graph], GPU_HLO, steps=1)
+    assert prof.seconds == pytest.approx({"matmul": 30e-6, "unattributed": 70e-6})
+    named = graph + [_event("loop_neg_fusion", "0", 20), _event("loop_neg_fusion.1", "0", 25)]
+    prof = profile_by_category([read(e) for e in named], GPU_HLO, steps=1)
+    assert prof.seconds == pytest.approx({"matmul": 30e-6, "memory-bound": 45e-6})
+    # a profiler that names the event by the command buffer computation
+    prof = profile_by_category([read(_event("command_buffer", "0", 70))], GPU_HLO, steps=1)
+    assert prof.seconds == pytest.approx({"unattributed": 70e-6})
+
+
+def read(event):
+    from sharding.profile import OpEvent
+
+    a = event["args"]
+    return OpEvent(a["hlo_module"], a["hlo_op"], a["device_ordinal"], event["dur"] * 1e-6)
