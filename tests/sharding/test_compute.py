@@ -8,6 +8,7 @@ import meshes
 from meshes.calibration import Calibration
 from sharding.compute import compute_cost
 from sharding.hlo import parse_hlo
+from tests.conftest import DATA
 
 H100 = meshes.get_system("h100:8").chip
 
@@ -127,25 +128,7 @@ def test_small_matmuls_run_below_the_large_matmul_rate():
 # A scheduled XLA:GPU module as a real GPU's autotuner leaves it: one GEMM a cuBLAS call
 # (its output and workspace a tuple), one a cuBLASLt FP8 call (the scales as operands), a
 # batched one with the dimension numbers at the top of the config, as older dumps write it.
-_CUBLAS = """HloModule jit_step, is_scheduled=true
-
-ENTRY %main (a: bf16[4096,8192], b: bf16[8192,2048], c: f8e4m3fn[4096,8192], d: f8e4m3fn[2048,8192], s: f32[], e: f32[8,512,64], f: f32[8,64,512]) -> (bf16[4096,2048], bf16[4096,2048], f32[8,512,512]) {
-  %a = bf16[4096,8192]{1,0} parameter(0)
-  %b = bf16[8192,2048]{1,0} parameter(1)
-  %c = f8e4m3fn[4096,8192]{1,0} parameter(2)
-  %d = f8e4m3fn[2048,8192]{1,0} parameter(3)
-  %s = f32[] parameter(4)
-  %e = f32[8,512,64]{2,1,0} parameter(5)
-  %f = f32[8,64,512]{2,1,0} parameter(6)
-  %gemm = (bf16[4096,2048]{1,0}, s8[4194304]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", backend_config={"operation_queue_id":"0","wait_on_operation_queues":[],"gemm_backend_config":{"alpha_real":1,"beta":0,"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]},"precision_config":{"operand_precision":["DEFAULT","DEFAULT"]},"epilogue":"DEFAULT","grad_x":false,"grad_y":false}}
-  %out = bf16[4096,2048]{1,0} get-tuple-element(%gemm), index=0
-  %f8 = (bf16[4096,2048]{1,0}, s8[33554432]{0}) custom-call(%c, %d, %s, %s), custom_call_target="__cublas$lt$matmul$f8", backend_config={"gemm_backend_config":{"alpha_real":1,"beta":0,"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["1"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]},"epilogue":"DEFAULT"}}
-  %out8 = bf16[4096,2048]{1,0} get-tuple-element(%f8), index=0
-  %bmm = (f32[8,512,512]{2,1,0}, s8[0]{0}) custom-call(%e, %f), custom_call_target="__cublas$gemm", backend_config={"alpha_real":1,"beta":0,"dot_dimension_numbers":{"lhs_contracting_dimensions":[2],"rhs_contracting_dimensions":[1],"lhs_batch_dimensions":[0],"rhs_batch_dimensions":[0]}}
-  %outb = f32[8,512,512]{2,1,0} get-tuple-element(%bmm), index=0
-  ROOT %t = (bf16[4096,2048]{1,0}, bf16[4096,2048]{1,0}, f32[8,512,512]{2,1,0}) tuple(%out, %out8, %outb)
-}
-"""
+_CUBLAS = (DATA / "cublas_gemms.hlo").read_text()
 
 
 def test_library_gemm_calls_are_matmuls_with_their_flops_and_format():

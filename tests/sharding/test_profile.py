@@ -7,6 +7,7 @@ import json
 import pytest
 
 from sharding.profile import profile_by_category, read_events, trace_file
+from tests.conftest import DATA
 
 # A matmul in a fusion, an all-reduce whose users keep a half each (the reduce-scatter the
 # estimate reads), an elementwise kernel, a while loop around another add.
@@ -84,27 +85,7 @@ def test_a_trace_without_the_program_says_so(tmp_path):
 
 # XLA:GPU's shape of a step: most kernels inside a command buffer (a CUDA graph) called from
 # the entry, a cuBLAS GEMM outside it.
-GPU_HLO = """HloModule jit_step, is_scheduled=true
-
-%fused_neg (p: f32[8,8]) -> f32[8,8] {
-  %p = f32[8,8]{1,0} parameter(0)
-  ROOT %n = f32[8,8]{1,0} negate(%p)
-}
-
-%command_buffer (a: f32[8,8]) -> f32[8,8] {
-  %a = f32[8,8]{1,0} parameter(0)
-  %loop_neg_fusion = f32[8,8]{1,0} fusion(%a), kind=kLoop, calls=%fused_neg
-  ROOT %loop_neg_fusion.1 = f32[8,8]{1,0} fusion(%loop_neg_fusion), kind=kLoop, calls=%fused_neg
-}
-
-ENTRY %main (x: f32[8,8], w: f32[8,8]) -> f32[8,8] {
-  %x = f32[8,8]{1,0} parameter(0)
-  %w = f32[8,8]{1,0} parameter(1)
-  %gemm = (f32[8,8]{1,0}, s8[0]{0}) custom-call(%x, %w), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
-  %out = f32[8,8]{1,0} get-tuple-element(%gemm), index=0
-  ROOT %call = f32[8,8]{1,0} call(%out), to_apply=%command_buffer
-}
-"""
+GPU_HLO = (DATA / "gpu_command_buffer.hlo").read_text()
 
 
 def test_kernels_run_in_a_command_buffer_are_unattributed_not_lost():
