@@ -80,11 +80,11 @@ def pair(exp, **kw):
             "kinds": sorted({(c.kind, ",".join(c.mesh_axes)) for c in direct.collectives})}
 
 out = {}
-for n in (256, 2048):
-    exp = config.load("tiny-h100-dp-tp", [f"system.name=h100:{n}",
-        f"parallelism.data={n // 8}", "parallelism.tensor=4", "parallelism.pipeline=2",
-        f"workload.global_batch={2 * n // 8}", "workload.microbatches=2"])
-    out[n] = pair(exp)
+# (The 256-GPU runs below compile the same program at 32 replicas.)
+exp = config.load("tiny-h100-dp-tp", ["system.name=h100:2048", "parallelism.data=256",
+    "parallelism.tensor=4", "parallelism.pipeline=2", "workload.global_batch=512",
+    "workload.microbatches=2"])
+out[2048] = pair(exp)
 # TPU pods, TPU7x (two devices a chip) and Trainium2 on the CPU path: the reduced run is
 # a smaller slice of the family; the full one is timed on the full torus and DCN. (The
 # two-slice v5e pod covers the one-slice one: the same reduced slice, the same torus.)
@@ -124,17 +124,16 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_extrapolated_runs_equal_direct_compiles_up_to_2048_devices():
-    # Data x tensor x pipeline on 256 and 2048 H100s: compiled with 2 replicas (16 devices)
-    # and read as the full run, against the full run compiled directly: the same
-    # collectives (kind, mesh axes, bytes, count, every replica group) and the same step.
-    # (The smallest and the largest a process compiles directly; 512 and 1024 were the same
-    # program with 64 and 128 replicas.)
+    # Data x tensor x pipeline on 256 (data outermost; the distributed optimizer) and 2048
+    # H100s: compiled with 2 replicas (16 devices) and read as the full run, against the
+    # full run compiled directly: the same collectives (kind, mesh axes, bytes, count, every
+    # replica group) and the same step. (2048 is the largest a process compiles directly;
+    # 512 and 1024 were the same program with 64 and 128 replicas.)
     p = subprocess.run([sys.executable, "-c", _COMPARE], cwd=REPO, capture_output=True,
                        text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    for n in ("256", "2048"):
-        r = out[n]
+    for n, r in (("2048", out["2048"]), ("256", out["h100 outer=data"])):
         assert r["same"], n
         assert r["from"].startswith(f"compiled on 16 devices (2 of the {int(n) // 8} ")
         assert r["direct_from"] == ""
@@ -156,8 +155,6 @@ def test_extrapolated_runs_equal_direct_compiles_up_to_2048_devices():
                for k, a, link in default)
     assert ["all-reduce", "data", "dcn"] in data_out
     assert not any(k == "collective-permute" and link == "dcn" for k, _, link in data_out)
-    r = out["h100 outer=data"]
-    assert r["same"] and r["step"][0] == pytest.approx(r["step"][1], rel=0.01)
     r = out["zero"]
     assert r["same"] and ["reduce-scatter", "data"] in r["kinds"] and \
         ["all-gather", "data"] in r["kinds"]
