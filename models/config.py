@@ -309,7 +309,7 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
 }
 
 
-def preset(name: str, **overrides) -> ModelConfig:
+def preset(name: str, /, **overrides) -> ModelConfig:
     """A preset, with explicit fields overriding it."""
     if name not in PRESETS:
         raise ValueError(f"model.preset={name!r} is unknown; valid: {', '.join(PRESETS)}")

@@ -103,3 +103,11 @@ def test_bad_calibration_files_are_one_line(tmp_path, text, fragment):
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="not found"):
         load_calibration(tmp_path / "missing.toml")
+
+
+def test_any_model_field_overrides_a_preset_its_name_too():
+    from experiments import config
+
+    exp = config.load("tiny-h100-dp-tp", ['model.preset="llama3-8b"', 'model.name="my-8b"',
+                                          "model.n_layers=2"])
+    assert (exp.model.name, exp.model.n_layers, exp.model.d_model) == ("my-8b", 2, 4096)
