@@ -48,6 +48,15 @@ def scope_key(op_name: str) -> tuple[str, str] | None:
     return None
 
 
+def scales_per_device(op_name: str) -> bool:
+    """A quantise's amax reduction: Transformer Engine's FP8 current scaling scales each
+    GPU's own tensor (its amax reduced only over the tensor-parallel group, where sequence
+    parallelism gathers the quantised input), where a per-tensor scale in a GSPMD program
+    all-reduces the amax over every shard."""
+    key = scope_key(op_name)
+    return key is not None and key[0] == QUANTIZE
+
+
 def fuses(src_key: tuple[str, str] | None, dst_key: tuple[str, str] | None) -> bool:
     """Whether a fused kernel's op `src` and its user `dst` (both in fused scopes, or
     one of them) are one kernel: the same scope call and pass, or a quantise of a norm's or

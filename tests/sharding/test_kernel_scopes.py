@@ -121,3 +121,64 @@ def test_a_stage_s_weights_handed_to_its_layer_loop_are_not_copied_on_a_gpu(cpu_
     stage = 4 * 256 * D * 2  # one stage's weights, bf16
     gpu, tpu = hbm_bytes(ticks, x, w, chip=H100), hbm_bytes(ticks, x, w, chip=V5E)
     assert tpu - gpu == pytest.approx(2 * 2 * stage, rel=0.01)  # 2 ticks, read + write
+
+
+def test_an_fp8_scales_amax_is_reduced_over_the_tensor_group_only_on_a_gpu(cpu_devices):
+    # Per-tensor FP8 scales of an activation split over data x tensor and of one split
+    # over data: the program all-reduces each amax over every shard. Transformer Engine
+    # scales each GPU's own tensor, reducing the amax over the tensor group only: on a GPU
+    # the first is timed over its tensor pair, the second not at all; a TPU runs both.
+    from meshes import get_system
+    from sharding.api import analyze_module
+
+    mesh = Mesh(np.array(cpu_devices).reshape(4, 2), ("data", "tensor"))
+    x = jax.ShapeDtypeStruct((T, D), jnp.bfloat16,
+                             sharding=NamedSharding(mesh, P("data", "tensor")))
+    y = jax.ShapeDtypeStruct((T, D), jnp.bfloat16, sharding=NamedSharding(mesh, P("data")))
+    text = compile_to_hlo(lambda x, y: (_per_tensor_e4m3(x), _per_tensor_e4m3(y)),
+                          x, y).hlo_text
+
+    def amaxes(system):
+        rep = analyze_module(parse_hlo(text), system=get_system(system), mesh_shape=(4, 2),
+                             axis_names=("data", "tensor"))
+        return {c.mesh_axes: c for c in rep.collectives if c.kind == "all-reduce"}
+
+    gpu, tpu = amaxes("h100:8"), amaxes("tpu-v5e:4x2")
+    assert set(gpu) == set(tpu) == {("data", "tensor"), ("data",)}
+    assert all(c.bytes == 4 for c in gpu.values())  # the program's bytes, as counted
+    pair = get_system("h100:8").collective_timing("all-reduce", 4, [[0, 1], [2, 3]])
+    assert gpu["data", "tensor"].time_s == pytest.approx(pair.time_s)
+    assert gpu["data", "tensor"].algorithm.endswith("over tensor only")
+    assert gpu["data",].time_s == 0 and "not run" in gpu["data",].algorithm
+    assert all(c.time_s > 0 for c in tpu.values())
+
+
+def test_a_small_weight_gradient_takes_its_share_of_a_megatron_bucket_on_a_gpu(cpu_devices):
+    # The gradient of a weight replicated over data is summed over data: on a TPU as its own
+    # all-reduce; on a GPU, as Megatron sums it, in a bucket of max(40M, 1M x dp) parameters
+    # with the others: bytes / bucket of one bucket's all-reduce.
+    from meshes import get_system
+    from sharding.api import BUCKET_PARAMS, analyze_module
+
+    mesh = Mesh(np.array(cpu_devices).reshape(4, 2), ("data", "tensor"))
+    w = jax.ShapeDtypeStruct((D, 256), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+    x = jax.ShapeDtypeStruct((T, D), jnp.bfloat16, sharding=NamedSharding(mesh, P("data")))
+    text = compile_to_hlo(jax.grad(lambda w, x: jnp.sum((x @ w).astype(jnp.float32) ** 2)),
+                          w, x).hlo_text
+
+    def grad_sum(system):
+        rep = analyze_module(parse_hlo(text), system=get_system(system), mesh_shape=(4, 2),
+                             axis_names=("data", "tensor"))
+        [c] = [c for c in rep.collectives if c.mesh_axes == ("data",)]
+        return c
+
+    gpu, tpu = grad_sum("h100:8"), grad_sum("tpu-v5e:4x2")
+    assert gpu.bytes == tpu.bytes == D * 256 * 2
+    bucket = BUCKET_PARAMS * 2  # bf16; 1M x 4 ranks is less
+    whole = get_system("h100:8").collective_timing(gpu.kind, bucket,
+                                                   [list(g) for g in gpu.groups])
+    assert gpu.time_s == pytest.approx(whole.time_s * gpu.bytes / bucket)
+    assert gpu.algorithm.endswith("in buckets") and not tpu.algorithm.endswith("in buckets")
+    alone = get_system("h100:8").collective_timing(gpu.kind, gpu.bytes,
+                                                   [list(g) for g in gpu.groups])
+    assert gpu.time_s < alone.time_s / 5  # the latency it no longer pays alone
