@@ -1,6 +1,8 @@
 """Serving (models/inference.py): prefill and decode with a KV cache, correct and
 bandwidth-bound."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,8 +11,13 @@ from flax import nnx
 import meshes
 import models
 import sharding
+from meshes.calibration import catalog_calibration
 from models.inference import build_serve_program
 from tests.steps import decode_both_ways
+
+# The bytes model alone: the catalog's efficiencies without its fitted fixed time per kernel
+# (which a decode step's thousands of small kernels pay on top; test_compute covers it).
+BYTES_ONLY = dataclasses.replace(catalog_calibration(), kernel_overhead_s=0.0)
 
 # The model's passes, each compiled once (the decode index traced) rather than run op by
 # op, which compiles every operation on its own.
@@ -49,7 +56,7 @@ def test_70b_decode_on_8_gpus_is_hbm_bound(cpu_devices):
                                                         global_batch=8),
                                precision=models.Precision(params="bfloat16"))
     rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=system,
-                           tokens_per_step=prog.tokens_per_step)
+                           tokens_per_step=prog.tokens_per_step, calibration=BYTES_ONLY)
     # Every weight and the whole KV cache stream through HBM once per token, at the
     # measured achievable bandwidth (STREAM: 2.97 of 3.35 TB/s on H100, same ratio on H200).
     nbytes = prog.param_bytes_per_device + prog.cache_bytes_per_device
@@ -115,7 +122,8 @@ def test_int8_weights_and_cache_halve_70b_decode_bytes(cpu_devices):
                                                             global_batch=8),
                                    precision=models.Precision(params="bfloat16", weights=kind,
                                                               kv_cache=kind))
-        reps[kind] = (prog, sharding.analyze(prog.step, *prog.args, mesh=mesh, system=system))
+        reps[kind] = (prog, sharding.analyze(prog.step, *prog.args, mesh=mesh, system=system,
+                                             calibration=BYTES_ONLY))
     prog, rep = reps["int8"]
     # int8 weights (the bf16 embedding table aside) and int8 cache + one bf16 scale per
     # (position, kv head).
@@ -166,7 +174,7 @@ compute = "bfloat16"
     path = tmp_path / "d.toml"
     path.write_text(text)
     exp = config.load(path)
-    rep = runner.run(exp)
+    rep = runner.run(exp, calibration=BYTES_ONLY)
     m, system = exp.model, exp.system
     chip = system.chip
     embedding_table = m.padded_vocab * m.d_model * 2 / 8
