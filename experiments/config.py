@@ -59,6 +59,10 @@ class Parallelism:
                                   '"ring" (K/V passed around) or "allgather"', "ring")
     sequence_parallel: bool = described("Megatron's sequence parallelism: the residual "
                                         "stream split over tensor between its regions", False)
+    tp_comm_overlap: bool = described("Transformer Engine's userbuffers (Megatron / NeMo "
+                                      "tp_comm_overlap): on GPU systems each sequence-parallel "
+                                      "all-gather / reduce-scatter over tensor runs in chunks "
+                                      "under the GEMM it feeds or follows", False)
     outer: str = described("the mesh axis placed outermost on the machine (its members "
                            "farthest apart: across pods, slices, racks); \"\" keeps the mesh "
                            "axes' order", "")

@@ -177,6 +177,9 @@ def maxtext(exp: Experiment) -> list[str]:
     if par.sequence_parallel:
         lines.append("# parallelism.sequence_parallel (Megatron's): MaxText's "
                      "activation_embed over tensor splits the residual stream instead")
+    if par.tp_comm_overlap:
+        lines.append("# parallelism.tp_comm_overlap (Transformer Engine's userbuffers): no "
+                     "MaxText key")
     return lines
 
 
@@ -283,6 +286,8 @@ def megatron(exp: Experiment) -> list[str]:
         lines.append(f"--expert-model-parallel-size {par.expert}")
     if par.sequence_parallel:
         lines.append("--sequence-parallel")
+    if par.tp_comm_overlap:
+        lines.append("--tp-comm-overlap")
     if exp.train.shard_optimizer_over_data or par.fsdp > 1:
         lines.append("--use-distributed-optimizer")
     if par.fsdp > 1:

@@ -130,7 +130,7 @@ def analyze_step(exp: Experiment, step: Step, mesh, *, memory: sharding.Memory |
         sequences_per_step=exp.workload.global_batch if step.serving else None,
         memory=memory or step.memory, name=exp.name, calibration=calibration,
         host_transfer_bytes=step.host_transfer_bytes, pipeline=step.pipeline,
-        cost=exp.cost, **kwargs)
+        cost=exp.cost, tp_comm_overlap=exp.parallelism.tp_comm_overlap, **kwargs)
 
 
 def _with_compare_hint(note: str, system) -> str:

@@ -37,6 +37,8 @@ class AnalysisInputs:
             step.
         pipeline: the pipeline schedule the program runs (models.Pipeline.summary()).
         fit_advice: what would make a step that does not fit in HBM fit.
+        tp_comm_overlap: GPU systems: the tensor-parallel all-gathers and reduce-scatters
+            overlap the GEMM they feed or follow (Transformer Engine's userbuffers).
         timings: the stages already timed (build, lower, compile, parse, read).
         plan: the program as read; re-timing from it skips reading the HLO.
     """
@@ -58,6 +60,7 @@ class AnalysisInputs:
     host_transfer_bytes: float = 0.0
     pipeline: dict | None = None
     fit_advice: tuple[str, ...] = ()
+    tp_comm_overlap: bool = False
     timings: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
     plan: Plan | None = None
 

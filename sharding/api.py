@@ -93,6 +93,15 @@ def _scaled_per_device(collectives: list[Collective], system: System,
     return out
 
 
+def _under_gemms(collectives: list[Collective]) -> dict[tuple[str, str], int]:
+    """Transformer Engine's userbuffers: each all-gather or reduce-scatter over `tensor`
+    alone (sequence parallelism's) runs in chunks under the GEMM it feeds or follows;
+    (computation, instruction) -> the tensor-parallel size (its chunk count)."""
+    return {(c.computation, c.name): c.group_size for c in collectives
+            if c.kind in ("all-gather", "reduce-scatter") and c.mesh_axes == ("tensor",)
+            and c.group_size > 1}
+
+
 # Megatron's DDP gathers gradients into buckets of at least this many parameters, more for
 # wider data-parallel groups (DistributedDataParallelConfig.bucket_size: max(40M, 1M x dp
 # size), "so that collectives do not become latency-bound").
@@ -235,6 +244,8 @@ def estimate(inputs: AnalysisInputs, *, system: System,
         plan.graph,
         {name: c.times for name, c in per_comp.items()},
         {(c.computation, c.name): (c.time_s, c.link) for c in collectives},
+        under_gemms=_under_gemms(collectives) if inputs.tp_comm_overlap
+        and runs_fused_kernels(system.chip) else {},
     ).run()
     timings["estimate_s"] = time.perf_counter() - t0
     family = getattr(system.family, "name", "")
@@ -359,6 +370,7 @@ def analyze(
     pipeline: dict | None = None,
     fit_advice: Sequence[str] = (),
     cost: Cost | None = None,
+    tp_comm_overlap: bool = False,
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -394,6 +406,9 @@ def analyze(
             memory model), shown under the verdict.
         cost: prices and PUE for the step's energy and cost (meshes.power.Cost); the
             catalog's defaults when absent.
+        tp_comm_overlap: on GPU systems, the all-gathers and reduce-scatters over `tensor`
+            run in chunks under the GEMM they feed or follow (Transformer Engine's
+            userbuffers; sharding/schedule.py).
     """
     system = get_system(system) if isinstance(system, str) else system
     backend = backend_of(mesh.devices.flat[0])
@@ -420,7 +435,8 @@ def analyze(
         tokens_per_step=tokens_per_step, sequences_per_step=sequences_per_step,
         warnings=(*warnings, *c.warnings), name=name,
         host_transfer_bytes=host_transfer_bytes, pipeline=pipeline,
-        fit_advice=tuple(fit_advice), timings={**(timings or {}), **c.timings})
+        fit_advice=tuple(fit_advice), timings={**(timings or {}), **c.timings},
+        tp_comm_overlap=tp_comm_overlap)
     if system is None:
         return untimed(inputs)
     return estimate(inputs, system=system, calibration=calibration, cost=cost)

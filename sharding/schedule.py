@@ -13,6 +13,11 @@ What the hardware overlaps, and how XLA's latency-hiding scheduler arranges it:
   trailing collectives (a layer's gradient reduce-scatter) into the next iteration, so one
   iteration costs max(critical path to its last compute op, compute busy time, each link's
   busy time). A call or conditional runs its callee (the longest branch) in place.
+- Transformer Engine's userbuffers (`under_gemms`): an all-gather that feeds a GEMM, or a
+  reduce-scatter that follows one, is split into its t chunks and pipelined with the
+  GEMM's t parts (chunk k+1 moves while part k multiplies; the first part is local). Of the
+  collective only what the GEMM's other t - 1 parts cannot cover is waited for:
+  max(0, t_comm - (t - 1)/t x t_gemm). The link is busy for all of it.
 
 The simulation works per computation and memoises, so a scanned stack costs one body.
 """
@@ -128,10 +133,12 @@ class Scheduler:
         graph: Graph,
         compute_times: dict[str, dict[str, float]],
         comm: dict[tuple[str, str], tuple[float, str]],
+        under_gemms: dict[tuple[str, str], int] | None = None,
     ):
         self.graph = graph
         self.compute_times = compute_times
         self.comm = comm  # (computation, instruction) -> (seconds, link)
+        self.under_gemms = under_gemms or {}  # (computation, instruction) -> chunks
         self._memo: dict[str, tuple[Timeline, float]] = {}
         # Collectives the TPU compiler hides inside fusions (`all-reduce-scatter`): the
         # fusion instruction is then the collective.
@@ -208,7 +215,25 @@ class Scheduler:
             kind.append(COMPUTE if t > 0 else "free")
             dur[i] = t
             compute_busy += t
+        if self.under_gemms:
+            self._pipeline_with_gemms(name, nodes, kind, dur)
         return kind, dur, stream_busy, compute_busy
+
+    def _pipeline_with_gemms(self, name: str, nodes: tuple[Node, ...], kind: list[str],
+                             dur: list[float]) -> None:
+        """Shorten each userbuffers collective to what its GEMM cannot cover (the module
+        docstring): an all-gather's compute consumers, a reduce-scatter's producers."""
+        consumers: list[list[int]] = [[] for _ in nodes]
+        for i, node in enumerate(nodes):
+            for p in node.preds:
+                consumers[p].append(i)
+        for i, node in enumerate(nodes):
+            t = self.under_gemms.get((name, node.name))
+            if t is None:
+                continue
+            near = consumers[i] if "all-gather" in node.opcode else node.preds
+            gemm = sum(dur[j] for j in near if kind[j] == COMPUTE)
+            dur[i] = max(0.0, dur[i] - gemm * (t - 1) / t)
 
 
 def _list_schedule(kind: list[str], dur: list[float],

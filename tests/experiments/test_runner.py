@@ -118,3 +118,20 @@ def test_published_large_run_configs_run_on_the_default_path(tmp_path, config, s
     assert pipe["bubble"] == pytest.approx((stages - 1) / (microbatches * virtual + stages - 1))
     assert any(c["kind"] == "collective-permute" and c["mesh_axes"] == ["pipeline"]
                for c in d["collectives"])
+
+
+def test_tp_comm_overlap_hides_sequence_parallel_collectives_on_a_gpu(cpu_devices):
+    # Megatron / NeMo's tp_comm_overlap (Transformer Engine's userbuffers): the same program,
+    # its all-gathers and reduce-scatters over tensor partly under their GEMMs, on a GPU.
+    from experiments import config, runner
+
+    over = ["parallelism.data=2", "parallelism.fsdp=1", "parallelism.tensor=4",
+            "parallelism.sequence_parallel=true", "model.n_layers=2"]
+    plain = runner.run(config.load("tiny-h100-dp-tp", over))
+    exp = config.load("tiny-h100-dp-tp", [*over, "parallelism.tp_comm_overlap=true"])
+    hidden = runner.run(exp)
+    assert exp.parallelism.tp_comm_overlap
+    assert {(c.kind, c.mesh_axes) for c in plain.collectives} >= {
+        ("all-gather", ("tensor",)), ("reduce-scatter", ("tensor",))}
+    assert hidden.comm_s == pytest.approx(plain.comm_s)  # the same bytes on the same links
+    assert hidden.step_time_s < plain.step_time_s

@@ -64,3 +64,27 @@ def test_collectives_ready_together_queue_in_program_order():
     finish, _ = _list_schedule(kind, dur, preds)
     assert finish[2] == 1.0 and finish[3] == 2.0  # A first: it comes first in the program
     assert finish[4] == 6.0 and finish[5] == 11.0
+
+
+def test_userbuffers_hide_a_tp_collective_under_the_gemm_it_feeds_or_follows():
+    # All-gather (10 s) -> GEMM (8 s) -> reduce-scatter (10 s), over a tensor group of 4.
+    # Without userbuffers each waits in full: 28 s. With them, of each collective only what
+    # the GEMM's other 3 of 4 parts cannot cover is waited for: 10 - 8 x 3/4 = 4 s each.
+    from sharding.schedule import Graph, Node, Scheduler
+
+    nodes = (Node("ag", "all-gather"), Node("gemm", "dot", preds=(0,)),
+             Node("rs", "reduce-scatter", preds=(1,)), Node("use", "add", preds=(2,)))
+    graph = Graph("main", {"main": nodes})
+    times = {"main": {"gemm": 8.0, "use": 1e-9}}
+    comm = {("main", "ag"): (10.0, "nvlink"), ("main", "rs"): (10.0, "nvlink")}
+    plain = Scheduler(graph, times, comm).run()
+    overlapped = Scheduler(graph, times, comm,
+                           under_gemms={("main", "ag"): 4, ("main", "rs"): 4}).run()
+    assert plain.step_s == pytest.approx(28.0)
+    assert overlapped.step_s == pytest.approx(4.0 + 8.0 + 4.0)
+    assert overlapped.comm_busy_s == plain.comm_busy_s == {"nvlink": 20.0}  # all of it sent
+    # A collective the GEMM fully covers waits for nothing.
+    short = {("main", "ag"): (2.0, "nvlink"), ("main", "rs"): (2.0, "nvlink")}
+    hidden = Scheduler(graph, times, short,
+                       under_gemms={("main", "ag"): 4, ("main", "rs"): 4}).run()
+    assert hidden.step_s == pytest.approx(8.0)
