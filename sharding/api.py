@@ -246,6 +246,8 @@ def estimate(inputs: AnalysisInputs, *, system: System,
         {(c.computation, c.name): (c.time_s, c.link) for c in collectives},
         under_gemms=_under_gemms(collectives) if inputs.tp_comm_overlap
         and runs_fused_kernels(system.chip) else {},
+        gemms={name: {m.name for m in w.matmuls} | {f.name for f in w.fusions}
+               for name, w in plan.work.items()},
     ).run()
     timings["estimate_s"] = time.perf_counter() - t0
     family = getattr(system.family, "name", "")

@@ -134,11 +134,13 @@ class Scheduler:
         compute_times: dict[str, dict[str, float]],
         comm: dict[tuple[str, str], tuple[float, str]],
         under_gemms: dict[tuple[str, str], int] | None = None,
+        gemms: dict[str, set[str]] | None = None,
     ):
         self.graph = graph
         self.compute_times = compute_times
         self.comm = comm  # (computation, instruction) -> (seconds, link)
         self.under_gemms = under_gemms or {}  # (computation, instruction) -> chunks
+        self.gemms = gemms  # computation -> its matmuls (None: every compute op counts)
         self._memo: dict[str, tuple[Timeline, float]] = {}
         # Collectives the TPU compiler hides inside fusions (`all-reduce-scatter`): the
         # fusion instruction is then the collective.
@@ -232,7 +234,9 @@ class Scheduler:
             if t is None:
                 continue
             near = consumers[i] if "all-gather" in node.opcode else node.preds
-            gemm = sum(dur[j] for j in near if kind[j] == COMPUTE)
+            mine = None if self.gemms is None else self.gemms.get(name, set())
+            gemm = sum(dur[j] for j in near
+                       if kind[j] == COMPUTE and (mine is None or nodes[j].name in mine))
             dur[i] = max(0.0, dur[i] - gemm * (t - 1) / t)
 
 

@@ -88,3 +88,7 @@ def test_userbuffers_hide_a_tp_collective_under_the_gemm_it_feeds_or_follows():
     hidden = Scheduler(graph, times, short,
                        under_gemms={("main", "ag"): 4, ("main", "rs"): 4}).run()
     assert hidden.step_s == pytest.approx(8.0)
+    # Only a GEMM covers it: next to other compute the collective waits in full.
+    none = Scheduler(graph, times, comm, under_gemms={("main", "ag"): 4, ("main", "rs"): 4},
+                     gemms={"main": set()}).run()
+    assert none.step_s == pytest.approx(28.0)
