@@ -19,10 +19,10 @@ from models.quant import FORMAT_MAX, quantize
 from sharding import kernel_scopes
 
 
-def _per_tensor_e4m3(x):
+def _per_tensor_e4m3(x, scope: str = kernel_scopes.QUANTIZE):
     """(x in e4m3 scaled per tensor to the format's range, the f32 scale that restores it),
-    in one cast kernel on GPUs (sharding/kernel_scopes.py)."""
-    with jax.named_scope(kernel_scopes.QUANTIZE):
+    in one cast kernel on GPUs (sharding/kernel_scopes.py; a weight's under its own scope)."""
+    with jax.named_scope(scope):
         return quantize(x, "float8", scale_dtype=jnp.float32)
 
 
@@ -41,7 +41,7 @@ def fp8_einsum(spec: str, x, w):
 
 def _fwd(spec, x, w):
     xq, sx = _per_tensor_e4m3(x)
-    wq, sw = _per_tensor_e4m3(w)
+    wq, sw = _per_tensor_e4m3(w, kernel_scopes.QUANTIZE_WEIGHT)
     y = jnp.einsum(spec, xq, wq, preferred_element_type=jnp.float32) * (sx * sw)
     # Empty arrays carry the input dtypes through the residuals.
     return y.astype(x.dtype), (xq, sx, wq, sw, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))

@@ -93,6 +93,16 @@ def _scaled_per_device(collectives: list[Collective], system: System,
     return out
 
 
+def _weight_cast_share(pipeline: dict | None) -> float:
+    """Of a pipeline's FP8 weight casts, the share Transformer Engine runs: the program casts
+    a stage's chunk at every tick (M V + P - 1 of them), TE each of its V chunks once per
+    step, keeping the FP8 copy for the other microbatches (GPU systems only:
+    compute.time_work applies it to the weight-cast kernels GPUs run)."""
+    if not pipeline or not pipeline.get("ticks"):
+        return 1.0
+    return min(1.0, pipeline["virtual_stages"] / pipeline["ticks"])
+
+
 def _under_gemms(collectives: list[Collective]) -> dict[tuple[str, str], int]:
     """Transformer Engine's userbuffers: each all-gather or reduce-scatter over `tensor`
     alone (sequence parallelism's) runs in chunks under the GEMM it feeds or follows;
@@ -236,7 +246,8 @@ def estimate(inputs: AnalysisInputs, *, system: System,
                                          inputs.axis_names)
         collectives = _in_gradient_buckets(collectives, system, ids)
     per_comp = time_work(plan.work, system.chip, compute_dtype=inputs.compute_dtype,
-                         calibration=calibration)
+                         calibration=calibration,
+                         weight_cast_share=_weight_cast_share(inputs.pipeline))
     step_cost = compute_cost(None, system.chip, costs=per_comp, counts=plan.counts)
     warnings = (*inputs.warnings, *_promotion_note(collectives),
                 *_windowed_einsum_note(plan.counts, per_comp), *plan.notes)

@@ -21,6 +21,7 @@ import dataclasses
 from meshes import Chip
 from meshes.calibration import IDENTITY, Calibration
 from meshes.chips import GPU_TARGETS
+from sharding import kernel_scopes
 from sharding.dataflow import is_matmul, through_views, users_through_views
 from sharding.dequant import dequant_read_bytes
 from sharding.flops import dot_flops
@@ -111,6 +112,7 @@ class KernelWork:
     last: str
     op: str
     l2: tuple[tuple[float, float], ...] = ()
+    weight_cast: bool = False  # a GPU framework's FP8 weight cast (kernel_scopes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +145,11 @@ class Work:
         """The memory-bound kernels that run on `chip`: the fused kernels' on GPUs."""
         return self.gpu_kernels if self.gpu_kernels is not None and runs_fused_kernels(
             chip) else self.kernels
+
+
+def _casts_a_weight(inst) -> bool:
+    key = kernel_scopes.scope_key(inst.op_name)
+    return key is not None and key[0] == kernel_scopes.QUANTIZE_WEIGHT
 
 
 def runs_fused_kernels(chip: Chip) -> bool:
@@ -186,7 +193,8 @@ def work(module: HloModule) -> dict[str, Work]:
         if not (inside_fusion or module.is_scheduled):
             # a compiler's own fusions (a scheduled module) are taken as they are
             gpu = tuple(KernelWork(nbytes, elems, members[-1].name,
-                                   operation_of(members[-1].op_name))
+                                   operation_of(members[-1].op_name),
+                                   weight_cast=_casts_a_weight(members[-1]))
                         for nbytes, elems, members in kernels(comp, module, final=False,
                                                               gpu_kernels=True))
         out[comp.name] = Work(tuple(matmuls), kerns, gpu_kernels=gpu)
@@ -212,9 +220,11 @@ def computation_costs(
 
 def time_work(
     works: dict[str, Work], chip: Chip, *, compute_dtype: str | None = None,
-    calibration: Calibration = IDENTITY,
+    calibration: Calibration = IDENTITY, weight_cast_share: float = 1.0,
 ) -> dict[str, ExecutionCost]:
-    """Cost of one execution of each computation on `chip` from its `work(module)`."""
+    """Cost of one execution of each computation on `chip` from its `work(module)`;
+    `weight_cast_share`: of the FP8 weight casts the program runs, the share a GPU framework
+    runs (it casts once per step what the program casts at every microbatch)."""
     hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
     target = GPU_TARGETS.get(chip.name)
     l2_bytes = target.l2_bytes if target is not None else 0
@@ -224,7 +234,8 @@ def time_work(
         for m in w.matmuls:
             _add_matmul(c, m, chip, hbm_bw, compute_dtype, calibration)
         for k in w.kernels_on(chip):
-            _add_kernel(c, k, hbm_bw, calibration.kernel_overhead_s, l2_bytes)
+            share = weight_cast_share if k.weight_cast else 1.0
+            _add_kernel(c, k, hbm_bw, calibration.kernel_overhead_s, l2_bytes, share)
         out[name] = c
     _overlap_fused_matmuls(works, out)
     return out
@@ -267,15 +278,17 @@ def _add_matmul(c: ExecutionCost, m: MatmulWork, chip: Chip, hbm_bw: float,
 
 
 def _add_kernel(c: ExecutionCost, k: KernelWork, hbm_bw: float, overhead_s: float,
-                l2_bytes: float = 0) -> None:
+                l2_bytes: float = 0, share: float = 1.0) -> None:
     """A memory-bound kernel: its traffic at the measured HBM bandwidth plus the fixed
     per-kernel overhead, timed at its last member (it can start only when all of its
     inputs exist). What the chip's L2 cache keeps (half of it, the rest holding what else
-    runs) is not HBM traffic."""
+    runs) is not HBM traffic. `share`: the fraction of its executions that run (a weight
+    cast a framework does once per step)."""
     kept = sum(b for ws, b in k.l2 if ws <= l2_bytes / 2)
-    nbytes = max(0.0, k.nbytes - kept)
+    nbytes = max(0.0, k.nbytes - kept) * share
+    overhead_s *= share
     t = nbytes / hbm_bw + overhead_s
-    c.kernels += 1
+    c.kernels += share
     c.overhead_s += overhead_s
     c.hbm_bytes += nbytes
     c.memory_bound_s += t

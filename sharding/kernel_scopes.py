@@ -26,7 +26,11 @@ ACTIVATION = "fused_activation"
 ROPE = "fused_rope"
 CROSS_ENTROPY = "fused_cross_entropy"
 QUANTIZE = "fused_quantize"
-SCOPES = frozenset({NORM, ACTIVATION, ROPE, CROSS_ENTROPY, QUANTIZE})
+# A weight's cast to FP8: Transformer Engine casts each weight once per step and keeps the
+# FP8 copy for the step's other microbatches (its `is_first_microbatch`), where the compiled
+# program casts it again at every use (sharding/api.py times the share that runs).
+QUANTIZE_WEIGHT = "fused_quantize_weight"
+SCOPES = frozenset({NORM, ACTIVATION, ROPE, CROSS_ENTROPY, QUANTIZE, QUANTIZE_WEIGHT})
 # Kernels that write their output quantised for the next matmul (Transformer Engine's
 # LayerNormLinear and fused activation-cast kernels): a quantise they feed is theirs.
 QUANTIZING = frozenset({NORM, ACTIVATION})
@@ -54,7 +58,7 @@ def scales_per_device(op_name: str) -> bool:
     parallelism gathers the quantised input), where a per-tensor scale in a GSPMD program
     all-reduces the amax over every shard."""
     key = scope_key(op_name)
-    return key is not None and key[0] == QUANTIZE
+    return key is not None and key[0] in (QUANTIZE, QUANTIZE_WEIGHT)
 
 
 def fuses(src_key: tuple[str, str] | None, dst_key: tuple[str, str] | None) -> bool:

@@ -182,3 +182,31 @@ def test_a_small_weight_gradient_takes_its_share_of_a_megatron_bucket_on_a_gpu(c
     alone = get_system("h100:8").collective_timing(gpu.kind, gpu.bytes,
                                                    [list(g) for g in gpu.groups])
     assert gpu.time_s < alone.time_s / 5  # the latency it no longer pays alone
+
+
+def test_an_fp8_weight_cast_runs_once_per_step_in_a_gpu_pipeline():
+    # The program casts a weight to FP8 at every use; Transformer Engine once per step,
+    # keeping the copy for the other microbatches: in a pipeline of M V + P - 1 ticks, V of
+    # them. The cast is a kernel of its own scope, scaled by that share on a GPU only.
+    from models.fp8 import fp8_einsum
+    from sharding.api import _weight_cast_share
+    from sharding.compute import time_work, work
+
+    w = jax.ShapeDtypeStruct((D, 8192), jnp.bfloat16)
+    text = jax.jit(lambda x, w: fp8_einsum("td,df->tf", x, w)).lower(X, w).as_text(
+        dialect="hlo", debug_info=True)
+    works = work(parse_hlo(text))
+    casts = [k for wk in works.values() for k in wk.gpu_kernels or () if k.weight_cast]
+    cast_bytes = sum(k.nbytes for k in casts)
+    assert cast_bytes >= D * 8192 * (2 + 1)  # reads bf16 (amax, then cast), writes e4m3
+
+    def memory_s(chip, share):
+        costs = time_work(works, chip, weight_cast_share=share)
+        return sum(c.memory_bound_s for c in costs.values())
+
+    cast_s = cast_bytes / (H100.hbm_bytes_per_s * H100.hbm_efficiency)
+    assert memory_s(H100, 1.0) - memory_s(H100, 0.25) == pytest.approx(0.75 * cast_s)
+    assert memory_s(V5E, 0.25) == memory_s(V5E, 1.0)
+    # P 4 x V 2 x M 8: 19 ticks, 2 casts of each chunk's weights a step
+    assert _weight_cast_share({"virtual_stages": 2, "ticks": 8 * 2 + 4 - 1}) == 2 / 19
+    assert _weight_cast_share(None) == 1.0
