@@ -322,6 +322,7 @@ class Measurement:
         """The terminal report: the step measured and estimated, the loss, the memory, and
         the table by category."""
         from experiments.cli.output import format_columns
+        from sharding.profile import UNATTRIBUTED
         from sharding.units import fmt_bytes, fmt_s
 
         kind = f" ({self.device_kind})" if self.device_kind != self.backend else ""
@@ -353,7 +354,7 @@ class Measurement:
         else:
             lines.append(f"(device time from the trace in {self.profile_dir}: "
                          f"{self.profile.events} events on {self.profile.devices} devices)")
-            if "unattributed" in self.profile.seconds:
+            if UNATTRIBUTED in self.profile.seconds:
                 lines.append("(unattributed: kernels the trace names only by the command "
                              "buffer or call that ran them)")
         return "\n".join(lines)

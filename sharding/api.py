@@ -17,15 +17,13 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh
 
 from meshes import System, get_system
 from meshes.calibration import Calibration, catalog_calibration
 from meshes.power import Cost
 from meshes.power import estimate as estimate_energy
-from sharding import kernel_scopes
+from sharding import gpu_frameworks
 from sharding.analysis import AnalysisInputs
 from sharding.collectives import Collective
 from sharding.compiled_memory import compiled_memory
@@ -57,91 +55,6 @@ def _time_collectives(
             cache[key] = system.collective_timing(c.kind, c.bytes, [list(g) for g in groups])
         t = cache[key]
         out.append(dataclasses.replace(c, link=t.link, time_s=t.time_s, algorithm=t.algorithm))
-    return out
-
-
-def _scaled_per_device(collectives: list[Collective], system: System,
-                       device_ids: Sequence[int], mesh_shape: Sequence[int],
-                       axis_names: Sequence[str]) -> list[Collective]:
-    """On GPUs, the all-reduces of a quantise's amax (kernel_scopes.scales_per_device) over
-    more than the tensor axis: Transformer Engine reduces them over the tensor-parallel
-    group only, so they are timed over that subgroup (not at all without one); their
-    bytes are the program's, as counted."""
-    if not mesh_shape or "tensor" not in axis_names:
-        tp = None
-    else:
-        tp = list(axis_names).index("tensor")
-    out = []
-    for c in collectives:
-        if c.kind != "all-reduce" or set(c.mesh_axes) <= {"tensor"} \
-                or not kernel_scopes.scales_per_device(c.op_name):
-            out.append(c)
-            continue
-        if tp is None or "tensor" not in c.mesh_axes:
-            out.append(dataclasses.replace(c, time_s=0.0,
-                                           algorithm="per-device scale (not run)"))
-            continue
-        groups = []
-        for g in c.groups:
-            coords = np.stack(np.unravel_index(np.asarray(g), tuple(mesh_shape)), axis=1)
-            rest = np.delete(coords, tp, axis=1)
-            groups.append([device_ids[p] for p, r in zip(g, rest, strict=True)
-                           if (r == rest[0]).all()])
-        t = system.collective_timing(c.kind, c.bytes, groups)
-        out.append(dataclasses.replace(c, link=t.link, time_s=t.time_s,
-                                       algorithm=f"{t.algorithm}, over tensor only"))
-    return out
-
-
-def _weight_cast_share(pipeline: dict | None) -> float:
-    """Of a pipeline's FP8 weight casts, the share Transformer Engine runs: the program casts
-    a stage's chunk at every tick (M V + P - 1 of them), TE each of its V chunks once per
-    step, keeping the FP8 copy for the other microbatches (GPU systems only:
-    compute.time_work applies it to the weight-cast kernels GPUs run)."""
-    if not pipeline or not pipeline.get("ticks"):
-        return 1.0
-    return min(1.0, pipeline["virtual_stages"] / pipeline["ticks"])
-
-
-def _under_gemms(collectives: list[Collective]) -> dict[tuple[str, str], int]:
-    """Transformer Engine's userbuffers: each all-gather or reduce-scatter over `tensor`
-    alone (sequence parallelism's) runs in chunks under the GEMM it feeds or follows;
-    (computation, instruction) -> the tensor-parallel size (its chunk count)."""
-    return {(c.computation, c.name): c.group_size for c in collectives
-            if c.kind in ("all-gather", "reduce-scatter") and c.mesh_axes == ("tensor",)
-            and c.group_size > 1}
-
-
-# Megatron's DDP gathers gradients into buckets of at least this many parameters, more for
-# wider data-parallel groups (DistributedDataParallelConfig.bucket_size: max(40M, 1M x dp
-# size), "so that collectives do not become latency-bound").
-BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK = 40_000_000, 1_000_000
-
-
-def _in_gradient_buckets(collectives: list[Collective], system: System,
-                         device_ids: Sequence[int]) -> list[Collective]:
-    """On GPUs, a weight gradient's sum over the data-parallel ranks (data, and sequence as
-    Megatron's DP x CP group) smaller than a bucket rides in one: it takes its share of one
-    bucket's collective, bytes / bucket of its time, not a collective's latency of its own."""
-    out, cache = [], {}
-    for c in collectives:
-        if c.kind not in ("reduce-scatter", "all-reduce") or not c.mesh_axes \
-                or not set(c.mesh_axes) <= {"data", "sequence"} \
-                or "transpose(" not in c.op_name or kernel_scopes.scales_per_device(c.op_name):
-            out.append(c)
-            continue
-        bucket = max(BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK * c.group_size) * \
-            jnp.dtype(c.dtype).itemsize
-        if c.bytes >= bucket:
-            out.append(c)
-            continue
-        groups = tuple(tuple(device_ids[p] for p in g) for g in c.groups)
-        key = (c.kind, bucket, groups)
-        if key not in cache:
-            cache[key] = system.collective_timing(c.kind, bucket, [list(g) for g in groups])
-        t = cache[key]
-        out.append(dataclasses.replace(c, time_s=t.time_s * c.bytes / bucket,
-                                       algorithm=f"{t.algorithm}, in buckets"))
     return out
 
 
@@ -241,13 +154,13 @@ def estimate(inputs: AnalysisInputs, *, system: System,
     collectives = list(plan.collectives)
     _check_group_ids(collectives, len(ids))
     collectives = _time_collectives(collectives, system, ids)
-    if runs_fused_kernels(system.chip):
-        collectives = _scaled_per_device(collectives, system, ids, inputs.mesh_shape,
-                                         inputs.axis_names)
-        collectives = _in_gradient_buckets(collectives, system, ids)
+    gpu = runs_fused_kernels(system.chip)
+    if gpu:
+        collectives = gpu_frameworks.collectives_as_run(collectives, system, ids,
+                                                        inputs.mesh_shape, inputs.axis_names)
     per_comp = time_work(plan.work, system.chip, compute_dtype=inputs.compute_dtype,
                          calibration=calibration,
-                         weight_cast_share=_weight_cast_share(inputs.pipeline))
+                         weight_cast_share=gpu_frameworks.weight_cast_share(inputs.pipeline))
     step_cost = compute_cost(None, system.chip, costs=per_comp, counts=plan.counts)
     warnings = (*inputs.warnings, *_promotion_note(collectives),
                 *_windowed_einsum_note(plan.counts, per_comp), *plan.notes)
@@ -255,8 +168,8 @@ def estimate(inputs: AnalysisInputs, *, system: System,
         plan.graph,
         {name: c.times for name, c in per_comp.items()},
         {(c.computation, c.name): (c.time_s, c.link) for c in collectives},
-        under_gemms=_under_gemms(collectives) if inputs.tp_comm_overlap
-        and runs_fused_kernels(system.chip) else {},
+        under_gemms=gpu_frameworks.under_gemms(collectives)
+        if gpu and inputs.tp_comm_overlap else {},
         gemms={name: {m.name for m in w.matmuls} | {f.name for f in w.fusions}
                for name, w in plan.work.items()},
     ).run()

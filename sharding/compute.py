@@ -147,11 +147,6 @@ class Work:
             chip) else self.kernels
 
 
-def _casts_a_weight(inst) -> bool:
-    key = kernel_scopes.scope_key(inst.op_name)
-    return key is not None and key[0] == kernel_scopes.QUANTIZE_WEIGHT
-
-
 def runs_fused_kernels(chip: Chip) -> bool:
     """GPUs: their training frameworks' hand-fused kernels (Transformer Engine, cuDNN)
     run the blocks marked in sharding/kernel_scopes.py; TPUs run XLA's fusions."""
@@ -194,7 +189,8 @@ def work(module: HloModule) -> dict[str, Work]:
             # a compiler's own fusions (a scheduled module) are taken as they are
             gpu = tuple(KernelWork(nbytes, elems, members[-1].name,
                                    operation_of(members[-1].op_name),
-                                   weight_cast=_casts_a_weight(members[-1]))
+                                   weight_cast=kernel_scopes.casts_a_weight(
+                                       members[-1].op_name))
                         for nbytes, elems, members in kernels(comp, module, final=False,
                                                               gpu_kernels=True))
         out[comp.name] = Work(tuple(matmuls), kerns, gpu_kernels=gpu)

@@ -30,23 +30,23 @@ def dot_flops(inst: Instruction, comp: Computation) -> tuple[float, str, float]:
         fused = dequant_read_bytes(comp, inst.operands[i]) if i < len(inst.operands) else None
         io_bytes += fused if fused is not None else (shape.hbm_bytes if shape else 0)
     if inst.opcode in ("dot", "custom-call"):
-        dims = (inst.attr("lhs_contracting_dims") or "").strip("{}").split(",") \
-            if inst.opcode == "dot" else gemm_contracting_dims(inst)
         contract = 1
         if lhs is not None:
-            for d in dims:
-                if str(d).strip():
-                    contract *= lhs.dims[int(d)]
+            for d in _lhs_contracting_dims(inst):
+                contract *= lhs.dims[d]
         return 2.0 * out_elems * contract, dtype, io_bytes
     if lhs is None or rhs is None:
         return 0.0, dtype, io_bytes
     return convolution_flops(inst, lhs, rhs, out[0]), dtype, io_bytes
 
 
-def gemm_contracting_dims(inst: Instruction) -> list[str]:
-    """The left operand's contracting dimensions of a cuBLAS / cuBLASLt call, from the
-    `dot_dimension_numbers` of its backend_config (JSON; under `gemm_backend_config` in
-    current XLA, at the top in older dumps)."""
+def _lhs_contracting_dims(inst: Instruction) -> list[int]:
+    """The left operand's contracting dimensions of a dot, or of a cuBLAS / cuBLASLt call
+    from the `dot_dimension_numbers` of its backend_config (JSON; under
+    `gemm_backend_config` in current XLA, at the top in older dumps)."""
+    if inst.opcode == "dot":
+        dims = (inst.attr("lhs_contracting_dims") or "").strip("{}").split(",")
+        return [int(d) for d in dims if d.strip()]
     text = inst.attr("backend_config") or ""
     try:
         config = json.loads(json.loads(text) if text.startswith('"') else text)
@@ -54,7 +54,7 @@ def gemm_contracting_dims(inst: Instruction) -> list[str]:
         return []
     gemm = config.get("gemm_backend_config", config) if isinstance(config, dict) else {}
     numbers = gemm.get("dot_dimension_numbers") or {}
-    return [str(d) for d in numbers.get("lhs_contracting_dimensions", [])]
+    return [int(d) for d in numbers.get("lhs_contracting_dimensions", [])]
 
 
 def convolution_flops(inst: Instruction, lhs: ArrayShape, rhs: ArrayShape,

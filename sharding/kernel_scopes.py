@@ -28,7 +28,7 @@ CROSS_ENTROPY = "fused_cross_entropy"
 QUANTIZE = "fused_quantize"
 # A weight's cast to FP8: Transformer Engine casts each weight once per step and keeps the
 # FP8 copy for the step's other microbatches (its `is_first_microbatch`), where the compiled
-# program casts it again at every use (sharding/api.py times the share that runs).
+# program casts it again at every use (sharding/gpu_frameworks.py: the share that runs).
 QUANTIZE_WEIGHT = "fused_quantize_weight"
 SCOPES = frozenset({NORM, ACTIVATION, ROPE, CROSS_ENTROPY, QUANTIZE, QUANTIZE_WEIGHT})
 # Kernels that write their output quantised for the next matmul (Transformer Engine's
@@ -59,6 +59,12 @@ def scales_per_device(op_name: str) -> bool:
     all-reduces the amax over every shard."""
     key = scope_key(op_name)
     return key is not None and key[0] in (QUANTIZE, QUANTIZE_WEIGHT)
+
+
+def casts_a_weight(op_name: str) -> bool:
+    """An FP8 weight's cast (QUANTIZE_WEIGHT)."""
+    key = scope_key(op_name)
+    return key is not None and key[0] == QUANTIZE_WEIGHT
 
 
 def fuses(src_key: tuple[str, str] | None, dst_key: tuple[str, str] | None) -> bool:

@@ -225,16 +225,13 @@ class Scheduler:
                              dur: list[float]) -> None:
         """Shorten each userbuffers collective to what its GEMM cannot cover (the module
         docstring): an all-gather's compute consumers, a reduce-scatter's producers."""
-        consumers: list[list[int]] = [[] for _ in nodes]
-        for i, node in enumerate(nodes):
-            for p in node.preds:
-                consumers[p].append(i)
+        consumers, _ = _successors([n.preds for n in nodes])
+        mine = None if self.gemms is None else self.gemms.get(name, set())
         for i, node in enumerate(nodes):
             t = self.under_gemms.get((name, node.name))
             if t is None:
                 continue
             near = consumers[i] if "all-gather" in node.opcode else node.preds
-            mine = None if self.gemms is None else self.gemms.get(name, set())
             gemm = sum(dur[j] for j in near
                        if kind[j] == COMPUTE and (mine is None or nodes[j].name in mine))
             dur[i] = max(0.0, dur[i] - gemm * (t - 1) / t)

@@ -158,7 +158,8 @@ def test_a_small_weight_gradient_takes_its_share_of_a_megatron_bucket_on_a_gpu(c
     # all-reduce; on a GPU, as Megatron sums it, in a bucket of max(40M, 1M x dp) parameters
     # with the others: bytes / bucket of one bucket's all-reduce.
     from meshes import get_system
-    from sharding.api import BUCKET_PARAMS, analyze_module
+    from sharding.api import analyze_module
+    from sharding.gpu_frameworks import BUCKET_PARAMS
 
     mesh = Mesh(np.array(cpu_devices).reshape(4, 2), ("data", "tensor"))
     w = jax.ShapeDtypeStruct((D, 256), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
@@ -189,8 +190,8 @@ def test_an_fp8_weight_cast_runs_once_per_step_in_a_gpu_pipeline():
     # keeping the copy for the other microbatches: in a pipeline of M V + P - 1 ticks, V of
     # them. The cast is a kernel of its own scope, scaled by that share on a GPU only.
     from models.fp8 import fp8_einsum
-    from sharding.api import _weight_cast_share
     from sharding.compute import time_work, work
+    from sharding.gpu_frameworks import weight_cast_share as _weight_cast_share
 
     w = jax.ShapeDtypeStruct((D, 8192), jnp.bfloat16)
     text = jax.jit(lambda x, w: fp8_einsum("td,df->tf", x, w)).lower(X, w).as_text(

@@ -1,0 +1,114 @@
+"""How GPU training frameworks (Megatron, Transformer Engine) run what the compiled program
+does differently, applied to GPU systems' estimates by sharding/api.py (TPU systems run the
+program as compiled):
+
+- an FP8 scale's amax is reduced over the tensor-parallel group only (TE scales each GPU's
+  own tensor), where the GSPMD program all-reduces it over every shard;
+- a weight gradient smaller than Megatron's bucket is summed inside one (its share of a
+  bucket's collective, not a collective's latency of its own);
+- an FP8 weight is cast once per step in a pipeline, not at every tick;
+- with `tp_comm_overlap`, TE's userbuffers run each sequence-parallel all-gather /
+  reduce-scatter under the GEMM it feeds or follows (the schedule: sharding/schedule.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from meshes import System
+from sharding import kernel_scopes
+from sharding.collectives import Collective
+
+
+def collectives_as_run(collectives: list[Collective], system: System,
+                       device_ids: Sequence[int], mesh_shape: Sequence[int],
+                       axis_names: Sequence[str]) -> list[Collective]:
+    """The timed collectives with the amax and gradient-bucket rules applied."""
+    collectives = _scaled_per_device(collectives, system, device_ids, mesh_shape, axis_names)
+    return in_gradient_buckets(collectives, system, device_ids)
+
+
+def _scaled_per_device(collectives: list[Collective], system: System,
+                       device_ids: Sequence[int], mesh_shape: Sequence[int],
+                       axis_names: Sequence[str]) -> list[Collective]:
+    """On GPUs, the all-reduces of a quantise's amax (kernel_scopes.scales_per_device) over
+    more than the tensor axis: Transformer Engine reduces them over the tensor-parallel
+    group only, so they are timed over that subgroup (not at all without one); their
+    bytes are the program's, as counted."""
+    tp = list(axis_names).index("tensor") if mesh_shape and "tensor" in axis_names else None
+    out = []
+    for c in collectives:
+        if c.kind != "all-reduce" or set(c.mesh_axes) <= {"tensor"} \
+                or not kernel_scopes.scales_per_device(c.op_name):
+            out.append(c)
+            continue
+        if tp is None or "tensor" not in c.mesh_axes:
+            out.append(dataclasses.replace(c, time_s=0.0,
+                                           algorithm="per-device scale (not run)"))
+            continue
+        groups = []
+        for g in c.groups:
+            coords = np.stack(np.unravel_index(np.asarray(g), tuple(mesh_shape)), axis=1)
+            rest = np.delete(coords, tp, axis=1)
+            groups.append([device_ids[p] for p, r in zip(g, rest, strict=True)
+                           if (r == rest[0]).all()])
+        t = system.collective_timing(c.kind, c.bytes, groups)
+        out.append(dataclasses.replace(c, link=t.link, time_s=t.time_s,
+                                       algorithm=f"{t.algorithm}, over tensor only"))
+    return out
+
+
+def weight_cast_share(pipeline: dict | None) -> float:
+    """Of a pipeline's FP8 weight casts, the share Transformer Engine runs: the program casts
+    a stage's chunk at every tick (M V + P - 1 of them), TE each of its V chunks once per
+    step, keeping the FP8 copy for the other microbatches (GPU systems only:
+    compute.time_work applies it to the weight-cast kernels GPUs run)."""
+    if not pipeline or not pipeline.get("ticks"):
+        return 1.0
+    return min(1.0, pipeline["virtual_stages"] / pipeline["ticks"])
+
+
+def under_gemms(collectives: list[Collective]) -> dict[tuple[str, str], int]:
+    """Transformer Engine's userbuffers: each all-gather or reduce-scatter over `tensor`
+    alone (sequence parallelism's) runs in chunks under the GEMM it feeds or follows;
+    (computation, instruction) -> the tensor-parallel size (its chunk count)."""
+    return {(c.computation, c.name): c.group_size for c in collectives
+            if c.kind in ("all-gather", "reduce-scatter") and c.mesh_axes == ("tensor",)
+            and c.group_size > 1}
+
+
+# Megatron's DDP gathers gradients into buckets of at least this many parameters, more for
+# wider data-parallel groups (DistributedDataParallelConfig.bucket_size: max(40M, 1M x dp
+# size), "so that collectives do not become latency-bound").
+BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK = 40_000_000, 1_000_000
+
+
+def in_gradient_buckets(collectives: list[Collective], system: System,
+                         device_ids: Sequence[int]) -> list[Collective]:
+    """On GPUs, a weight gradient's sum over the data-parallel ranks (data, and sequence as
+    Megatron's DP x CP group) smaller than a bucket rides in one: it takes its share of one
+    bucket's collective, bytes / bucket of its time, not a collective's latency of its own."""
+    out, cache = [], {}
+    for c in collectives:
+        if c.kind not in ("reduce-scatter", "all-reduce") or not c.mesh_axes \
+                or not set(c.mesh_axes) <= {"data", "sequence"} \
+                or "transpose(" not in c.op_name or kernel_scopes.scales_per_device(c.op_name):
+            out.append(c)
+            continue
+        bucket = max(BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK * c.group_size) * \
+            jnp.dtype(c.dtype).itemsize
+        if c.bytes >= bucket:
+            out.append(c)
+            continue
+        groups = tuple(tuple(device_ids[p] for p in g) for g in c.groups)
+        key = (c.kind, bucket, groups)
+        if key not in cache:
+            cache[key] = system.collective_timing(c.kind, bucket, [list(g) for g in groups])
+        t = cache[key]
+        out.append(dataclasses.replace(c, time_s=t.time_s * c.bytes / bucket,
+                                       algorithm=f"{t.algorithm}, in buckets"))
+    return out
