@@ -180,6 +180,9 @@ def maxtext(exp: Experiment) -> list[str]:
     if par.tp_comm_overlap:
         lines.append("# parallelism.tp_comm_overlap (Transformer Engine's userbuffers): no "
                      "MaxText key")
+    if t.overlap_grad_reduce or t.overlap_param_gather:
+        lines.append("# train.overlap_grad_reduce / overlap_param_gather (Megatron's DDP): no "
+                     "MaxText key; XLA schedules the data-parallel collectives itself")
     return lines
 
 
@@ -290,6 +293,10 @@ def megatron(exp: Experiment) -> list[str]:
         lines.append("--tp-comm-overlap")
     if exp.train.shard_optimizer_over_data or par.fsdp > 1:
         lines.append("--use-distributed-optimizer")
+    if exp.train.overlap_grad_reduce:
+        lines.append("--overlap-grad-reduce")
+    if exp.train.overlap_param_gather:
+        lines.append("--overlap-param-gather")
     if par.fsdp > 1:
         lines.append(f"# parallelism.fsdp={par.fsdp}: FSDP has no Megatron equivalent beyond "
                      f"the distributed optimizer (its ranks count in the data-parallel size; "

@@ -130,7 +130,9 @@ def analyze_step(exp: Experiment, step: Step, mesh, *, memory: sharding.Memory |
         sequences_per_step=exp.workload.global_batch if step.serving else None,
         memory=memory or step.memory, name=exp.name, calibration=calibration,
         host_transfer_bytes=step.host_transfer_bytes, pipeline=step.pipeline,
-        cost=exp.cost, tp_comm_overlap=exp.parallelism.tp_comm_overlap, **kwargs)
+        cost=exp.cost, tp_comm_overlap=exp.parallelism.tp_comm_overlap,
+        overlap_grad_reduce=exp.train.overlap_grad_reduce and not step.serving,
+        overlap_param_gather=exp.train.overlap_param_gather and not step.serving, **kwargs)
 
 
 def _with_compare_hint(note: str, system) -> str:

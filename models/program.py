@@ -198,6 +198,14 @@ class Train:
         "context-parallel) ranks, MaxText's name for Megatron's distributed optimizer "
         "(ZeRO-1): gradients reduce-scattered to each rank's shard, the updated parameters "
         "all-gathered", False)
+    overlap_grad_reduce: bool = described(
+        "Megatron's overlap_grad_reduce (NeMo 1: overlap_grad_sync): on GPU systems the "
+        "step's data-parallel gradient sum runs in chunks (buckets; a pipeline's virtual "
+        "stages) as the backward produces them, one chunk left exposed", False)
+    overlap_param_gather: bool = described(
+        "Megatron's overlap_param_gather (NeMo 1: overlap_param_sync), with "
+        "shard_optimizer_over_data: on GPU systems the updated parameters' all-gather runs "
+        "in chunks under the next step's forward, one chunk left exposed", False)
     num_vocab_tiling: int = described(
         "the loss computed over this many tiles of the tokens (MaxText's vocabulary "
         "tiling): one tile's logits and their gradient live at a time, recomputed in the "
@@ -213,9 +221,13 @@ class Train:
     def __post_init__(self):
         check_choice("train.remat", self.remat, tuple(REMAT_POLICIES))
         check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
-        if not isinstance(self.shard_optimizer_over_data, bool):
-            raise ValueError(f"train.shard_optimizer_over_data="
-                             f"{self.shard_optimizer_over_data!r} must be true or false")
+        for key in ("shard_optimizer_over_data", "overlap_grad_reduce", "overlap_param_gather"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"train.{key}={getattr(self, key)!r} must be true or false")
+        if self.overlap_param_gather and not self.shard_optimizer_over_data:
+            raise ValueError("train.overlap_param_gather=true overlaps the distributed "
+                             "optimizer's all-gather: set train.shard_optimizer_over_data=true "
+                             "too, or overlap_param_gather=false (Megatron asks the same)")
         _check_count("train.num_vocab_tiling", self.num_vocab_tiling, 1,
                      "a whole number of at least 1 (1: the whole logits at once)")
         for key in ("save", "offload"):

@@ -30,6 +30,7 @@ from models.optimizer import (
 from models.pipeline import Pipeline
 from models.program import DTYPES, Precision, Program, Train, Workload
 from models.transformer import Transformer, logical_axes
+from sharding import gpu_frameworks
 from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
 
 
@@ -187,7 +188,7 @@ def make_train_step(graphdef, tx, *, microbatches: int = 1, rules: AxisRules | N
             loss, grads = loss / k, jax.tree.map(lambda g: g / k, grads)
         if mesh is not None and reduced_specs is not None:
             grads = jax.tree.map(pin, grads, reduced_specs)  # a reduce-scatter when split
-        with jax.named_scope("optimizer"):
+        with jax.named_scope(gpu_frameworks.OPTIMIZER):
             params, opt_state = apply_gradients(
                 tx, params, opt_state, grads, precision=precision,
                 pin=pin if mesh is not None else None, param_specs=param_specs,
@@ -271,7 +272,7 @@ def _replica_grads(graphdef, params, inputs_BL, targets_BL, *, k: int, rules: Ax
         (loss, grads_R), _ = jax.lax.scan(add_microbatch, (jnp.zeros((), jnp.float32), zeros),
                                           micro)
         loss, grads_R = loss / k, jax.tree.map(lambda g: g / k, grads_R)
-    with jax.named_scope("gradient_sum"):
+    with jax.named_scope(gpu_frameworks.GRADIENT_SUM):
         grads = jax.tree.map(
             lambda g, spec, copy: pin(jnp.sum(g.astype(grad_dtype),
                                               axis=(0, 2) if copy.ranks > 1 else 0), spec),

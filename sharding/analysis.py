@@ -39,6 +39,8 @@ class AnalysisInputs:
         fit_advice: what would make a step that does not fit in HBM fit.
         tp_comm_overlap: GPU systems: the tensor-parallel all-gathers and reduce-scatters
             overlap the GEMM they feed or follow (Transformer Engine's userbuffers).
+        overlap_grad_reduce, overlap_param_gather: GPU systems: the data-parallel
+            gradient sum and parameter all-gather in chunks beside the loops (Megatron's).
         timings: the stages already timed (build, lower, compile, parse, read).
         plan: the program as read; re-timing from it skips reading the HLO.
     """
@@ -61,6 +63,8 @@ class AnalysisInputs:
     pipeline: dict | None = None
     fit_advice: tuple[str, ...] = ()
     tp_comm_overlap: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
     timings: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
     plan: Plan | None = None
 

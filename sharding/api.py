@@ -170,6 +170,9 @@ def estimate(inputs: AnalysisInputs, *, system: System,
         {(c.computation, c.name): (c.time_s, c.link) for c in collectives},
         under_gemms=gpu_frameworks.under_gemms(collectives)
         if gpu and inputs.tp_comm_overlap else {},
+        chunked=gpu_frameworks.data_parallel_overlap(
+            collectives, pipeline=inputs.pipeline, grad_reduce=inputs.overlap_grad_reduce,
+            param_gather=inputs.overlap_param_gather) if gpu else {},
         gemms={name: {m.name for m in w.matmuls} | {f.name for f in w.fusions}
                for name, w in plan.work.items()},
     ).run()
@@ -297,6 +300,8 @@ def analyze(
     fit_advice: Sequence[str] = (),
     cost: Cost | None = None,
     tp_comm_overlap: bool = False,
+    overlap_grad_reduce: bool = False,
+    overlap_param_gather: bool = False,
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -335,6 +340,10 @@ def analyze(
         tp_comm_overlap: on GPU systems, the all-gathers and reduce-scatters over `tensor`
             run in chunks under the GEMM they feed or follow (Transformer Engine's
             userbuffers; sharding/schedule.py).
+        overlap_grad_reduce, overlap_param_gather: on GPU systems, the step's
+            data-parallel gradient sum and the updated parameters' all-gather run in
+            chunks beside the backward and the next forward (Megatron's DDP config;
+            sharding/gpu_frameworks.py).
     """
     system = get_system(system) if isinstance(system, str) else system
     backend = backend_of(mesh.devices.flat[0])
@@ -362,7 +371,8 @@ def analyze(
         warnings=(*warnings, *c.warnings), name=name,
         host_transfer_bytes=host_transfer_bytes, pipeline=pipeline,
         fit_advice=tuple(fit_advice), timings={**(timings or {}), **c.timings},
-        tp_comm_overlap=tp_comm_overlap)
+        tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather)
     if system is None:
         return untimed(inputs)
     return estimate(inputs, system=system, calibration=calibration, cost=cost)

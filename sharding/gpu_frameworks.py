@@ -8,7 +8,11 @@ program as compiled):
   bucket's collective, not a collective's latency of its own);
 - an FP8 weight is cast once per step in a pipeline, not at every tick;
 - with `tp_comm_overlap`, TE's userbuffers run each sequence-parallel all-gather /
-  reduce-scatter under the GEMM it feeds or follows (the schedule: sharding/schedule.py).
+  reduce-scatter under the GEMM it feeds or follows (the schedule: sharding/schedule.py);
+- with `overlap_grad_reduce` / `overlap_param_gather`, Megatron's DDP and distributed
+  optimizer run the step's data-parallel gradient sum and parameter all-gather in chunks
+  beside the backward and the next forward, where the program runs them after the last
+  loop and after the optimizer (the schedule: sharding/schedule.py `Chunked`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,13 @@ import numpy as np
 from meshes import System
 from sharding import kernel_scopes
 from sharding.collectives import Collective
+from sharding.schedule import Chunked
+
+# The named scopes of a training step's data-parallel gradient sum and optimizer update
+# (models/train.py).
+GRADIENT_SUM = "gradient_sum"
+OPTIMIZER = "optimizer"
+DATA_PARALLEL = frozenset({"data", "sequence"})  # Megatron's DP x CP group
 
 
 def collectives_as_run(collectives: list[Collective], system: System,
@@ -112,3 +123,43 @@ def in_gradient_buckets(collectives: list[Collective], system: System,
         out.append(dataclasses.replace(c, time_s=t.time_s * c.bytes / bucket,
                                        algorithm=f"{t.algorithm}, in buckets"))
     return out
+
+
+def _in_scope(c: Collective, scope: str) -> bool:
+    return scope in c.op_name.split("/")[:-1]
+
+
+def data_parallel_overlap(collectives: list[Collective], *, pipeline: dict | None,
+                          grad_reduce: bool, param_gather: bool
+                          ) -> dict[tuple[str, str], Chunked]:
+    """Megatron's overlapped data-parallel communication (DistributedDataParallelConfig
+    `overlap_grad_reduce`, `overlap_param_gather`): the step's gradient sum over the
+    data-parallel ranks (a reduce-scatter under the distributed optimizer, else an
+    all-reduce) and the updated parameters' all-gather, in chunks beside the loops.
+
+    The chunks: with an interleaved pipeline, one per virtual stage ("the granularity of
+    DP communication becomes the Transformer layers per virtual pipeline stage", NeMo's
+    communication-overlap guide), ready one by one over the last (V - 1) P ticks of the
+    backward (each stage's chunks finish P microbatches apart in the interleaved 1F1B
+    cool-down) and needed one by one over the first (V - 1) P ticks of the next forward;
+    otherwise Megatron's gradient buckets (`bucket_size` above), over the last
+    microbatch's pass through the layers (sharding/schedule.py `Chunked`)."""
+    grads = [c for c in collectives if grad_reduce and c.mesh_axes
+             and set(c.mesh_axes) <= DATA_PARALLEL and _in_scope(c, GRADIENT_SUM)
+             and c.kind in ("reduce-scatter", "all-reduce")]
+    params = [c for c in collectives if param_gather and c.mesh_axes
+              and set(c.mesh_axes) <= DATA_PARALLEL and _in_scope(c, OPTIMIZER)
+              and c.kind == "all-gather"]
+    if not grads and not params:
+        return {}
+    v = (pipeline or {}).get("virtual_stages", 1)
+    if pipeline and v > 1:
+        chunks, window = v, float((v - 1) * pipeline["stages"])
+    else:
+        ref = grads or params
+        bucket = max(BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK * ref[0].group_size) * \
+            jnp.dtype(ref[0].dtype).itemsize
+        chunks = max(1, int(sum(c.total_bytes for c in ref) // bucket))
+        window = (chunks - 1) / chunks if pipeline else None
+    return {**{(c.computation, c.name): Chunked(chunks, True, window) for c in grads},
+            **{(c.computation, c.name): Chunked(chunks, False, window) for c in params}}

@@ -18,6 +18,13 @@ What the hardware overlaps, and how XLA's latency-hiding scheduler arranges it:
   GEMM's t parts (chunk k+1 moves while part k multiplies; the first part is local). Of the
   collective only what the GEMM's other t - 1 parts cannot cover is waited for:
   max(0, t_comm - (t - 1)/t x t_gemm). The link is busy for all of it.
+- Megatron's overlapped data-parallel communication (`chunked`: overlap_grad_reduce,
+  overlap_param_gather): the gradients' sum after the last loop of the step is cut in K
+  chunks (buckets, or a pipeline's virtual stages) that become ready one by one over the
+  loop's final stretch W (and the next step's parameter all-gather, in chunks the first
+  loop needs one by one over its opening stretch). All but one chunk run under that
+  stretch, on the link's time the loop's own traffic leaves free (a share f of it); what
+  is waited for is T/K + max(0, (K - 1)/K x T - f x W). The link is busy for all of it.
 
 The simulation works per computation and memoises, so a scanned stack costs one body.
 """
@@ -51,6 +58,26 @@ class ScheduleResult:
     step_s: float
     compute_busy_s: float
     comm_busy_s: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunked:
+    """A data-parallel collective a framework runs in `chunks` alongside a loop of the
+    step (the module docstring): `after` the last loop it waits for (the gradients' sum,
+    chunks ready as that loop ends), else before the first (the parameters' all-gather,
+    chunks needed as it starts, in the next step). `window`: the loop iterations the chunks
+    are spread over; None: (K - 1)/K of the loop, or where that loop is the step's only
+    one (micro-steps of forward and backward) of one micro-step's backward (the share
+    BACKWARD of its time) or forward (the rest)."""
+
+    chunks: int
+    after: bool
+    window: float | None = None
+
+
+# A micro-step's backward against its forward and backward: twice the forward's FLOPs
+# (4 N D of 6 N D per token), the share of the step the gradients' chunks are ready over.
+BACKWARD = 2 / 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,12 +162,14 @@ class Scheduler:
         comm: dict[tuple[str, str], tuple[float, str]],
         under_gemms: dict[tuple[str, str], int] | None = None,
         gemms: dict[str, set[str]] | None = None,
+        chunked: dict[tuple[str, str], Chunked] | None = None,
     ):
         self.graph = graph
         self.compute_times = compute_times
         self.comm = comm  # (computation, instruction) -> (seconds, link)
         self.under_gemms = under_gemms or {}  # (computation, instruction) -> chunks
         self.gemms = gemms  # computation -> its matmuls (None: every compute op counts)
+        self.chunked = chunked or {}  # (computation, instruction) -> how it overlaps
         self._memo: dict[str, tuple[Timeline, float]] = {}
         # Collectives the TPU compiler hides inside fusions (`all-reduce-scatter`): the
         # fusion instruction is then the collective.
@@ -194,6 +223,7 @@ class Scheduler:
         kind: list[str] = []
         dur = [0.0] * len(nodes)
         stream_busy: dict[str, float] = {}
+        loop_busy: dict[int, dict[str, float]] = {}  # a loop's link busy time
         compute_busy = 0.0
         for i, node in enumerate(nodes):
             c = self.comm.get((name, node.name))
@@ -209,6 +239,7 @@ class Scheduler:
             if d > 0:
                 kind.append(COMPUTE)
                 dur[i] = d
+                loop_busy[i] = busy
                 compute_busy += cbusy
                 for k, v in busy.items():
                     stream_busy[k] = stream_busy.get(k, 0.0) + v
@@ -219,7 +250,37 @@ class Scheduler:
             compute_busy += t
         if self.under_gemms:
             self._pipeline_with_gemms(name, nodes, kind, dur)
+        if self.chunked:
+            self._overlap_chunks(name, nodes, kind, dur, loop_busy)
         return kind, dur, stream_busy, compute_busy
+
+    def _overlap_chunks(self, name: str, nodes: tuple[Node, ...], kind: list[str],
+                        dur: list[float], loop_busy: dict[int, dict[str, float]]) -> None:
+        """Shorten the chunked collectives to what their loop cannot hide (the module
+        docstring), those on one link beside one loop together."""
+        groups: dict[tuple, list[int]] = {}
+        for i, node in enumerate(nodes):
+            how = self.chunked.get((name, node.name))
+            if how is None or how.chunks <= 1 or dur[i] <= 0:
+                continue
+            loops = sorted(j for j in _ancestors(nodes, i)
+                           if nodes[j].opcode == "while" and j in loop_busy)
+            if loops:
+                loop = loops[-1] if how.after else loops[0]
+                groups.setdefault((loop, kind[i], how, len(loops) == 1), []).append(i)
+        for (loop, link, how, only), members in groups.items():
+            k, total = how.chunks, sum(dur[i] for i in members)
+            iteration = dur[loop] / max(nodes[loop].trip, 1)
+            if how.window is not None:
+                window = how.window * iteration
+            elif only:
+                window = (k - 1) / k * iteration * (BACKWARD if how.after else 1 - BACKWARD)
+            else:
+                window = (k - 1) / k * dur[loop]
+            free = max(0.0, 1.0 - loop_busy[loop].get(link, 0.0) / dur[loop])
+            waited = total / k + max(0.0, total * (k - 1) / k - free * window)
+            for i in members:
+                dur[i] *= waited / total
 
     def _pipeline_with_gemms(self, name: str, nodes: tuple[Node, ...], kind: list[str],
                              dur: list[float]) -> None:
@@ -299,6 +360,18 @@ def _list_schedule(kind: list[str], dur: list[float],
         else:
             break  # unreachable ops (dead code): nothing more can run
     return finish, succs
+
+
+def _ancestors(nodes: tuple[Node, ...], i: int) -> set[int]:
+    """The nodes node i waits for, directly or through others."""
+    seen: set[int] = set()
+    todo = list(nodes[i].preds)
+    while todo:
+        j = todo.pop()
+        if j not in seen:
+            seen.add(j)
+            todo.extend(nodes[j].preds)
+    return seen
 
 
 def _successors(preds: list[list[int]]) -> tuple[list[list[int]], list[int]]:

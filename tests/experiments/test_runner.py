@@ -142,3 +142,40 @@ def test_tp_comm_overlap_hides_sequence_parallel_collectives_on_a_gpu(cpu_device
     # (this tiny step is bound by its link's busy time, which the overlap does not shorten)
     assert hidden.scheduled_step_s < plain.scheduled_step_s
     assert hidden.step_time_s <= plain.step_time_s
+
+
+def test_megatron_overlaps_the_distributed_optimizers_collectives_on_a_gpu(cpu_devices):
+    # overlap_grad_reduce / overlap_param_gather: the same program and bytes; on a GPU its
+    # gradient reduce-scatter and parameter all-gather over data run a virtual stage's
+    # chunk at a time beside the pipeline's loops (sharding/gpu_frameworks.py), so only one
+    # of the V chunks is waited for; a TPU system runs the program as compiled.
+    import dataclasses
+
+    from experiments import config, runner
+    from meshes.calibration import catalog_calibration
+
+    cal = dataclasses.replace(catalog_calibration(), kernel_overhead_s=0.0)
+    over = ["parallelism.data=2", "parallelism.tensor=1", "parallelism.pipeline=4",
+            "parallelism.virtual_stages=2", "model.n_layers=8", "workload.microbatches=4",
+            "train.shard_optimizer_over_data=true"]
+    on = ["train.overlap_grad_reduce=true", "train.overlap_param_gather=true"]
+    for system, shorter in (("h100:8", True), ("tpu-v5e:2x4", False)):
+        plain = runner.run(config.load("tiny-h100-dp-tp", [*over, f"system.name={system}"]),
+                           calibration=cal)
+        both = runner.run(config.load("tiny-h100-dp-tp",
+                                      [*over, *on, f"system.name={system}"]), calibration=cal)
+        dp = [(c.kind, c.bytes) for c in plain.collectives if c.mesh_axes == ("data",)]
+        assert {k for k, _ in dp} >= {"reduce-scatter", "all-gather"}
+        assert dp == [(c.kind, c.bytes) for c in both.collectives if c.mesh_axes == ("data",)]
+        assert both.comm_s == pytest.approx(plain.comm_s)
+        if shorter:
+            assert both.scheduled_step_s < plain.scheduled_step_s
+        else:
+            assert both.scheduled_step_s == pytest.approx(plain.scheduled_step_s)
+
+
+def test_overlap_param_gather_needs_the_distributed_optimizer():
+    from experiments import config
+
+    with pytest.raises(ValueError, match="shard_optimizer_over_data=true"):
+        config.load("tiny-h100-dp-tp", ["train.overlap_param_gather=true"])

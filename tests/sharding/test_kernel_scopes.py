@@ -211,3 +211,31 @@ def test_an_fp8_weight_cast_runs_once_per_step_in_a_gpu_pipeline():
     # P 4 x V 2 x M 8: 19 ticks, 2 casts of each chunk's weights a step
     assert _weight_cast_share({"virtual_stages": 2, "ticks": 8 * 2 + 4 - 1}) == 2 / 19
     assert _weight_cast_share(None) == 1.0
+
+
+def test_the_data_parallel_overlap_chunks_by_virtual_stage_or_by_bucket():
+    # Megatron's overlap_grad_reduce / overlap_param_gather: with an interleaved pipeline one
+    # chunk per virtual stage, spread over (V - 1) P ticks; otherwise one per gradient
+    # bucket (1.6 G bf16 parameters over 8 ranks: 40 buckets of 40M).
+    from sharding.collectives import Collective
+    from sharding.gpu_frameworks import BUCKET_PARAMS, data_parallel_overlap
+    from sharding.schedule import Chunked
+
+    def coll(kind, name, scope, axes=("data",), nbytes=3_200_000_000):
+        return Collective(kind=kind, name=name, dtype="bfloat16", shape=(nbytes // 2,),
+                          bytes=nbytes, wire_bytes=0.0, count=1, group_size=8, groups=(),
+                          mesh_axes=axes, op_name=f"jit(step)/{scope}/op", computation="main")
+
+    rs, ag = (coll("reduce-scatter", "rs", "gradient_sum"),
+              coll("all-gather", "ag", "optimizer"))
+    others = [coll("reduce-scatter", "tp", "gradient_sum", ("tensor",)),
+              coll("all-gather", "mlp", "mlp")]
+    pipe = {"stages": 4, "virtual_stages": 3, "ticks": 4 * 3 * 8 + 3}
+    got = data_parallel_overlap([rs, ag, *others], pipeline=pipe, grad_reduce=True,
+                                param_gather=True)
+    assert got == {("main", "rs"): Chunked(3, True, 8.0), ("main", "ag"): Chunked(3, False, 8.0)}
+    got = data_parallel_overlap([rs, ag, *others], pipeline=None, grad_reduce=True,
+                                param_gather=False)
+    assert got == {("main", "rs"): Chunked(3_200_000_000 // (BUCKET_PARAMS * 2), True, None)}
+    assert data_parallel_overlap([rs, ag], pipeline=None, grad_reduce=False,
+                                 param_gather=False) == {}

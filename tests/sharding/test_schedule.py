@@ -92,3 +92,63 @@ def test_userbuffers_hide_a_tp_collective_under_the_gemm_it_feeds_or_follows():
     none = Scheduler(graph, times, comm, under_gemms={("main", "ag"): 4, ("main", "rs"): 4},
                      gemms={"main": set()}).run()
     assert none.step_s == pytest.approx(28.0)
+
+
+def _step_with_loops(rs_s: float, ag_s: float):
+    """A step as the SPMD program runs it: the forward loop (10 x 1 s), the backward loop
+    (10 x 2 s, each iteration also sending 0.5 s over the fabric), the gradients'
+    reduce-scatter, the optimizer (1 s), the parameters' all-gather."""
+    from sharding.schedule import Graph, Node
+
+    nodes = (Node("fwd", "while", ("fbody",), trip=10),
+             Node("bwd", "while", ("bbody",), trip=10, preds=(0,)),
+             Node("rs", "reduce-scatter", preds=(1,)), Node("opt", "add", preds=(2,)),
+             Node("ag", "all-gather", preds=(3,)))
+    graph = Graph("main", {"main": nodes, "fbody": (Node("f", "dot"),),
+                           "bbody": (Node("b", "dot"), Node("p", "collective-permute"))})
+    times = {"fbody": {"f": 1.0}, "bbody": {"b": 2.0}, "main": {"opt": 1.0}}
+    comm = {("main", "rs"): (rs_s, "ib"), ("main", "ag"): (ag_s, "ib"),
+            ("bbody", "p"): (0.5, "ib")}
+    return graph, times, comm
+
+
+def test_megatron_overlaps_the_data_parallel_sum_and_gather_in_chunks():
+    # Megatron's overlap_grad_reduce / overlap_param_gather: of T in K chunks, T/K is waited
+    # for, plus what the loop's window W cannot hide on the link time its own traffic
+    # leaves free (a share f): T/K + max(0, (K - 1)/K T - f W).
+    from sharding.schedule import Chunked, Scheduler
+
+    graph, times, comm = _step_with_loops(8.0, 8.0)
+    plain = Scheduler(graph, times, comm).run()
+    assert plain.step_s == pytest.approx(10 + 20 + 8 + 1 + 8)
+    # Window of 6 iterations: 12 s of the backward (a quarter of it on the fabric, f =
+    # 3/4: 9 s free) hides the other 6 s of the sum; 6 s of the forward (f = 1) the
+    # gather's: 2 s each waited for.
+    wide = {("main", "rs"): Chunked(4, True, 6.0), ("main", "ag"): Chunked(4, False, 6.0)}
+    hidden = Scheduler(graph, times, comm, chunked=wide).run()
+    assert hidden.step_s == pytest.approx(10 + 20 + 2 + 1 + 2)
+    assert hidden.comm_busy_s == plain.comm_busy_s == {"ib": 5.0 + 16.0}  # all of it sent
+    # Window of 2 iterations: 4 s x 3/4 = 3 s free behind the backward, 2 s behind the
+    # forward: 2 + (6 - 3) and 2 + (6 - 2) waited for.
+    narrow = {("main", "rs"): Chunked(4, True, 2.0), ("main", "ag"): Chunked(4, False, 2.0)}
+    assert Scheduler(graph, times, comm, chunked=narrow).run().step_s == pytest.approx(
+        10 + 20 + 5 + 1 + 6)
+    # One chunk: nothing to overlap.
+    one = {("main", "rs"): Chunked(1, True, 6.0)}
+    assert Scheduler(graph, times, comm, chunked=one).run().step_s == pytest.approx(
+        plain.step_s)
+
+
+def test_chunks_of_a_micro_step_loop_hide_under_its_last_backward():
+    # Gradient accumulation, one loop of micro-steps (forward and backward, 3 s each): the
+    # buckets are ready over the last micro-step's backward, 2/3 of it; with 3 chunks, the
+    # window is (K - 1)/K of that: 2/3 x 2 s.
+    from sharding.schedule import BACKWARD, Chunked, Graph, Node, Scheduler
+
+    nodes = (Node("micro", "while", ("body",), trip=4), Node("rs", "reduce-scatter", preds=(0,)))
+    graph = Graph("main", {"main": nodes, "body": (Node("fb", "dot"),)})
+    times = {"body": {"fb": 3.0}}
+    comm = {("main", "rs"): (6.0, "ib")}
+    rep = Scheduler(graph, times, comm, chunked={("main", "rs"): Chunked(3, True)}).run()
+    window = 2 / 3 * 3.0 * BACKWARD
+    assert rep.step_s == pytest.approx(12.0 + 2.0 + (4.0 - window))
