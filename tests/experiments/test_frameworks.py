@@ -117,14 +117,15 @@ def test_megatron_export_of_an_interleaved_pipeline(capsys):
     assert not any(f.startswith("--recompute") for f in flags)  # remat none
     assert not any(f.startswith("--context-parallel-size") for f in flags)
     assert "--tp-comm-overlap" not in flags
-    assert "--overlap-grad-reduce" not in flags
+    # The config overlaps its data-parallel communication as Megatron's recipes do.
+    assert {"--overlap-grad-reduce", "--overlap-param-gather"} <= set(flags)
     out = _export(capsys, "llama3-70b-h100-64-tp4-pp8-interleaved", "--to", "megatron",
                   "--set", "parallelism.tp_comm_overlap=true",
-                  "--set", "train.shard_optimizer_over_data=true",
-                  "--set", "train.overlap_grad_reduce=true",
-                  "--set", "train.overlap_param_gather=true")
-    assert {"--tp-comm-overlap", "--overlap-grad-reduce",
-            "--overlap-param-gather"} <= set(out.splitlines())
+                  "--set", "train.overlap_grad_reduce=false",
+                  "--set", "train.overlap_param_gather=false")
+    lines = set(out.splitlines())
+    assert "--tp-comm-overlap" in lines
+    assert not lines & {"--overlap-grad-reduce", "--overlap-param-gather"}
     assert "data-parallel size 2 = 64 / (tensor 4 x pipeline 8 x context 1)" in out
 
 
