@@ -85,6 +85,12 @@ class Pipeline:
         return pad - pad // 2, pad // 2
 
     @property
+    def output_over_stages(self) -> bool:
+        """Whether the pipeline hands its output to the loss split over the stages, M / P
+        microbatches each (models/transformer.py): with M a multiple of P."""
+        return self.microbatches % self.stages == 0
+
+    @property
     def ticks(self) -> int:
         return self.microbatches * self.virtual + self.stages - 1
 
@@ -234,5 +240,18 @@ def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipe
                                  jnp.zeros((), x_BLD.dtype)), axis, None, batch_axes, seq_axes)
     (_, buffer_PMbLD), _ = jax.lax.scan(tick, (buffer_PMbLD[:, 0], buffer_PMbLD),
                                         jnp.arange(plan.ticks))
-    return buffer_PMbLD[0].swapaxes(0, 1).reshape(b, seq, d)
+    if not plan.output_over_stages:
+        # Stage 0 holds the output; the loss takes it whole on every stage.
+        return buffer_PMbLD[0].swapaxes(0, 1).reshape(b, seq, d)
+    # Stage 0 holds the output: its M microbatches go P ways, M / P to each stage, by one
+    # all-to-all over the stages (each stage's buffer split by destination; only stage 0's
+    # share is kept), so that the loss runs split over the stages instead of every stage
+    # gathering all of it. Returned microbatch-major (row m b + i: microbatch m's i-th
+    # sequence), the batch split over the stages, outermost.
+    # (the pin keeps the loop's carry, and its gradient in the backward loop, sharded by
+    # stage: the all-to-all and its transpose run once, outside the loops)
+    buffer_PMbLD = pin(buffer_PMbLD, axis, None, batch_axes, seq_axes)
+    split = buffer_PMbLD.reshape(stages, stages, m // stages, b // m, seq, d)
+    split = pin(split, None, axis, None, batch_axes, seq_axes)
+    return pin(split[0].reshape(b, seq, d), (axis, *(batch_axes or ())), seq_axes)
 

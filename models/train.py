@@ -69,7 +69,13 @@ def loss_fn(model: Transformer, inputs_BL, targets_BL, vocab_tiles: int = 1):
     recomputed in the backward pass, so that one tile's logits (not the whole batch's) are
     ever held."""
     x_BLD = model.features(inputs_BL)
-    targets_BL = model.in_model_order(targets_BL)
+    targets_BL = model.in_output_order(model.in_model_order(targets_BL))
+    with model.loss_rules():
+        return _tiled_loss(model, x_BLD, targets_BL, vocab_tiles)
+
+
+def _tiled_loss(model: Transformer, x_BLD, targets_BL, vocab_tiles: int):
+    """The mean loss of the layers' output, whole or in `vocab_tiles` tiles (loss_fn)."""
     if vocab_tiles == 1:
         return _mean_nll(model.logits(x_BLD), targets_BL)
     b, seq, d = x_BLD.shape

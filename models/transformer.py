@@ -10,6 +10,7 @@ Array-name suffixes: the legend in models/__init__.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import jax
@@ -26,7 +27,7 @@ from models.moe import MoeMlp
 from models.pipeline import Pipeline, run_pipeline
 from models.program import DTYPES, OFFLOAD_ALL, REMAT_POLICIES, Precision, remat_policy
 from models.quant import dequantize, quantize
-from sharding.rules import active_mesh, active_rules, constrain
+from sharding.rules import active_mesh, active_rules, constrain, use_rules
 
 
 def checkpointed(fn, remat: str, save=(), offload=()):
@@ -279,6 +280,29 @@ class Transformer(nnx.Module):
         if ranks == 1:
             return x_BL
         return constrain(x_BL[:, zigzag_order(x_BL.shape[1], ranks)], ("batch", "seq"))
+
+    def in_output_order(self, x_BL):
+        """Per-sequence values (targets) in the order `features` returns the sequences: as
+        given, or microbatch-major where a pipeline hands its output to the loss split over
+        its stages (models/pipeline.py)."""
+        p = self.pipeline
+        if p is None or not p.output_over_stages:
+            return x_BL
+        m = p.microbatches
+        return x_BL.reshape(-1, m, *x_BL.shape[1:]).swapaxes(0, 1).reshape(x_BL.shape)
+
+    @contextlib.contextmanager
+    def loss_rules(self):
+        """The rules the loss runs under: with a pipeline handing its output split over the
+        stages, the batch split over them too (each stage's share of the logits on that
+        stage, as Megatron's last stage computes only its own microbatches')."""
+        p, rules, mesh = self.pipeline, active_rules(), active_mesh()
+        if p is None or not p.output_over_stages or rules is None:
+            yield
+            return
+        (axis,) = rules.mesh_axes("layers", params=True)
+        with use_rules(rules.with_batch_over(axis), mesh):
+            yield
 
     def prefill(self, tokens_BL):
         """Process prompts: (logits of the last position (B, V), the KV cache: (N, B, K, L,

@@ -110,11 +110,17 @@ def test_pipeline_stages_pass_microbatch_activations_to_their_neighbours(cpu_dev
     # the next stage (the last stage's to the first) within one data replica.
     for c in permutes:
         assert all((b // 2 - a // 2) % 4 in (1, 3) and a % 2 == b % 2 for a, b in c.groups)
-    # The pipeline's input meets the stage axis once (its gradient summed over the stages)
-    # and its output leaves it once: one all-reduce of the M microbatches each way.
-    stage_sums = [c for c in rep.collectives if c.kind == "all-reduce"
-                  and c.mesh_axes == ("pipeline",)]
-    assert sorted(c.bytes * c.count for c in stage_sums) == [4 * per_transfer] * 2
+    # The pipeline's input meets the stage axis once (its gradient summed over the stages:
+    # one all-reduce of the M microbatches); its output goes from stage 0 to the loss split
+    # over the stages, M / P microbatches each: one all-to-all of stage 0's M microbatches
+    # each way; the output projection's gradient is then summed over the stages that each
+    # ran it on their share (d_model x vocab, f32), and the loss (f32).
+    over_stages = [c for c in rep.collectives if c.mesh_axes == ("pipeline",)
+                   and c.kind != "collective-permute"]
+    assert sorted((c.kind, c.bytes * c.count) for c in over_stages) == sorted([
+        ("all-to-all", 4 * per_transfer), ("all-to-all", 4 * per_transfer),
+        ("all-reduce", 4 * per_transfer), ("all-reduce", cfg.d_model * cfg.vocab * F32),
+        ("all-reduce", cfg.d_model * F32), ("all-reduce", F32)])
     # The bubble is in the program: each stage runs its one layer on all 7 ticks: down_proj's
     # forward matmul (2 b L F D) 7 times, its two backward matmuls 7 times each (remat does
     # not recompute it: no backward needs its output).
