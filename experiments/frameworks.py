@@ -180,9 +180,10 @@ def maxtext(exp: Experiment) -> list[str]:
     if par.tp_comm_overlap:
         lines.append("# parallelism.tp_comm_overlap (Transformer Engine's userbuffers): no "
                      "MaxText key")
-    if t.overlap_grad_reduce or t.overlap_param_gather:
-        lines.append("# train.overlap_grad_reduce / overlap_param_gather (Megatron's DDP): no "
-                     "MaxText key; XLA schedules the data-parallel collectives itself")
+    if t.overlap_grad_reduce or t.overlap_param_gather or t.bucket_size:
+        lines.append("# train.overlap_grad_reduce / overlap_param_gather / bucket_size "
+                     "(Megatron's DDP): no MaxText key; XLA schedules the data-parallel "
+                     "collectives itself")
     return lines
 
 
@@ -297,6 +298,8 @@ def megatron(exp: Experiment) -> list[str]:
         lines.append("--overlap-grad-reduce")
     if exp.train.overlap_param_gather:
         lines.append("--overlap-param-gather")
+    if exp.train.bucket_size:
+        lines.append(f"--ddp-bucket-size {exp.train.bucket_size}")
     if par.fsdp > 1:
         lines.append(f"# parallelism.fsdp={par.fsdp}: FSDP has no Megatron equivalent beyond "
                      f"the distributed optimizer (its ranks count in the data-parallel size; "

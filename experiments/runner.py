@@ -132,7 +132,8 @@ def analyze_step(exp: Experiment, step: Step, mesh, *, memory: sharding.Memory |
         host_transfer_bytes=step.host_transfer_bytes, pipeline=step.pipeline,
         cost=exp.cost, tp_comm_overlap=exp.parallelism.tp_comm_overlap,
         overlap_grad_reduce=exp.train.overlap_grad_reduce and not step.serving,
-        overlap_param_gather=exp.train.overlap_param_gather and not step.serving, **kwargs)
+        overlap_param_gather=exp.train.overlap_param_gather and not step.serving,
+        bucket_size=exp.train.bucket_size, **kwargs)
 
 
 def _with_compare_hint(note: str, system) -> str:

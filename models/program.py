@@ -206,6 +206,9 @@ class Train:
         "Megatron's overlap_param_gather (NeMo 1: overlap_param_sync), with "
         "shard_optimizer_over_data: on GPU systems the updated parameters' all-gather runs "
         "in chunks under the next step's forward, one chunk left exposed", False)
+    bucket_size: int = described(
+        "parameters per data-parallel gradient bucket on GPU systems (Megatron's "
+        "--ddp-bucket-size); 0: Megatron's default, max(40M, 1M x data-parallel ranks)", 0)
     num_vocab_tiling: int = described(
         "the loss computed over this many tiles of the tokens (MaxText's vocabulary "
         "tiling): one tile's logits and their gradient live at a time, recomputed in the "
@@ -228,6 +231,8 @@ class Train:
             raise ValueError("train.overlap_param_gather=true overlaps the distributed "
                              "optimizer's all-gather: set train.shard_optimizer_over_data=true "
                              "too, or overlap_param_gather=false (Megatron asks the same)")
+        _check_count("train.bucket_size", self.bucket_size, 0,
+                     "a whole number of parameters (0: Megatron's default)")
         _check_count("train.num_vocab_tiling", self.num_vocab_tiling, 1,
                      "a whole number of at least 1 (1: the whole logits at once)")
         for key in ("save", "offload"):

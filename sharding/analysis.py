@@ -41,6 +41,7 @@ class AnalysisInputs:
             overlap the GEMM they feed or follow (Transformer Engine's userbuffers).
         overlap_grad_reduce, overlap_param_gather: GPU systems: the data-parallel
             gradient sum and parameter all-gather in chunks beside the loops (Megatron's).
+        bucket_size: GPU systems: parameters per gradient bucket; 0: Megatron's default.
         timings: the stages already timed (build, lower, compile, parse, read).
         plan: the program as read; re-timing from it skips reading the HLO.
     """
@@ -65,6 +66,7 @@ class AnalysisInputs:
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    bucket_size: int = 0
     timings: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
     plan: Plan | None = None
 

@@ -157,7 +157,8 @@ def estimate(inputs: AnalysisInputs, *, system: System,
     gpu = runs_fused_kernels(system.chip)
     if gpu:
         collectives = gpu_frameworks.collectives_as_run(collectives, system, ids,
-                                                        inputs.mesh_shape, inputs.axis_names)
+                                                        inputs.mesh_shape, inputs.axis_names,
+                                                        inputs.bucket_size)
     per_comp = time_work(plan.work, system.chip, compute_dtype=inputs.compute_dtype,
                          calibration=calibration,
                          weight_cast_share=gpu_frameworks.weight_cast_share(inputs.pipeline))
@@ -172,7 +173,8 @@ def estimate(inputs: AnalysisInputs, *, system: System,
         if gpu and inputs.tp_comm_overlap else {},
         chunked=gpu_frameworks.data_parallel_overlap(
             collectives, pipeline=inputs.pipeline, grad_reduce=inputs.overlap_grad_reduce,
-            param_gather=inputs.overlap_param_gather) if gpu else {},
+            param_gather=inputs.overlap_param_gather,
+            bucket_size=inputs.bucket_size) if gpu else {},
         gemms={name: {m.name for m in w.matmuls} | {f.name for f in w.fusions}
                for name, w in plan.work.items()},
     ).run()
@@ -302,6 +304,7 @@ def analyze(
     tp_comm_overlap: bool = False,
     overlap_grad_reduce: bool = False,
     overlap_param_gather: bool = False,
+    bucket_size: int = 0,
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -344,6 +347,8 @@ def analyze(
             data-parallel gradient sum and the updated parameters' all-gather run in
             chunks beside the backward and the next forward (Megatron's DDP config;
             sharding/gpu_frameworks.py).
+        bucket_size: on GPU systems, parameters per gradient bucket (Megatron's
+            --ddp-bucket-size); 0: Megatron's default, max(40M, 1M x data-parallel ranks).
     """
     system = get_system(system) if isinstance(system, str) else system
     backend = backend_of(mesh.devices.flat[0])
@@ -372,7 +377,7 @@ def analyze(
         host_transfer_bytes=host_transfer_bytes, pipeline=pipeline,
         fit_advice=tuple(fit_advice), timings={**(timings or {}), **c.timings},
         tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
-        overlap_param_gather=overlap_param_gather)
+        overlap_param_gather=overlap_param_gather, bucket_size=bucket_size)
     if system is None:
         return untimed(inputs)
     return estimate(inputs, system=system, calibration=calibration, cost=cost)

@@ -37,10 +37,11 @@ DATA_PARALLEL = frozenset({"data", "sequence"})  # Megatron's DP x CP group
 
 def collectives_as_run(collectives: list[Collective], system: System,
                        device_ids: Sequence[int], mesh_shape: Sequence[int],
-                       axis_names: Sequence[str]) -> list[Collective]:
-    """The timed collectives with the amax and gradient-bucket rules applied."""
+                       axis_names: Sequence[str], bucket_size: int = 0) -> list[Collective]:
+    """The timed collectives with the amax and gradient-bucket rules applied
+    (`bucket_size`: parameters per gradient bucket, 0 for Megatron's default)."""
     collectives = _scaled_per_device(collectives, system, device_ids, mesh_shape, axis_names)
-    return in_gradient_buckets(collectives, system, device_ids)
+    return in_gradient_buckets(collectives, system, device_ids, bucket_size)
 
 
 def _scaled_per_device(collectives: list[Collective], system: System,
@@ -98,8 +99,15 @@ def under_gemms(collectives: list[Collective]) -> dict[tuple[str, str], int]:
 BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK = 40_000_000, 1_000_000
 
 
+def bucket_bytes(c: Collective, bucket_size: int = 0) -> int:
+    """Bytes of one gradient bucket for `c`'s group: `bucket_size` parameters (Megatron's
+    --ddp-bucket-size), or its default for that many ranks."""
+    params = bucket_size or max(BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK * c.group_size)
+    return params * jnp.dtype(c.dtype).itemsize
+
+
 def in_gradient_buckets(collectives: list[Collective], system: System,
-                         device_ids: Sequence[int]) -> list[Collective]:
+                         device_ids: Sequence[int], bucket_size: int = 0) -> list[Collective]:
     """On GPUs, a weight gradient's sum over the data-parallel ranks (data, and sequence as
     Megatron's DP x CP group) smaller than a bucket rides in one: it takes its share of one
     bucket's collective, bytes / bucket of its time, not a collective's latency of its own."""
@@ -110,8 +118,7 @@ def in_gradient_buckets(collectives: list[Collective], system: System,
                 or "transpose(" not in c.op_name or kernel_scopes.scales_per_device(c.op_name):
             out.append(c)
             continue
-        bucket = max(BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK * c.group_size) * \
-            jnp.dtype(c.dtype).itemsize
+        bucket = bucket_bytes(c, bucket_size)
         if c.bytes >= bucket:
             out.append(c)
             continue
@@ -130,7 +137,7 @@ def _in_scope(c: Collective, scope: str) -> bool:
 
 
 def data_parallel_overlap(collectives: list[Collective], *, pipeline: dict | None,
-                          grad_reduce: bool, param_gather: bool
+                          grad_reduce: bool, param_gather: bool, bucket_size: int = 0
                           ) -> dict[tuple[str, str], Chunked]:
     """Megatron's overlapped data-parallel communication (DistributedDataParallelConfig
     `overlap_grad_reduce`, `overlap_param_gather`): the step's gradient sum over the
@@ -142,7 +149,7 @@ def data_parallel_overlap(collectives: list[Collective], *, pipeline: dict | Non
     communication-overlap guide), ready one by one over the last (V - 1) P ticks of the
     backward (each stage's chunks finish P microbatches apart in the interleaved 1F1B
     cool-down) and needed one by one over the first (V - 1) P ticks of the next forward;
-    otherwise Megatron's gradient buckets (`bucket_size` above), over the last
+    otherwise Megatron's gradient buckets (`bucket_bytes`), over the last
     microbatch's pass through the layers (sharding/schedule.py `Chunked`)."""
     grads = [c for c in collectives if grad_reduce and c.mesh_axes
              and set(c.mesh_axes) <= DATA_PARALLEL and _in_scope(c, GRADIENT_SUM)
@@ -157,9 +164,7 @@ def data_parallel_overlap(collectives: list[Collective], *, pipeline: dict | Non
         chunks, window = v, float((v - 1) * pipeline["stages"])
     else:
         ref = grads or params
-        bucket = max(BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK * ref[0].group_size) * \
-            jnp.dtype(ref[0].dtype).itemsize
-        chunks = max(1, int(sum(c.total_bytes for c in ref) // bucket))
+        chunks = max(1, int(sum(c.total_bytes for c in ref) // bucket_bytes(ref[0], bucket_size)))
         window = (chunks - 1) / chunks if pipeline else None
     return {**{(c.computation, c.name): Chunked(chunks, True, window) for c in grads},
             **{(c.computation, c.name): Chunked(chunks, False, window) for c in params}}

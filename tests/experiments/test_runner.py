@@ -179,3 +179,5 @@ def test_overlap_param_gather_needs_the_distributed_optimizer():
 
     with pytest.raises(ValueError, match="shard_optimizer_over_data=true"):
         config.load("tiny-h100-dp-tp", ["train.overlap_param_gather=true"])
+    with pytest.raises(ValueError, match=r"train.bucket_size=-1 must be at least 0"):
+        config.load("tiny-h100-dp-tp", ["train.bucket_size=-1"])

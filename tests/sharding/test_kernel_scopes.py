@@ -239,3 +239,7 @@ def test_the_data_parallel_overlap_chunks_by_virtual_stage_or_by_bucket():
     assert got == {("main", "rs"): Chunked(3_200_000_000 // (BUCKET_PARAMS * 2), True, None)}
     assert data_parallel_overlap([rs, ag], pipeline=None, grad_reduce=False,
                                  param_gather=False) == {}
+    # The run's own bucket size (Megatron's --ddp-bucket-size): 400M parameters, 4 chunks.
+    got = data_parallel_overlap([rs], pipeline=None, grad_reduce=True, param_gather=False,
+                                bucket_size=400_000_000)
+    assert got == {("main", "rs"): Chunked(4, True, None)}
