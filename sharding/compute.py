@@ -158,10 +158,16 @@ def work(module: HloModule) -> dict[str, Work]:
     that runs, in module order: everything `time_work` needs, independent of the chip."""
     fused = {callee for callee, sites in module.call_sites.items()
              if any(inst.opcode == "fusion" for _, inst, _ in sites)}
+    # A reduction's combiner (the `to_apply` of reduce, all-reduce, scatter, sort, ...)
+    # is part of the instruction that applies it, not work of its own (a `call`'s
+    # `to_apply` is a body that runs).
+    applied = {callee for callee, sites in module.call_sites.items()
+               if sites and all(role == "to_apply" and inst.opcode != "call"
+                                for _, inst, role in sites)}
     counts = execution_counts(module)
     out: dict[str, Work] = {}
     for comp in module.computations.values():
-        if counts.get(comp.name, 0) == 0:
+        if counts.get(comp.name, 0) == 0 or comp.name in applied:
             continue
         inside_fusion = comp.name in fused
         matmuls = []

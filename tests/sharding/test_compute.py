@@ -148,3 +148,24 @@ def test_library_gemm_calls_are_matmuls_with_their_flops_and_format():
     c = compute_cost(parse_hlo(_CUBLAS), H100)
     assert c.matmul_flops == 2 * (2 * 4096 * 2048 * 8192) + 2 * 8 * 512 * 512 * 64
     assert c.memory_bound_s == 0
+
+
+def test_a_reductions_combiner_is_not_a_kernel_of_its_own():
+    # jnp.max / jnp.sum apply a scalar combiner computation (the reduce's `to_apply`) to
+    # its elements: it is part of the reduce's kernel, not one more kernel per execution
+    # (each paying the fixed per-kernel cost); a `call`'s to_apply is a body that runs.
+    from sharding.compute import work
+
+    def f(x):
+        return jax.lax.scan(lambda c, r: (c + jnp.max(r) + jnp.sum(r), None), 0.0, x)[0]
+
+    module = parse_hlo(jax.jit(f).lower(jnp.zeros((10, 1024), jnp.float32)).as_text(
+        dialect="hlo", debug_info=True))
+    combiners = {callee for callee, sites in module.call_sites.items()
+                 if all(inst.opcode == "reduce" for _, inst, _ in sites)}
+    assert len(combiners) >= 2  # max's and sum's
+    works = work(module)
+    assert not combiners & set(works)
+    body = [w for w in works.values() if any(k.op.startswith("reduce_max")
+                                             for k in w.kernels)]
+    assert body  # the reduces themselves are still kernels, in the loop's body
