@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import NamedSharding
 
 from models import kernels
 from models.config import ModelConfig
@@ -18,7 +19,7 @@ from models.fp8 import fp4_einsum, fp8_einsum
 from models.program import DTYPES, Precision
 from models.quant import QuantWeight
 from sharding import kernel_scopes
-from sharding.rules import active_mesh, active_rules, constrain
+from sharding.rules import active_mesh, active_rules, constrain, resolve
 
 
 def new_param(rngs: nnx.Rngs, shape, axes, *, dtype, scale: float | None = None) -> nnx.Param:
@@ -106,6 +107,76 @@ def project(spec: str, x, w, *, precision: Precision):
     return jnp.einsum(spec, x, w)
 
 
+def tensor_parallel_input(x_BLD):
+    """The residual stream entering a tensor-parallel region (its column-parallel
+    projections): under sequence parallelism, gathered over the mesh axes that split its
+    positions beyond the projections' own `seq` split (Megatron's all-gather over
+    `tensor`), its gradient reduce-scattered back to the residual stream's split.
+
+    Why stated, both ways: a projection's weight gradient contracts its input with its
+    output's gradient over the positions, and the two must agree on how the positions
+    are split (`seq`; `tensor` splits the heads or the MLP's hidden dimension). Left to
+    propagation, one operand keeps the residual stream's finer split over the positions
+    in the backward pass, and with the weight gradient's own split over the
+    data-parallel axes (the distributed optimizer's state spec, propagated back into
+    the layers' loop) the SPMD partitioner all-gathers the operands over `data` and
+    splits the weight gradient's output, instead of reducing partial sums. A plain
+    constraint would pin the gradient to the gathered layout too (an all-reduce over
+    `tensor` where a reduce-scatter does): hence a custom VJP."""
+    if not _sequence_parallel():
+        return x_BLD
+    return _reshard(x_BLD, ("batch", "seq", "embed"), ("batch", "residual_seq", "embed"))
+
+
+def tensor_parallel_output(out_BLD):
+    """A tensor-parallel region's output (its row-parallel projection's) returned to the
+    residual stream: reduce-scattered to its split over the positions, its gradient
+    all-gathered over the axes that split them beyond `seq` (Megatron's sequence
+    parallelism), the layout the projection's weight gradient needs
+    (`tensor_parallel_input`). Without sequence parallelism: the residual stream's
+    constraint."""
+    if not _sequence_parallel():
+        return constrain(out_BLD, ("batch", "residual_seq", "embed"))
+    return _reshard(out_BLD, ("batch", "residual_seq", "embed"), ("batch", "seq", "embed"))
+
+
+def _sequence_parallel() -> bool:
+    """Whether the rules in force split the residual stream's positions further than a
+    projection's (`seq`): Megatron's sequence parallelism."""
+    mesh, rules = active_mesh(), active_rules()
+    if rules is None:
+        return False
+    shape = dict(mesh.shape)
+    return rules.split_axes("residual_seq", shape) != rules.split_axes("seq", shape)
+
+
+def _reshard(x_BLD, forward, backward):
+    """x constrained to logical names `forward`, its gradient to `backward`. The shardings
+    are resolved here, under the rules in force for the forward pass (inside a vmap,
+    `rules.without(...)`), for both."""
+    mesh, rules = active_mesh(), active_rules()
+    shape = dict(mesh.shape)
+
+    def sharding(names):
+        return NamedSharding(mesh, resolve(names, x_BLD.shape, rules.activations, shape,
+                                           what=f"sequence-parallel activation {names}"))
+
+    fwd_sharding, bwd_sharding = sharding(forward), sharding(backward)
+
+    @jax.custom_vjp
+    def reshard(x):
+        return jax.lax.with_sharding_constraint(x, fwd_sharding)
+
+    def reshard_fwd(x):
+        return reshard(x), None
+
+    def reshard_bwd(_, g):
+        return (jax.lax.with_sharding_constraint(g, bwd_sharding),)
+
+    reshard.defvjp(reshard_fwd, reshard_bwd)
+    return reshard(x_BLD)
+
+
 def per_context_rank(fn, x_BL, *weights_Y, logical: str = "seq"):
     """`fn(x, *weights)` run by each rank that holds a block of the positions (the mesh
     axes of size > 1 that split the activations' `logical` dimension: "seq" for a
@@ -169,7 +240,8 @@ class Mlp(nnx.Module):
         self.w_down = new_weight(rngs, (f, d), ("mlp", "embed"), precision=precision)
 
     def __call__(self, x_BLD):
+        x_BLD = tensor_parallel_input(x_BLD)
         h_BLF = constrain(mlp_hidden(self, "bld,df->blf", x_BLD), ("batch", "seq", "mlp"))
         with jax.named_scope("down_proj"):
             out_BLD = project("blf,fd->bld", h_BLF, self.w_down, precision=self.precision)
-            return checkpoint_name(constrain(out_BLD, ("batch", "residual_seq", "embed")), "mlpwo")
+            return checkpoint_name(tensor_parallel_output(out_BLD), "mlpwo")

@@ -36,7 +36,14 @@ from jax.ad_checkpoint import checkpoint_name
 from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
 from models.context import context_attention, context_axis
-from models.layers import Norm, new_weight, project, rope
+from models.layers import (
+    Norm,
+    new_weight,
+    project,
+    rope,
+    tensor_parallel_input,
+    tensor_parallel_output,
+)
 from models.program import DTYPES, Precision
 from sharding.rules import constrain
 
@@ -66,6 +73,7 @@ class LatentAttention(nnx.Module):
         decode; returns (output, (the latents computed here (B, L, U),))."""
         cfg, p = self.cfg, self.precision
         nope, c = cfg.head_dim, cfg.kv_lora_rank
+        x_BLD = tensor_parallel_input(x_BLD)
         with jax.named_scope("query_proj"):
             xq = x_BLD
             if cfg.q_lora_rank:
@@ -89,8 +97,7 @@ class LatentAttention(nnx.Module):
                                    "context")
         with jax.named_scope("out_proj"):
             out_BLD = project("blhe,hed->bld", out_BLHE, self.wo, precision=p)
-            out_BLD = checkpoint_name(constrain(out_BLD, ("batch", "residual_seq", "embed")),
-                                      "out_proj")
+            out_BLD = checkpoint_name(tensor_parallel_output(out_BLD), "out_proj")
             return out_BLD, (cached_BLU,)
 
     def _attend(self, q_nope_BLHE, q_rope_BLHW, latent_BLU, k_rope_BLW, context):

@@ -21,7 +21,16 @@ from jax.ad_checkpoint import checkpoint_name
 from models.attention import dense_attention, flash_attention
 from models.config import ModelConfig
 from models.context import context_attention, context_axis, zigzag_order
-from models.layers import Mlp, Norm, new_param, new_weight, project, rope
+from models.layers import (
+    Mlp,
+    Norm,
+    new_param,
+    new_weight,
+    project,
+    rope,
+    tensor_parallel_input,
+    tensor_parallel_output,
+)
 from models.mla import LatentAttention
 from models.moe import MoeMlp
 from models.pipeline import Pipeline, run_pipeline
@@ -85,13 +94,13 @@ class Attention(nnx.Module):
         out_BLHE = checkpoint_name(out_BLHE, "context")
         with jax.named_scope("out_proj"):
             out_BLD = project("blhe,hed->bld", out_BLHE, self.wo, precision=self.precision)
-            out_BLD = checkpoint_name(constrain(out_BLD, ("batch", "residual_seq", "embed")),
-                                      "out_proj")
+            out_BLD = checkpoint_name(tensor_parallel_output(out_BLD), "out_proj")
             return out_BLD, (k_BLKE, v_BLKE)
 
 
     def _qkv(self, x_BLD):
         """The query, key and value projections: one weight each, or one fused weight."""
+        x_BLD = tensor_parallel_input(x_BLD)
         b, seq, _ = x_BLD.shape
         h, kv, e = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
         if self.cfg.fused_qkv:
@@ -428,7 +437,7 @@ class Transformer(nnx.Module):
         activations'): what a training loss reads (models/train.py)."""
         cfg = self.cfg
         with jax.named_scope("lm_head"):
-            x_BLD = self.final_norm(x_BLD)
+            x_BLD = tensor_parallel_input(self.final_norm(x_BLD))  # vocab over `tensor`
             head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
             # The output layer stays in the activations' dtype under FP8 / FP4 recipes:
             # Megatron-Core's output_layer is a plain ColumnParallelLinear, outside
