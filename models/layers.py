@@ -107,7 +107,7 @@ def project(spec: str, x, w, *, precision: Precision):
     return jnp.einsum(spec, x, w)
 
 
-def tensor_parallel_input(x_BLD):
+def tensor_parallel_input(x_BLD, precision: Precision):
     """The residual stream entering a tensor-parallel region (its column-parallel
     projections): under sequence parallelism, gathered over the mesh axes that split its
     positions beyond the projections' own `seq` split (Megatron's all-gather over
@@ -122,20 +122,25 @@ def tensor_parallel_input(x_BLD):
     the layers' loop) the SPMD partitioner all-gathers the operands over `data` and
     splits the weight gradient's output, instead of reducing partial sums. A plain
     constraint would pin the gradient to the gathered layout too (an all-reduce over
-    `tensor` where a reduce-scatter does): hence a custom VJP."""
-    if not _sequence_parallel():
+    `tensor` where a reduce-scatter does): hence a custom VJP.
+
+    FP8 / FP4 matmuls are left to propagation: Transformer Engine gathers the quantised
+    input (one byte a value, or half), which the partitioner does when the gather follows
+    the projection's quantise, and a gather of the bf16 input here would double it. (Left:
+    FP8 with context parallelism and no pipeline still meets the all-gathers over data.)"""
+    if not _sequence_parallel() or precision.low_precision_matmuls in ("float8", "float4"):
         return x_BLD
     return _reshard(x_BLD, ("batch", "seq", "embed"), ("batch", "residual_seq", "embed"))
 
 
-def tensor_parallel_output(out_BLD):
+def tensor_parallel_output(out_BLD, precision: Precision):
     """A tensor-parallel region's output (its row-parallel projection's) returned to the
     residual stream: reduce-scattered to its split over the positions, its gradient
     all-gathered over the axes that split them beyond `seq` (Megatron's sequence
     parallelism), the layout the projection's weight gradient needs
     (`tensor_parallel_input`). Without sequence parallelism: the residual stream's
-    constraint."""
-    if not _sequence_parallel():
+    constraint, as for FP8 / FP4 matmuls (`tensor_parallel_input`)."""
+    if not _sequence_parallel() or precision.low_precision_matmuls in ("float8", "float4"):
         return constrain(out_BLD, ("batch", "residual_seq", "embed"))
     return _reshard(out_BLD, ("batch", "residual_seq", "embed"), ("batch", "seq", "embed"))
 
@@ -240,8 +245,8 @@ class Mlp(nnx.Module):
         self.w_down = new_weight(rngs, (f, d), ("mlp", "embed"), precision=precision)
 
     def __call__(self, x_BLD):
-        x_BLD = tensor_parallel_input(x_BLD)
+        x_BLD = tensor_parallel_input(x_BLD, self.precision)
         h_BLF = constrain(mlp_hidden(self, "bld,df->blf", x_BLD), ("batch", "seq", "mlp"))
         with jax.named_scope("down_proj"):
             out_BLD = project("blf,fd->bld", h_BLF, self.w_down, precision=self.precision)
-            return checkpoint_name(tensor_parallel_output(out_BLD), "mlpwo")
+            return checkpoint_name(tensor_parallel_output(out_BLD, self.precision), "mlpwo")

@@ -73,7 +73,7 @@ class LatentAttention(nnx.Module):
         decode; returns (output, (the latents computed here (B, L, U),))."""
         cfg, p = self.cfg, self.precision
         nope, c = cfg.head_dim, cfg.kv_lora_rank
-        x_BLD = tensor_parallel_input(x_BLD)
+        x_BLD = tensor_parallel_input(x_BLD, p)
         with jax.named_scope("query_proj"):
             xq = x_BLD
             if cfg.q_lora_rank:
@@ -97,7 +97,7 @@ class LatentAttention(nnx.Module):
                                    "context")
         with jax.named_scope("out_proj"):
             out_BLD = project("blhe,hed->bld", out_BLHE, self.wo, precision=p)
-            out_BLD = checkpoint_name(tensor_parallel_output(out_BLD), "out_proj")
+            out_BLD = checkpoint_name(tensor_parallel_output(out_BLD, p), "out_proj")
             return out_BLD, (cached_BLU,)
 
     def _attend(self, q_nope_BLHE, q_rope_BLHW, latent_BLU, k_rope_BLW, context):

@@ -94,13 +94,13 @@ class Attention(nnx.Module):
         out_BLHE = checkpoint_name(out_BLHE, "context")
         with jax.named_scope("out_proj"):
             out_BLD = project("blhe,hed->bld", out_BLHE, self.wo, precision=self.precision)
-            out_BLD = checkpoint_name(tensor_parallel_output(out_BLD), "out_proj")
+            out_BLD = checkpoint_name(tensor_parallel_output(out_BLD, self.precision), "out_proj")
             return out_BLD, (k_BLKE, v_BLKE)
 
 
     def _qkv(self, x_BLD):
         """The query, key and value projections: one weight each, or one fused weight."""
-        x_BLD = tensor_parallel_input(x_BLD)
+        x_BLD = tensor_parallel_input(x_BLD, self.precision)
         b, seq, _ = x_BLD.shape
         h, kv, e = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
         if self.cfg.fused_qkv:
@@ -437,12 +437,12 @@ class Transformer(nnx.Module):
         activations'): what a training loss reads (models/train.py)."""
         cfg = self.cfg
         with jax.named_scope("lm_head"):
-            x_BLD = tensor_parallel_input(self.final_norm(x_BLD))  # vocab over `tensor`
-            head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
             # The output layer stays in the activations' dtype under FP8 / FP4 recipes:
             # Megatron-Core's output_layer is a plain ColumnParallelLinear, outside
             # Transformer Engine's FP8 / FP4 autocast.
             head = dataclasses.replace(self.precision, compute=self.precision.activations)
+            x_BLD = tensor_parallel_input(self.final_norm(x_BLD), head)  # vocab over tensor
+            head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
             logits_BLV = project("bld,dv->blv", x_BLD, head_DV, precision=head)
             return constrain(logits_BLV, ("batch", "seq", "vocab"))
 
