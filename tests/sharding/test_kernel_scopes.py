@@ -49,14 +49,14 @@ def test_a_norm_is_one_kernel_on_a_gpu_and_two_on_a_tpu():
         return kernels.norm(x, scale, None, "rmsnorm")
 
     x, scale = T * D * 2, D * 4  # bf16 input, f32 scale
-    # Transformer Engine's RMSNorm: reads x and the scale, writes y (bf16) once (and the
-    # reducer's one-element computation, 12 bytes, as everywhere).
+    # Transformer Engine's RMSNorm: reads x and the scale, writes y (bf16) once (the
+    # reduction's combiner is part of it, not a kernel of its own).
     assert memory_bound(rms_norm, X, SCALE, chip=H100) == (
-        pytest.approx(x + scale + x + STAT + 12), 2)
+        pytest.approx(x + scale + x + STAT), 1)
     # The compiler-style fusion: the reduction's kernel also reads x, scales and writes y,
     # but the per-token statistic is a kernel of its own between (written, read, written).
     assert memory_bound(rms_norm, X, SCALE, chip=V5E) == (
-        pytest.approx(x + scale + x + STAT + 2 * T * 4 + 12), 3)
+        pytest.approx(x + scale + x + STAT + 2 * T * 4), 2)
 
 
 def test_a_quantise_of_a_norms_output_is_the_norms_kernel_on_a_gpu():

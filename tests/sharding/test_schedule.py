@@ -36,8 +36,9 @@ def test_independent_compute_hides_the_collective(cpu_devices):
     (c,) = free.collectives
     assert c.kind == "all-reduce" and c.bytes == 4096 * 4096 * 2
     comm, matmul, copies = free.comm_s, free.compute.matmul_s, free.compute.memory_bound_s
-    assert comm > matmul > 0 and copies > 0
-    # The copies of x in and y out depend on / feed the all-reduce and stay on its path.
+    assert comm > matmul > 0 and copies >= 0
+    # Memory-bound work around the all-reduce (copies of x in and y out, where the program
+    # has them) depends on / feeds it and stays on its path.
     # Independent: the matmul runs during the all-reduce and costs nothing extra.
     assert free.step_time_s == pytest.approx(comm + copies, rel=1e-6)
     # Dependent: the matmul waits for the all-reduce; everything adds up.
