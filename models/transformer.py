@@ -271,7 +271,8 @@ class Transformer(nnx.Module):
 
     def features(self, tokens_BL):
         """The last layer's output for every position (before the final norm and the
-        output projection), in `in_model_order`."""
+        output projection), in `in_model_order`; with a pipeline that hands its output to
+        the loss split over its stages, the sequences microbatch-major (`in_output_order`)."""
         b, seq = tokens_BL.shape
         ranks = context_ranks()
         order = jnp.arange(seq) if ranks == 1 else jnp.asarray(zigzag_order(seq, ranks))
