@@ -104,6 +104,9 @@ def kernels(
                and not _slice_for_matmuls(module, comp, i)
                and not (gpu_kernels and (_read_in_place(comp, i) or _stacks(i)
                                          or _in_epilogue(comp, i)))]
+    if gpu_kernels:
+        fused_away = _accumulated_by_gemm(comp, members)
+        members = [i for i in members if i.name not in fused_away]
     if not members:
         return []
     is_member = {i.name for i in members}
@@ -161,6 +164,48 @@ def _in_epilogue(comp: Computation, inst: Instruction, depth: int = 0) -> bool:
     if src is None or len(users_through_views(comp, src.name)) != 1:
         return False
     return is_matmul(src) or _in_epilogue(comp, src, depth + 1)
+
+
+def _accumulated_by_gemm(comp: Computation, members: list[Instruction]) -> set[str]:
+    """A loop's accumulation of weight gradients into its loop-carried sum: the carried
+    sum plus what an inner loop (the layers' scan, which stacks each layer's weight
+    gradient) returns, placed into zeros (a pipeline tick's chunk: XLA's in-place add) or
+    cast or not (a micro-step's). Megatron's weight-gradient GEMM accumulates into
+    main_grad in its epilogue (gradient_accumulation_fusion), under the GEMM's math: none
+    of these is a kernel of its own. Returns their names."""
+    by_name = comp.by_name
+
+    def src(name):
+        return by_name.get(through_views(comp, name))
+
+    def single_use(x):
+        return len(users_through_views(comp, x.name)) == 1
+
+    out: set[str] = set()
+    for inst in members:
+        if inst.opcode != "add" or len(inst.operands) != 2:
+            continue
+        srcs = [src(o) for o in inst.operands]
+        if any(x is None for x in srcs):
+            continue
+        carried = [x for x in srcs if x.opcode == "get-tuple-element"
+                   and src(x.operands[0]) is not None
+                   and src(x.operands[0]).opcode == "parameter"]
+        if len(carried) != 1:
+            continue
+        (x,) = [y for y in srcs if y is not carried[0]]
+        fused = {inst.name}
+        if x.opcode in IN_PLACE_OPS and inst.name in _in_place_accumulates(comp, [inst]) \
+                and single_use(x):
+            fused.add(x.name)
+            x = src(x.operands[-1 if x.opcode == "scatter" else 1])
+        while x is not None and x.opcode == "convert" and single_use(x):
+            fused.add(x.name)
+            x = src(x.operands[0])
+        if x is not None and x.opcode == "get-tuple-element" \
+                and src(x.operands[0]) is not None and src(x.operands[0]).opcode == "while":
+            out |= fused
+    return out
 
 
 def _stacks(inst: Instruction) -> bool:

@@ -243,3 +243,41 @@ def test_the_data_parallel_overlap_chunks_by_virtual_stage_or_by_bucket():
     got = data_parallel_overlap([rs], pipeline=None, grad_reduce=True, param_gather=False,
                                 bucket_size=400_000_000)
     assert got == {("main", "rs"): Chunked(4, True, None)}
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_weight_gradient_accumulation_is_the_gemm_s_epilogue_on_a_gpu(cpu_devices, pipeline):
+    # Across a pipeline's ticks (or gradient accumulation's micro-steps) the program adds
+    # each layer weight's gradient, as the layers' loop returns it, into a loop-carried sum:
+    # a memory-bound kernel per weight and tick, as XLA runs it (a TPU). Megatron's
+    # weight-gradient GEMM accumulates into main_grad in its epilogue
+    # (gradient_accumulation_fusion): on a GPU none is a kernel of its own.
+    import meshes as _meshes
+    import sharding
+    from sharding.compute import execution_counts, work
+    from tests.steps import tiny, train_program
+
+    h100 = _meshes.get_system("h100:8")
+    axes = {"data": 2, "pipeline": 4} if pipeline else {"data": 8}
+    mesh = sharding.make_mesh(h100, axes)
+    prog = train_program(tiny(n_layers=8), mesh, seq_len=16, global_batch=32,
+                         microbatches=4, compute="float32")
+    with jax.set_mesh(mesh):
+        module = parse_hlo(compile_to_hlo(prog.step, *prog.args).hlo_text)
+    counts = execution_counts(module)
+    per_tick = 7 if pipeline else 4  # M + P - 1 ticks, or the micro-steps
+    # the layer weights' gradient sums: 9 per layer group (q, k, v, out, gate, up, down and
+    # two norms), each its own kernel in the loop on a TPU...
+    works = {c: w for c, w in work(module).items() if counts[c] == per_tick}
+    weights = {"add_any", "add"}
+
+    def sums(kernels):
+        return [k for k in kernels if k.op.split(" ")[0] in weights and k.nbytes >= 1536]
+
+    tpu = [k for w in works.values() for k in sums(w.kernels)]
+    gpu = [k.last for w in works.values() for k in sums(w.gpu_kernels or ())]
+    assert len(tpu) >= 9
+    # ... none on a GPU: what is left is at most the output layer's and the embedding's,
+    # whose gradients do not come out of the layers' loop
+    assert set(gpu) <= {k.last for k in tpu} and len(tpu) - len(gpu) >= 9
+    assert len(gpu) <= 2
