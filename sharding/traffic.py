@@ -26,9 +26,10 @@ On GPU systems (`gpu_kernels`), kernels are what the GPU training frameworks run
 under a fused-kernel scope (norm, activation, RoPE, quantise, cross-entropy:
 sharding/kernel_scopes.py) form that kernel, reductions included, and a quantise joins the
 norm or activation that feeds it; an FP8 / FP4 GEMM's output scale and cast are its
-epilogue; a layer scan's stacking of a per-layer value, and its slices of stacked arrays,
-move no bytes of their own (the framework keeps a saved tensor where its producer wrote it,
-and its readers read it there).
+epilogue, and so is the weight gradients' accumulation across pipeline ticks and
+micro-steps (Megatron's gradient_accumulation_fusion); a layer scan's stacking of a
+per-layer value, and its slices of stacked arrays, move no bytes of their own (the
+framework keeps a saved tensor where its producer wrote it, and its readers read it there).
 """
 
 from __future__ import annotations
