@@ -128,7 +128,7 @@ def tensor_parallel_input(x_BLD, precision: Precision):
     input (one byte a value, or half), which the partitioner does when the gather follows
     the projection's quantise, and a gather of the bf16 input here would double it. (Left:
     FP8 with context parallelism and no pipeline still meets the all-gathers over data.)"""
-    if not _sequence_parallel() or precision.low_precision_matmuls in ("float8", "float4"):
+    if not _reshards(precision):
         return x_BLD
     return _reshard(x_BLD, ("batch", "seq", "embed"), ("batch", "residual_seq", "embed"))
 
@@ -140,16 +140,17 @@ def tensor_parallel_output(out_BLD, precision: Precision):
     parallelism), the layout the projection's weight gradient needs
     (`tensor_parallel_input`). Without sequence parallelism: the residual stream's
     constraint, as for FP8 / FP4 matmuls (`tensor_parallel_input`)."""
-    if not _sequence_parallel() or precision.low_precision_matmuls in ("float8", "float4"):
+    if not _reshards(precision):
         return constrain(out_BLD, ("batch", "residual_seq", "embed"))
     return _reshard(out_BLD, ("batch", "residual_seq", "embed"), ("batch", "seq", "embed"))
 
 
-def _sequence_parallel() -> bool:
-    """Whether the rules in force split the residual stream's positions further than a
-    projection's (`seq`): Megatron's sequence parallelism."""
+def _reshards(precision: Precision) -> bool:
+    """Whether a tensor-parallel region states its layouts (`tensor_parallel_input`): bf16
+    matmuls under rules that split the residual stream's positions further than a
+    projection's (`seq`), Megatron's sequence parallelism."""
     mesh, rules = active_mesh(), active_rules()
-    if rules is None:
+    if rules is None or precision.low_precision_matmuls:
         return False
     shape = dict(mesh.shape)
     return rules.split_axes("residual_seq", shape) != rules.split_axes("seq", shape)

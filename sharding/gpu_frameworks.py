@@ -114,7 +114,7 @@ def in_gradient_buckets(collectives: list[Collective], system: System,
     out, cache = [], {}
     for c in collectives:
         if c.kind not in ("reduce-scatter", "all-reduce") or not c.mesh_axes \
-                or not set(c.mesh_axes) <= {"data", "sequence"} \
+                or not set(c.mesh_axes) <= DATA_PARALLEL \
                 or "transpose(" not in c.op_name or kernel_scopes.scales_per_device(c.op_name):
             out.append(c)
             continue

@@ -182,29 +182,30 @@ def _accumulated_by_gemm(comp: Computation, members: list[Instruction]) -> set[s
     def single_use(x):
         return len(users_through_views(comp, x.name)) == 1
 
+    def element_of(x, opcode: str) -> bool:  # an element of a parameter's / loop's tuple
+        if x is None or x.opcode != "get-tuple-element":
+            return False
+        tup = src(x.operands[0])
+        return tup is not None and tup.opcode == opcode
+
     out: set[str] = set()
     for inst in members:
         if inst.opcode != "add" or len(inst.operands) != 2:
             continue
-        srcs = [src(o) for o in inst.operands]
-        if any(x is None for x in srcs):
+        a, b = (src(o) for o in inst.operands)
+        carried = [element_of(a, "parameter"), element_of(b, "parameter")]
+        if carried.count(True) != 1:
             continue
-        carried = [x for x in srcs if x.opcode == "get-tuple-element"
-                   and src(x.operands[0]) is not None
-                   and src(x.operands[0]).opcode == "parameter"]
-        if len(carried) != 1:
-            continue
-        (x,) = [y for y in srcs if y is not carried[0]]
+        x = b if carried[0] else a
         fused = {inst.name}
-        if x.opcode in IN_PLACE_OPS and inst.name in _in_place_accumulates(comp, [inst]) \
-                and single_use(x):
+        if x is not None and x.opcode in IN_PLACE_OPS \
+                and inst.name in _in_place_accumulates(comp, [inst]) and single_use(x):
             fused.add(x.name)
             x = src(x.operands[-1 if x.opcode == "scatter" else 1])
         while x is not None and x.opcode == "convert" and single_use(x):
             fused.add(x.name)
             x = src(x.operands[0])
-        if x is not None and x.opcode == "get-tuple-element" \
-                and src(x.operands[0]) is not None and src(x.operands[0]).opcode == "while":
+        if element_of(x, "while"):
             out |= fused
     return out
 
