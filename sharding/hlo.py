@@ -307,6 +307,7 @@ def parse_hlo(text: str) -> HloModule:
             if current is not None:
                 stripped = line.strip()
                 if stripped == "}" or stripped.startswith("}, "):  # `}, execution_thread=...`
+                    _expand_tuple_references(current)
                     computations[current.name] = current
                     current = None
                     continue
@@ -345,6 +346,38 @@ def parse_hlo(text: str) -> HloModule:
     _check_references(computations)
     _inherit_fusion_op_names(computations)
     return HloModule(module_name, computations, entry, num_partitions, header)
+
+
+def _expand_tuple_references(comp: Computation) -> None:
+    """Newer XLA prints a tuple's element as an operand `%t#2` in place of a
+    get-tuple-element instruction: each one becomes that instruction (named `t#2`, placed
+    before its first user), so that the dump reads as older ones do."""
+    made: set[str] = set()
+    out: list[Instruction] = []
+    shapes = {i.name: i.shape_text for i in comp.instructions}
+
+    def element(ref: str, user: Instruction) -> None:
+        if ref in made or "#" not in ref:
+            return
+        tuple_name, _, index = ref.rpartition("#")
+        element(tuple_name, user)
+        parts = split_top_level(shapes.get(tuple_name, "()").strip()[1:-1])
+        try:
+            shape = _COMMENT.sub("", parts[int(index)]).strip()
+        except (ValueError, IndexError):
+            raise HloParseError(f"HLO line {user.line}: %{user.name} uses %{ref}, an element "
+                                f"%{tuple_name} does not have (damaged dump?)") from None
+        shapes[ref] = shape
+        made.add(ref)
+        out.append(Instruction(ref, shape, "get-tuple-element", [tuple_name], f"index={index}",
+                               user.line))
+
+    for inst in comp.instructions:
+        if inst.opcode != "constant":
+            for operand in inst.operands:
+                element(operand, inst)
+        out.append(inst)
+    comp.instructions = out
 
 
 def _check_references(computations: dict[str, Computation]) -> None:

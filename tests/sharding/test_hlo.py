@@ -76,3 +76,52 @@ def test_operation_of(op_name, operation):
     from sharding.hlo import operation_of
 
     assert operation_of(op_name) == operation
+
+
+def test_tuple_element_operands_of_newer_xla_read_as_get_tuple_element():
+    # XLA with jax 0.11 prints a tuple's element as an operand `%t#2` in place of a
+    # get-tuple-element instruction; each becomes one, nested references too.
+    text = """HloModule m
+
+ENTRY %main (p: (f32[2], (s32[], f32[4]))) -> f32[4] {
+  %p = (f32[2]{0}, (s32[], f32[4]{0})) parameter(0)
+  %a = f32[4]{0} negate(%p#1#1)
+  ROOT %b = f32[4]{0} add(%a, %p#1#1)
+}
+"""
+    comp = parse_hlo(text).computations["main"]
+    assert [(i.name, i.opcode, i.operands, i.shape_text) for i in comp.instructions[:3]] == [
+        ("p", "parameter", ["0"], "(f32[2]{0}, (s32[], f32[4]{0}))"),
+        ("p#1", "get-tuple-element", ["p"], "(s32[], f32[4]{0})"),
+        ("p#1#1", "get-tuple-element", ["p#1"], "f32[4]{0}")]
+    assert comp.by_name["p#1#1"].attr("index") == "1"
+    with pytest.raises(HloParseError, match=r"%p#3, an element %p does not have"):
+        parse_hlo(text.replace("%p#1#1)", "%p#3)", 1))
+
+
+def test_a_real_h200_module_its_matmul_flops_derived():
+    # XLA:GPU's optimised module of four Llama 3 8B layers (bf16, 4 x 4096 tokens, full
+    # remat) as `shardscope measure` compiled it on an H200 (benchmarks/measure_gpu.sh,
+    # jax 0.11.2): tuple-element operands, cuBLAS GEMM calls, command-buffer-era fusions.
+    import gzip
+
+    from sharding.compute import work
+    from sharding.loops import execution_counts
+
+    module = parse_hlo(gzip.decompress(
+        (DATA / "llama3-8b-4layers.gpu-h200.hlo.gz").read_bytes()).decode())
+    counts = execution_counts(module)
+    flops = sum(m.flops * counts.get(name, 0)
+                for name, w in work(module).items() for m in w.matmuls)
+    tokens, layers, d, kv, ffn, vocab = 4 * 4096, 4, 4096, 1024, 14336, 128256
+    layer = d * d * 2 + d * kv * 2 + 3 * d * ffn  # q, o; k, v; gate, up, down
+    # forward, recomputed forward and backward's two GEMMs, less the recomputed down
+    # projection (the backward needs its input, not its output: XLA drops it)
+    weights = 2 * tokens * (4 * layers * layer - layers * d * ffn)
+    head = 2 * tokens * 3 * d * vocab  # forward, two backward GEMMs (not rematerialised)
+    # flash attention: 36 of the 8 x 8 tiles of 512 (the causal half and the diagonal),
+    # two GEMMs of 2 x 512 x 512 x 128 per head and sequence forward, twice (the remat), and
+    # five in the backward (the recomputed scores, dV, dP, dQ, dK)
+    tile = 2 * 512 * 512 * 128 * 4 * 32
+    attention = layers * 36 * tile * (2 + 2 + 5)
+    assert flops == weights + head + attention
