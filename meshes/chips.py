@@ -51,6 +51,9 @@ class Chip:
     # None where no public figure is in the reference.
     host_bytes_per_s: float | None = None
     host_source: str = ""
+    # A fixed time per kernel measured on the chip itself (host-cpu), used in place of the
+    # calibration's fitted kernel_overhead_s; None: the fit's.
+    kernel_overhead_s: float | None = None
 
     def efficiency_for(self, dtype: str, size: float | None = None) -> float:
         """Achieved / peak for a matmul in `dtype`; `size` is its cube-equivalent

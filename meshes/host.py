@@ -41,7 +41,8 @@ CACHE_NAME = "host-cpu.json"
 MATMUL_ROWS = 2048
 MATMUL_WIDTHS = (16, 64, 512)
 MATMUL_DTYPES = ("bfloat16", "float32")
-COPY_BYTES = 32 * 2**20
+COPY_BYTES = 256 * 2**20  # beyond the last-level cache
+OVERHEAD_CHAIN = 100
 _BENCH_SECONDS = 0.05  # per point: repeats until this long, the fastest repeat kept
 
 
@@ -52,6 +53,8 @@ class HostRates:
     Attributes:
         matmul_flops_per_s: dtype -> ((size, FLOP/s), ...) for square matmuls.
         memory_bytes_per_s: read + write bytes per second of a large elementwise kernel.
+        kernel_overhead_s: fixed time per kernel: a chain of small kernels, per kernel (under
+            a microsecond on XLA:CPU, where a GPU's launch is several).
         memory_bytes: the host's RAM.
         devices: the fake devices that share the host (the N of host-cpu:N).
         cores: os.cpu_count().
@@ -60,6 +63,7 @@ class HostRates:
 
     matmul_flops_per_s: dict[str, tuple[tuple[int, float], ...]]
     memory_bytes_per_s: float
+    kernel_overhead_s: float
     memory_bytes: float
     devices: int
     cores: int
@@ -123,12 +127,15 @@ def host_rates(devices: int, *, refresh: bool = False) -> HostRates:
     return rates
 
 
-def _best_time(fn, *args) -> float:
-    fn(*args).block_until_ready()  # compiled and warm
+def _best_time(fn, *args, chain: bool = False) -> float:
+    """The fastest of repeated calls (for at least _BENCH_SECONDS); `chain`: each call takes
+    the previous call's output (a function of one argument that donates it)."""
+    out = fn(*args).block_until_ready()  # compiled and warm
     best, spent = float("inf"), 0.0
     while spent < _BENCH_SECONDS:
+        args = (out,) if chain else args
         t0 = time.perf_counter()
-        fn(*args).block_until_ready()
+        out = fn(*args).block_until_ready()
         dt = time.perf_counter() - t0
         best, spent = min(best, dt), spent + dt
     return best
@@ -160,13 +167,25 @@ def benchmark(devices: int) -> HostRates:
             flops = 2 * MATMUL_ROWS * n * n
             points.append((round((flops / 2) ** (1 / 3)), flops / t / devices))
         curves[dtype] = tuple(points)
-    t = _best_time(jax.jit(lambda v: v * 1.5), array((COPY_BYTES // 4,), jnp.float32))
+    # in place (the input donated): a kernel's streaming rate. A fresh output buffer per
+    # call would time the kernel's page faults on it (1 to 7 GB/s from one run to the
+    # next on a VM, where the same kernel in place streams at 50)
+    scale = jax.jit(lambda v: v * 1.5, donate_argnums=0)
+    t = _best_time(lambda v: scale(v), array((COPY_BYTES // 4,), jnp.float32), chain=True)
+    # a chain of small kernels, two a link as the cost model counts them (a reduction, then
+    # the elementwise kernel that takes it), on data too small to take time of its own
+    def chain(x):
+        for _ in range(OVERHEAD_CHAIN):
+            x = x * 1.5 + jnp.max(x)
+        return x
+    overhead = _best_time(jax.jit(chain), array((256,), jnp.float32)) / (2 * OVERHEAD_CHAIN)
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         ram = 16 * 2**30
     return HostRates(matmul_flops_per_s=curves,
                      memory_bytes_per_s=2 * COPY_BYTES / t / devices,
+                     kernel_overhead_s=overhead * devices,
                      memory_bytes=float(ram), devices=devices, cores=os.cpu_count() or 1,
                      host=socket.gethostname(), date=datetime.date.today().isoformat(),
                      jax_version=jax.__version__)
@@ -213,6 +232,7 @@ class HostCpuSystem(System):
             # efficiencies do not apply to them (rate class "measured")
             low_precision_efficiency={d: 1.0 for d in rates.matmul_flops_per_s},
             hbm_bytes=rates.memory_bytes / n, hbm_bytes_per_s=rates.memory_bytes_per_s,
+            kernel_overhead_s=rates.kernel_overhead_s,
             size_points=rates.matmul_flops_per_s, source=source)
         self.links = {"memcpy": Link(
             name="memcpy", bytes_per_s=rates.memory_bytes_per_s, latency_s=0.0,
@@ -240,7 +260,8 @@ class HostCpuSystem(System):
         rates = ", ".join(f"{r.peak(d) / 1e9:.1f} GFLOP/s {d}" for d in r.matmul_flops_per_s)
         return [("devices", f"{self.num_devices} fake CPU devices sharing {r.cores} cores "
                             f"({platform.machine()})"),
-                ("device", f"{rates}, memory {r.memory_bytes_per_s / 1e9:.2f} GB/s "
+                ("device", f"{rates}, memory {r.memory_bytes_per_s / 1e9:.2f} GB/s, "
+                           f"{r.kernel_overhead_s * 1e9:.0f} ns per kernel "
                            f"[{self.chip.source}]")]
 
 

@@ -237,7 +237,8 @@ def time_work(
             _add_matmul(c, m, chip, hbm_bw, compute_dtype, calibration)
         for k in w.kernels_on(chip):
             share = weight_cast_share if k.weight_cast else 1.0
-            _add_kernel(c, k, hbm_bw, calibration.kernel_overhead_s, l2_bytes, share)
+            _add_kernel(c, k, hbm_bw, _kernel_overhead(chip, calibration), l2_bytes, share,
+                        fitted=chip.kernel_overhead_s is None)
         out[name] = c
     _overlap_fused_matmuls(works, out)
     return out
@@ -262,10 +263,11 @@ def _add_matmul(c: ExecutionCost, m: MatmulWork, chip: Chip, hbm_bw: float,
         rate = chip.peak_for(dt) * chip.efficiency_for(dt, size) * calibration.rate_factor(
             rate_class)
     t_math = f / rate if f > 0 else 0.0
-    overhead = calibration.kernel_overhead_s if m.own_kernel else 0.0
+    overhead = _kernel_overhead(chip, calibration) if m.own_kernel else 0.0
     t = max(t_math, io / hbm_bw) + overhead
-    c.kernels += m.own_kernel
-    c.overhead_s += overhead
+    if chip.kernel_overhead_s is None:
+        c.kernels += m.own_kernel
+        c.overhead_s += overhead
     if io / hbm_bw > t_math:
         c.hbm_bound_matmul_s += t
     else:
@@ -279,19 +281,27 @@ def _add_matmul(c: ExecutionCost, m: MatmulWork, chip: Chip, hbm_bw: float,
     c.add_op((m.op, "matmul"), f, io, t)
 
 
+def _kernel_overhead(chip: Chip, calibration: Calibration) -> float:
+    """Fixed time per kernel: the chip's own measured figure (host-cpu), else the fit's."""
+    return calibration.kernel_overhead_s if chip.kernel_overhead_s is None \
+        else chip.kernel_overhead_s
+
+
 def _add_kernel(c: ExecutionCost, k: KernelWork, hbm_bw: float, overhead_s: float,
-                l2_bytes: float = 0, share: float = 1.0) -> None:
+                l2_bytes: float = 0, share: float = 1.0, fitted: bool = True) -> None:
     """A memory-bound kernel: its traffic at the measured HBM bandwidth plus the fixed
     per-kernel overhead, timed at its last member (it can start only when all of its
     inputs exist). What the chip's L2 cache keeps (half of it, the rest holding what else
     runs) is not HBM traffic. `share`: the fraction of its executions that run (a weight
-    cast a framework does once per step)."""
+    cast a framework does once per step). `fitted`: the overhead is the calibration's
+    (counted as kernels for its fit), not a measured one of the chip's."""
     kept = sum(b for ws, b in k.l2 if ws <= l2_bytes / 2)
     nbytes = max(0.0, k.nbytes - kept) * share
     overhead_s *= share
     t = nbytes / hbm_bw + overhead_s
-    c.kernels += share
-    c.overhead_s += overhead_s
+    if fitted:
+        c.kernels += share
+        c.overhead_s += overhead_s
     c.hbm_bytes += nbytes
     c.memory_bound_s += t
     c.flops += k.elems  # ~1 FLOP per element written

@@ -54,6 +54,23 @@ def test_the_model_applies_a_calibration_exactly():
         "gpu_bf16": pytest.approx(flops / (989e12 * 0.6 * 1217 / 1290))}
 
 
+def test_a_chips_own_kernel_overhead_replaces_the_fitted_one():
+    # host-cpu measures its own fixed time per kernel (meshes/host.py): the matmul and the
+    # two kernels of x / sum(x) each pay it, and the calibration's (fitted on GPU and TPU
+    # runs) is neither paid nor counted as kernels for the fit to scale.
+    import dataclasses
+
+    a = jax.ShapeDtypeStruct((4096, 4096), jnp.float32)
+    module = parse_hlo(jax.jit(lambda a: (a / jnp.sum(a, axis=-1, keepdims=True)) @ a)
+                       .lower(a).as_text(dialect="hlo"))
+    cal = Calibration(kernel_overhead_s=5e-6)
+    own = dataclasses.replace(H100, kernel_overhead_s=1e-3)
+    base, c = compute_cost(module, H100), compute_cost(module, own, calibration=cal)
+    assert c.compute_s == pytest.approx(base.compute_s + 3 * 1e-3)
+    assert c.kernels == 0 and c.overhead_s == 0
+    assert compute_cost(module, H100, calibration=cal).kernels == 3
+
+
 def test_elementwise_chain_is_one_kernel():
     # exp(x) * 2 + 1 over 256 MiB of f32: one fused kernel reads x once and writes once,
     # whatever the chain's length, at the measured STREAM bandwidth (2.97 TB/s).
