@@ -149,7 +149,7 @@ def measure(exp: Experiment, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAUL
 
     kind, device_kind = present_kind()
     system = system_for(exp, kind, device_kind)
-    run = dataclasses.replace(exp, system=system)
+    run = dataclasses.replace(exp, system=system, model=as_run(exp.model))
     n = system.num_devices
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     if len(devices) < n:
@@ -185,8 +185,16 @@ def measure(exp: Experiment, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAUL
         step_times_s=tuple(t for t, _ in timed),
         loss=None if step.serving else tuple(loss for _, loss in timed),
         peak_memory_bytes=_peak_memory(devices[:n]), estimate=report, profile=trace,
-        profile_dir=profile_dir or "", host=socket.gethostname(),
+        profile_dir=profile_dir or "", attention=run.model.attention,
+        asked_attention=exp.model.attention, host=socket.gethostname(),
         date=datetime.date.today().isoformat(), jax_version=jax.__version__)
+
+
+def as_run(model):
+    """The model as the devices run it: flash attention's blocks are the XLA kernels they
+    compile to, each tile's scores through HBM ("tiled"), not a fused kernel."""
+    return dataclasses.replace(model, attention="tiled") if model.attention == "flash" \
+        else model
 
 
 def _steps(compiled, args, k: int, serving: bool):
@@ -271,6 +279,8 @@ class Measurement:
     estimate: object
     profile: object
     profile_dir: str
+    attention: str = "flash"  # model.attention as run (as_run), and as the config asked
+    asked_attention: str = "flash"
     host: str
     date: str
     jax_version: str
@@ -316,7 +326,7 @@ class Measurement:
                 "device_kind": self.device_kind, "backend_version": self.backend_version,
                 "system": self.system, "config_system": self.asked_system,
                 "host": self.host, "date": self.date, "jax_version": self.jax_version,
-                "profile_dir": self.profile_dir or None}
+                "profile_dir": self.profile_dir or None, "attention": self.attention}
 
     def format(self) -> str:
         """The terminal report: the step measured and estimated, the loss, the memory, and
@@ -336,6 +346,10 @@ class Measurement:
                  f"{len(ts)}; {fmt_s(min(ts))} to {fmt_s(max(ts))})"
                  + (f", estimated {fmt_s(self.estimated_step_time_s)} ({self.error:+.1%})"
                     if self.estimate is not None else "")]
+        if self.attention != self.asked_attention:
+            lines.append(f'attention    "{self.attention}" (model.attention "'
+                         f'{self.asked_attention}" is a fused kernel, as `run` estimates it; '
+                         f"here its blocks are XLA's kernels, each tile's scores through HBM)")
         if self.loss:
             lines.append("loss         " + " ".join(f"{x:.4f}" for x in self.loss))
         lines.append("peak memory  " + (fmt_bytes(self.peak_memory_bytes)
@@ -367,6 +381,7 @@ def to_toml(exp: Experiment, m: Measurement) -> str:
 
     raw = exp.to_dict()
     raw["system"] = {**raw["system"], "name": m.system}
+    raw["model"] = {**raw["model"], "attention": m.attention}
     measured = {"step_time_s": float(f"{m.measured_step_time_s:.6g}"),
                 "source": f"shardscope measure on {m.host}, median of "
                           f"{len(m.step_times_s)} steps",

@@ -16,7 +16,10 @@ cannot schedule every block's scores at once (the TPU compiler held 14 GB of the
 Llama 3 8B layer at 8192 tokens when the blocks were unrolled).
 
 Its ops run under the named scope `flash_attention`; the cost model treats the
-intermediates inside that scope as on-chip (see sharding/traffic.py).
+intermediates inside that scope as on-chip (see sharding/traffic.py). Run for real (`shardscope
+measure`), XLA compiles the loops into kernels of their own, each tile's scores written to and
+read from HBM: under `as_kernels("tiled")` the same ops run under `attention_tiles`, which the
+cost model counts as the kernels they are (model.attention = "tiled").
 
 Suffixes (legend in models/__init__.py): B batch, L query positions, S key positions, K kv
 heads, G query heads per kv head, E head_dim.
@@ -24,6 +27,8 @@ heads, G query heads per kv head, E head_dim.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 import jax
@@ -32,6 +37,20 @@ import numpy as np
 from jax import lax
 
 from sharding.traffic import FUSED_KERNEL_SCOPE as FLASH_SCOPE
+
+TILES_SCOPE = "attention_tiles"
+_SCOPE = contextvars.ContextVar("flash_scope", default=FLASH_SCOPE)
+
+
+@contextlib.contextmanager
+def as_kernels(kind: str):
+    """Flash attention traced inside runs as `kind` says (model.attention): "tiled", the
+    XLA kernels its loops compile to (scores through HBM); else a fused kernel."""
+    token = _SCOPE.set(TILES_SCOPE if kind == "tiled" else FLASH_SCOPE)
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
 
 
 def dense_attention(q_BLKGE, k_BSKE, v_BSKE):
@@ -199,12 +218,12 @@ def flash_block(q_BLKGE, k_BSKE, v_BSKE, *, causal: bool, block: int = 512):
     if causal and (q_BLKGE.shape[1] != k_BSKE.shape[1]):
         raise ValueError(f"causal attention needs as many queries as keys, got "
                          f"{q_BLKGE.shape[1]} and {k_BSKE.shape[1]}")
-    with jax.named_scope(FLASH_SCOPE):
+    with jax.named_scope(_SCOPE.get()):
         return _flash_lse(q_BLKGE, k_BSKE, v_BSKE, bq, bk, causal)
 
 
 def flash_attention(q_BLKGE, k_BSKE, v_BSKE, *, block: int = 512):
     """Causal attention, block-wise with a recomputing backward pass (see module doc)."""
     bq = block_size(q_BLKGE.shape[1], block)
-    with jax.named_scope(FLASH_SCOPE):
+    with jax.named_scope(_SCOPE.get()):
         return _flash(q_BLKGE, k_BSKE, v_BSKE, bq)

@@ -15,7 +15,7 @@ from models.program import check_choice, described
 MLP_KINDS = ("swiglu", "gelu", "relu")
 NORM_KINDS = ("rmsnorm", "layernorm")
 POSITION_KINDS = ("rope", "learned")
-ATTENTION_KINDS = ("flash", "dense")
+ATTENTION_KINDS = ("flash", "dense", "tiled")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,9 +53,11 @@ class ModelConfig:
     vocab_multiple: int = described(
         "the embedding is padded to a multiple of this so that it shards evenly, as "
         "Megatron's --make-vocab-size-divisible-by", 128)
-    attention: str = described('"flash" (block-wise, scores never in HBM, as every '
-                               'production stack trains) or "dense" (scores materialised)',
-                               "flash")
+    attention: str = described('"flash" (block-wise, scores never in HBM: a fused kernel, as '
+                               'every production stack trains), "dense" (scores '
+                               'materialised) or "tiled" (flash\'s blocks as the XLA kernels '
+                               'they compile to, each tile\'s scores through HBM: what '
+                               '`shardscope measure` runs)', "flash")
     fused_qkv: bool = described(
         "one weight for the query, key and value projections (Megatron's linear_qkv: per "
         "kv head, its query heads, key and value), so tensor parallelism gathers the "

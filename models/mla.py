@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from models.attention import dense_attention, flash_attention
+from models.attention import as_kernels, dense_attention, flash_attention
 from models.config import ModelConfig
 from models.context import context_attention, context_axis
 from models.layers import (
@@ -116,11 +116,13 @@ class LatentAttention(nnx.Module):
                 "value_proj")
         q_BLHE = jnp.concatenate([q_nope_BLHE, q_rope_BLHW], -1)
         q_BLH1E = q_BLHE[:, :, :, None]  # every head its own key: K = H, G = 1
-        if context is not None:
-            out = context_attention(q_BLH1E, k_BLHE, v_BLHE, mode=context, **context_axis())
-        else:
-            attend = flash_attention if cfg.attention == "flash" else dense_attention
-            out = attend(q_BLH1E, k_BLHE, v_BLHE)
+        attend = dense_attention if cfg.attention == "dense" else flash_attention
+        with as_kernels(cfg.attention):
+            if context is not None:
+                out = context_attention(q_BLH1E, k_BLHE, v_BLHE, mode=context,
+                                        **context_axis())
+            else:
+                out = attend(q_BLH1E, k_BLHE, v_BLHE)
         return out[:, :, :, 0]
 
     def _decode(self, q_nope_B1HE, q_rope_B1HW, new_B1U, cache_BSU, index):

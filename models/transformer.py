@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from models.attention import dense_attention, flash_attention
+from models.attention import as_kernels, dense_attention, flash_attention
 from models.config import ModelConfig
 from models.context import context_attention, context_axis, zigzag_order
 from models.layers import (
@@ -83,11 +83,13 @@ class Attention(nnx.Module):
         kv = cfg.n_kv_heads
         q_BLKGE = q_BLHE.reshape(b, seq, kv, h // kv, e)
         if context is not None:
-            out_BLKGE = context_attention(q_BLKGE, k_BLKE, v_BLKE, mode=context,
-                                          **context_axis())
+            with as_kernels(cfg.attention):
+                out_BLKGE = context_attention(q_BLKGE, k_BLKE, v_BLKE, mode=context,
+                                              **context_axis())
         elif cache is None:
-            attend = flash_attention if cfg.attention == "flash" else dense_attention
-            out_BLKGE = attend(q_BLKGE, k_BLKE, v_BLKE)
+            attend = dense_attention if cfg.attention == "dense" else flash_attention
+            with as_kernels(cfg.attention):
+                out_BLKGE = attend(q_BLKGE, k_BLKE, v_BLKE)
         else:
             out_BLKGE = decode_attention(q_BLKGE, k_BLKE, v_BLKE, *cache)
         out_BLHE = constrain(out_BLKGE.reshape(b, seq, h, e), ("batch", "seq", "heads", "head_dim"))

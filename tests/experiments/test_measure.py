@@ -63,6 +63,8 @@ def test_measure_runs_trains_and_estimates_as_host_cpu(measured):
     loss = m["loss"]
     assert len(loss) == 3 and loss[0] > loss[1] > loss[2]
     assert m["peak_memory_bytes"] is None  # XLA:CPU reports no memory stats
+    # flash attention runs as XLA's kernels, and is estimated so ("tiled")
+    assert m["attention"] == "tiled"
     rows = {c["category"]: c for c in m["categories"]}
     # data 2 x tensor 2: the tensor-parallel matmuls' partial sums and the gradients are
     # all-reduced, so the profile and the estimate both have matmul, memory-bound kernels
@@ -79,7 +81,7 @@ def test_measure_out_round_trips_through_validate(measured):
 
     d, m = measured
     exp = config.load(d / "run.toml")
-    assert exp.system.name == "host-cpu:4"
+    assert exp.system.name == "host-cpu:4" and exp.model.attention == "tiled"
     assert exp.measured.evidence == "shardscope measure"
     assert exp.measured.host == socket.gethostname() and exp.measured.date
     assert exp.measured.jax_version and exp.measured.backend.startswith("cpu")
@@ -97,6 +99,7 @@ def test_host_cpu_benchmark_is_cached_and_dated(measured, cache_home, monkeypatc
     assert cached["host"] == socket.gethostname()
     rates = cached["rates"]["4"]
     assert rates["date"] and rates["devices"] == 4 and rates["memory_bytes_per_s"] > 0
+    assert 0 < rates["kernel_overhead_s"] < 1e-3
     assert set(rates["matmul_flops_per_s"]) == {"bfloat16", "float32"}
 
     def fail(devices):
@@ -107,6 +110,8 @@ def test_host_cpu_benchmark_is_cached_and_dated(measured, cache_home, monkeypatc
     assert s.chip.peak_flops_per_s["float32"] == max(r for _, r in
                                                     rates["matmul_flops_per_s"]["float32"])
     assert rates["date"] in dict(s.describe())["device"]
+    # its own measured per-kernel time, not the fit's (fitted on GPU and TPU runs)
+    assert s.chip.kernel_overhead_s == rates["kernel_overhead_s"]
     # `shardscope systems` shows the cached figures, dated
     code, out, _ = run_cli(["systems"], capsys)
     assert code == 0 and "host-cpu:N" in out

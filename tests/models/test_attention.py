@@ -63,3 +63,29 @@ def test_flash_attention_holds_one_tiles_scores_at_a_time(cpu_devices):
     largest = max(s.num_elements for comp in parse_hlo(text).computations.values()
                   for inst in comp.instructions for s in inst.shapes)
     assert largest == b * kv * g * 128 * 128
+
+
+def test_tiled_attention_counts_each_tiles_scores_through_hbm(cpu_devices):
+    # model.attention = "tiled" (what `shardscope measure` runs): the same blocks and FLOPs
+    # as flash, but its tiles are the kernels XLA compiles them to: each tile's scores
+    # (B x K x G x 512 x 512 f32, 32 MiB here: beyond half an H100's L2) are written by the QK^T
+    # matmul and read by the softmax's kernels, at least once each, where a fused kernel
+    # keeps them on chip. Compiled only: nothing of this size is allocated.
+    from models.attention import as_kernels, flash_attention
+    from sharding.compute import compute_cost
+    from sharding.hlo import parse_hlo
+
+    b, seq, kv, g, e = 4, 1024, 2, 4, 64
+    q = jax.ShapeDtypeStruct((b, seq, kv, g, e), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((b, seq, kv, e), jnp.bfloat16)
+    chip = meshes.get_system("h100:8").chip
+    cost = {}
+    for kind in ("flash", "tiled"):
+        def f(q, k, v, kind=kind):
+            with as_kernels(kind):
+                return flash_attention(q, k, v, block=512)
+        cost[kind] = compute_cost(parse_hlo(jax.jit(f).lower(q, k, k).compile().as_text()),
+                                  chip)
+    assert cost["tiled"].matmul_flops == cost["flash"].matmul_flops
+    tiles, scores = 3, b * kv * g * 512 * 512 * 4  # the causal half of 2 x 2 blocks
+    assert cost["tiled"].hbm_bytes >= cost["flash"].hbm_bytes + tiles * scores * 2
