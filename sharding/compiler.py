@@ -2,7 +2,9 @@
 
 Backends:
 - `cpu`: XLA:CPU on fake devices; the HLO right after SPMD partitioning is read (it keeps
-  the program's dtypes; the final CPU HLO upcasts bf16 dots and collectives to f32).
+  the program's dtypes; the final CPU HLO upcasts bf16 dots and collectives to f32, fuses
+  as a CPU does and expands scatters into loops); on one device, where no partitioning
+  runs, the HLO after the call inliner, the same stage.
 - `tpu`: libtpu's deviceless topology (jax.experimental.topologies) gives devices with
   their torus coordinates; XLA's TPU compiler partitions, fuses and schedules the program
   as it would on the pod, and its final HLO (bf16 kept, async collectives, fusions) is read.
@@ -135,10 +137,14 @@ def compile_to_hlo(fn: Callable, *args, final_hlo: bool = False, fast_cpu: bool 
         lowered = jitted.lower(*args, **kwargs)
         t1 = time.perf_counter()
         timings["lower_s"] = t1 - t0
-        options = {"xla_dump_to": dump, **TARGET_DUMP_OPTIONS} if final_hlo else {
-            "xla_dump_to": dump, "xla_dump_hlo_pass_re": "spmd-partitioning",
-            **(CPU_ANALYSIS_OPTIONS if fast_cpu else {})}
         devices = list(devices)
+        # one device: no SPMD partitioning runs; the module after the call inliner is the
+        # same stage (calls inlined, their op_names whole; XLA:CPU's fusions and scatter
+        # expansion still to come)
+        stage = "call-inliner" if len(devices) == 1 else "spmd-partitioning"
+        options = {"xla_dump_to": dump, **TARGET_DUMP_OPTIONS} if final_hlo else {
+            "xla_dump_to": dump, "xla_dump_hlo_pass_re": stage,
+            **(CPU_ANALYSIS_OPTIONS if fast_cpu else {})}
         name = compile_cache.key(lowered.as_text(), options, devices, final_hlo) \
             if devices and compile_cache.folder() else ""
         entry = compile_cache.load(name) if name else None
@@ -155,9 +161,9 @@ def compile_to_hlo(fn: Callable, *args, final_hlo: bool = False, fast_cpu: bool 
                                  f"{first.split(': ', 1)[-1]}") from None
             raise
         timings["compile_s"] = time.perf_counter() - t1
-        files = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*.txt")))
+        files = sorted(glob.glob(os.path.join(dump, f"*after_{stage}*.txt")))
         if files and not final_hlo:
-            with open(files[-1]) as f:
+            with open(files[-1] if stage == "spmd-partitioning" else files[0]) as f:
                 text = f.read()
         else:
             text = compiled.as_text()

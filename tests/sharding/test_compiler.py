@@ -38,3 +38,32 @@ def test_skipping_llvm_optimisation_leaves_the_report_unchanged(cpu_devices, mon
     compiler = [r["memory"].pop("compiler_bytes") for r in reports]
     assert compiler[0] == pytest.approx(compiler[1], abs=1024)
     assert reports[0] == reports[1]
+
+
+def test_one_device_reads_the_module_before_xla_cpus_own_passes(cpu_devices):
+    # One device runs no SPMD partitioning: the module after the call inliner is read.
+    # XLA:CPU's final module would have its scatter expanded into a loop over the 512
+    # tokens (a kernel per token and step: 0.66 s of a 4-layer Llama 3 8B step on one
+    # H200) and a jitted callee's ops without its caller's scope (flash attention's tiles
+    # counted as HBM traffic).
+    import jax
+    import jax.numpy as jnp
+
+    from sharding.compiler import compile_to_hlo
+    from sharding.hlo import parse_hlo
+
+    def grad_of_lookup(table, ids):
+        def loss(t):
+            with jax.named_scope("outer"):
+                rows = jax.jit(lambda t, i: jnp.take(t, i, axis=0))(t, ids)
+            return jnp.sum(rows ** 2)
+        return jax.grad(loss)(table)
+
+    table = jax.ShapeDtypeStruct((1000, 64), jnp.float32)
+    ids = jax.ShapeDtypeStruct((512,), jnp.int32)
+    text = compile_to_hlo(grad_of_lookup, table, ids, devices=jax.devices()[:1]).hlo_text
+    insts = [i for c in parse_hlo(text).computations.values() for i in c.instructions]
+    assert [i.opcode for i in insts].count("scatter") == 1
+    assert not any(i.opcode in ("while", "fusion") for i in insts)
+    assert all("outer" in i.op_name and "/jit(<lambda>)/" in i.op_name
+               for i in insts if i.opcode in ("gather", "scatter"))
