@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 
 from sharding.collectives import is_collective
 from sharding.dataflow import (
@@ -241,8 +242,10 @@ def _read_in_place(comp: Computation, inst: Instruction) -> bool:
     and matmuls read: each reads it where it lies (a GPU framework indexes the saved
     tensor; XLA fuses the slice into each reader), no copy is made. Remat's optimisation
     barrier passes it on untouched, and so does a loop it is handed to (a pipeline stage's
-    layers, run by a scan: PyTorch passes the tensor, not a copy)."""
-    if inst.opcode not in ("slice", "dynamic-slice") or inst.is_root or not inst.operands:
+    layers, run by a scan: PyTorch passes the tensor, not a copy). A gather of one slice
+    (a dynamic index vmapped over pipeline stages) is such a slice too."""
+    if inst.opcode not in ("slice", "dynamic-slice", "gather") or inst.is_root or \
+            not inst.operands or inst.opcode == "gather" and not _one_slice(inst):
         return False
     src = comp.by_name.get(through_views(comp, inst.operands[0]))
     if src is None or src.opcode not in ("parameter", "get-tuple-element"):
@@ -251,6 +254,17 @@ def _read_in_place(comp: Computation, inst: Instruction) -> bool:
     return bool(users) and all(not u.is_root and (u.opcode != "tuple" or all(
         b.opcode in ("opt-barrier", "while") for b in comp.users.get(u.name, [])))
         for u in users)
+
+
+def _one_slice(gather: Instruction) -> bool:
+    """A gather that takes one slice of its operand (its output is slice_sizes' elements):
+    a dynamic index, batched over a vmapped dimension of size one."""
+    sizes = (gather.attr("slice_sizes") or "").strip("{}")
+    try:
+        elements = math.prod(int(x) for x in sizes.split(",") if x.strip())
+    except ValueError:
+        return False
+    return bool(sizes) and [s.num_elements for s in gather.shapes] == [elements]
 
 
 def _kernel_traffic(

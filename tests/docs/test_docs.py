@@ -69,7 +69,8 @@ def test_every_command_runs_and_prints_what_it_shows(page, group, tmp_path):
             assert got and got[0] == want[0], \
                 f"{page}: {step.text}: first line\n{got[:1]}\n{want[0]}"
             missing = [ln for ln in want[1:] if ln not in got]
-            assert not missing, f"{page}: {step.text}: not in its output: {missing[:3]}"
+            assert not missing, (f"{page}: {step.text}: not in its output: {missing[:3]}\n"
+                                 f"its output:\n" + "\n".join(got[:60]))
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -123,6 +123,30 @@ def test_a_stage_s_weights_handed_to_its_layer_loop_are_not_copied_on_a_gpu(cpu_
     assert tpu - gpu == pytest.approx(2 * 2 * stage, rel=0.01)  # 2 ticks, read + write
 
 
+def test_a_stage_s_weights_indexed_under_vmap_are_not_copied_on_a_gpu(cpu_devices):
+    # The same, with the index vmapped over the pipeline's stage dimension (one stage per
+    # device), as models/pipeline.py runs it: XLA makes the slice a gather of one slice.
+    mesh = Mesh(np.array(cpu_devices[:8]), ("data",))
+    x = jax.ShapeDtypeStruct((T, D), jnp.bfloat16, sharding=NamedSharding(mesh, P("data")))
+    w = jax.ShapeDtypeStruct((1, 2, 4, 256, D), jnp.bfloat16,  # 1 stage x 2 chunks x 4
+                             sharding=NamedSharding(mesh, P()))
+
+    def ticks(x, w):
+        def tick(h, i):
+            index = jax.vmap(lambda w_s, j: jax.lax.dynamic_index_in_dim(w_s, j, keepdims=False))
+            stage_w = index(w, jnp.full((1,), i))[0]
+            def layer(h, w_l):
+                return h * jnp.sum(w_l, axis=0).astype(h.dtype), None
+            return jax.lax.scan(layer, h, stage_w)[0], None
+        return jax.lax.scan(tick, x, jnp.arange(2))[0]
+
+    text = compile_to_hlo(ticks, x, w).hlo_text
+    assert "gather(" in text
+    stage = 4 * 256 * D * 2
+    gpu, tpu = hbm_bytes(ticks, x, w, chip=H100), hbm_bytes(ticks, x, w, chip=V5E)
+    assert tpu - gpu == pytest.approx(2 * 2 * stage, rel=0.01)
+
+
 def test_an_fp8_scales_amax_is_reduced_over_the_tensor_group_only_on_a_gpu(cpu_devices):
     # Per-tensor FP8 scales of an activation split over data x tensor and of one split
     # over data: the program all-reduces each amax over every shard. Transformer Engine
