@@ -145,7 +145,7 @@ def compile_to_hlo(fn: Callable, *args, final_hlo: bool = False, fast_cpu: bool 
         options = {"xla_dump_to": dump, **TARGET_DUMP_OPTIONS} if final_hlo else {
             "xla_dump_to": dump, "xla_dump_hlo_pass_re": stage,
             **(CPU_ANALYSIS_OPTIONS if fast_cpu else {})}
-        name = compile_cache.key(lowered.as_text(), options, devices, final_hlo) \
+        name = compile_cache.key(lowered.as_text(debug_info=True), options, devices, final_hlo) \
             if devices and compile_cache.folder() else ""
         entry = compile_cache.load(name) if name else None
         if entry is not None:

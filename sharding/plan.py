@@ -23,9 +23,10 @@ from sharding.compute import Work, work
 from sharding.hlo import HloModule
 from sharding.schedule import Graph, schedule_graph
 
-# Bumped whenever a Plan's fields or their meaning change: a stored plan of another format
-# is rebuilt from its HLO instead.
-PLAN_FORMAT = 2
+# Bumped whenever a Plan's fields or their meaning change, how its work is read from the HLO
+# too (3: a stage's vmapped weight slice, reductions' combiners, fused gradient sums): a
+# stored plan of another format is rebuilt from its HLO instead.
+PLAN_FORMAT = 3
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,6 +37,16 @@ def test_the_same_program_is_read_back_and_a_changed_one_compiled(tmp_path, monk
     assert not compile_to_hlo(fn, x, w, devices=mesh.devices.flat[::-1]).cached
     assert not compile_to_hlo(fn, x, w, devices=mesh.devices.flat, fast_cpu=False).cached
     assert len(list(tmp_path.glob("*.json.gz"))) == 4
+    # The same ops under another named scope: the op names the analysis reads differ
+    # (flash attention's scope, "tiled" under measure), so it is another program.
+    def under(scope):
+        def step(a, b):
+            with jax.named_scope(scope):
+                return fn(a, b)
+        return step
+    assert not compile_to_hlo(under("flash_attention"), x, w, devices=mesh.devices.flat).cached
+    other = compile_to_hlo(under("attention_tiles"), x, w, devices=mesh.devices.flat)
+    assert not other.cached and "attention_tiles" in other.hlo_text
 
 
 def test_a_damaged_entry_is_compiled_again_and_no_folder_no_cache(tmp_path, monkeypatch,
