@@ -4,7 +4,7 @@
 # JAX with its CUDA plugin installed: OUT=folder bash benchmarks/measure_gpu.sh
 # (NAME defaults to h200; set NAME=h100 on an H100). Writes OUT/measure-gpu.tgz: each run's
 # report (.txt) and JSON, the GPU's matmul and copy rates (rates.txt), the optimised HLO of
-# the bf16 step as XLA:GPU compiled it (hlo/) and the tiny model's profiler trace (trace/).
+# the bf16 and FP8 steps as XLA:GPU compiled them (hlo/) and the tiny model's profiler trace (trace/).
 set -uo pipefail
 OUT=${OUT:-measure-gpu}
 NAME=${NAME:-h200}
@@ -27,17 +27,21 @@ LLAMA=(--set "system.name=\"$NAME:1\"" --set parallelism.data=1 --set parallelis
 run tiny tiny-h100-dp-tp --set "system.name=\"$NAME:1\"" --set parallelism.data=1 \
   --set parallelism.tensor=1
 # four Llama 3 8B layers, 4 sequences of 4096 tokens, bf16 weights and matmuls; the
-# optimised HLO kept (the timed program's and the profiled one's)
+# optimised HLO kept (the timed program's and the profiled one's; the FP8 one's too)
 XLA_FLAGS="--xla_dump_to=$WORK/dump --xla_dump_hlo_module_re=sharded_step" \
-  run llama-bf16 tiny-h100-dp-tp "${LLAMA[@]}"
+  run llama-bf16 tiny-h100-dp-tp "${LLAMA[@]}" --set 'name="llama3-8b-4layers-bf16"'
 # the same in FP8 (per-tensor current scaling)
-run llama-fp8 tiny-h100-dp-tp "${LLAMA[@]}" --set 'precision.compute="float8"'
+XLA_FLAGS="--xla_dump_to=$WORK/dump-fp8 --xla_dump_hlo_module_re=sharded_step" \
+  run llama-fp8 tiny-h100-dp-tp "${LLAMA[@]}" --set 'precision.compute="float8"' \
+  --set 'name="llama3-8b-4layers-fp8"'
 # the ceilings: GEMM rates at the layer's shapes (bf16, FP8) and a large copy
-timeout 90 python3 benchmarks/gpu_rates.py 2>&1 | tee "$WORK/rates.txt"
-for f in "$WORK"/dump/*after_optimizations.txt; do
-  [ -e "$f" ] && gzip -c "$f" > "$WORK/hlo/$(basename "$f").gz"
+timeout 150 python3 benchmarks/gpu_rates.py 2>&1 | tee "$WORK/rates.txt"
+for d in dump dump-fp8; do
+  for f in "$WORK/$d"/*after_optimizations.txt; do
+    [ -e "$f" ] && gzip -c "$f" > "$WORK/hlo/$d.$(basename "$f").gz"
+  done
 done
-rm -rf "$WORK/dump"
+rm -rf "$WORK/dump" "$WORK/dump-fp8"
 (cd /tmp/trace-tiny 2>/dev/null && find . -name '*.trace.json.gz' -exec cp {} "$WORK/trace/" \;)
 tar czf "$OUT/measure-gpu.tgz" -C "$WORK" .
 ls -la "$OUT"

@@ -166,9 +166,9 @@ def format_fit(result: FitResult) -> str:
     for name, value in result.values.items():
         runs = result.informed_by[name]
         errs = [e for n, e in zip(result.names, result.fitted_errors) if n in runs]
-        err = f"{_median_abs(errs):.1%}" if errs else "- (no run: uncalibrated)"
+        err = f"{_median_abs(errs):>22.1%}" if errs else "  - (no run: uncalibrated)"
         lines.append(f"{name:<30}{value:>12.4g}{PARAMETERS[name][2]:>14.4g}{len(runs):>6}"
-                     f"{err:>22}")
+                     f"{err}")
     lines.append(f"fitted: median |error| {_median_abs(result.fitted_errors):.1%}; "
                  f"leave-one-out: {_median_abs(result.loo_errors):.1%} "
                  f"({len(result.names)} runs)")

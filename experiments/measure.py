@@ -21,6 +21,7 @@ import datetime
 import os
 import socket
 import statistics
+import sys
 import time
 
 from experiments.config import ConfigError, Experiment
@@ -63,10 +64,17 @@ def start_processes(exp: Experiment, *, coordinator: str | None = None,
     except RuntimeError:
         pass  # the backend is up (one process: nothing to talk to)
     if all(given):
+        host, colon, port = coordinator.rpartition(":")
+        if not (colon and host and port.isdigit()):
+            raise ConfigError(f"--coordinator {coordinator!r} is not HOST:PORT; give process "
+                              f"0's address and a free port, e.g. node0:12345")
         if not 0 <= process_id < num_processes:
             raise ConfigError(f"--process-id {process_id} is outside 0..{num_processes - 1}; "
                               f"give each process its own id below --num-processes")
         _local_cpu_devices(exp, num_processes)
+        print(f"process {process_id} of {num_processes}: joining the others at {coordinator} "
+              f"(jax.distributed; it waits until all {num_processes} have started)",
+              file=sys.stderr, flush=True)
         jax.distributed.initialize(coordinator_address=coordinator,
                                    num_processes=num_processes, process_id=process_id)
     elif launched > 1:
@@ -300,13 +308,22 @@ class Measurement:
         return None if est is None else (est - self.measured_step_time_s) / \
             self.measured_step_time_s
 
+    @property
+    def turns(self) -> int:
+        """The fake devices taking turns on the host (host-cpu:N): the estimate shares the
+        host's rate between them, each one's trace holds its own kernels at the full rate
+        and the others' turns inside its collectives. 1 on accelerators."""
+        return self.devices if self.system.startswith("host-cpu:") else 1
+
     def categories(self) -> list[dict]:
         """matmul, memory-bound and each collective kind: measured (with --profile) and
         estimated seconds per step per device."""
         est: dict[str, float] = {}
         if self.estimate is not None:
-            est = {"matmul": self.estimate.compute.matmul_s,
-                   "memory-bound": self.estimate.compute.memory_bound_s}
+            # each device's own kernels, as its trace holds them: at the host's full rate
+            turns = self.turns
+            est = {"matmul": self.estimate.compute.matmul_s / turns,
+                   "memory-bound": self.estimate.compute.memory_bound_s / turns}
             for c in self.estimate.collectives:
                 est[c.kind] = est.get(c.kind, 0.0) + c.total_time_s
         got = dict(self.profile.seconds) if self.profile is not None else {}
@@ -336,7 +353,7 @@ class Measurement:
         from sharding.units import fmt_bytes, fmt_s
 
         kind = f" ({self.device_kind})" if self.device_kind != self.backend else ""
-        on = (f"{self.devices} {self.backend.upper()} devices{kind}"
+        on = (f"{self.devices} {self.backend.upper()} device{'s' * (self.devices != 1)}{kind}"
               + (f" in {self.process_count} processes" if self.process_count > 1 else ""))
         asked = f" (the config asks for {self.asked_system})" \
             if self.asked_system != self.system else ""
@@ -347,9 +364,10 @@ class Measurement:
                  + (f", estimated {fmt_s(self.estimated_step_time_s)} ({self.error:+.1%})"
                     if self.estimate is not None else "")]
         if self.attention != self.asked_attention:
-            lines.append(f'attention    "{self.attention}" (model.attention "'
-                         f'{self.asked_attention}" is a fused kernel, as `run` estimates it; '
-                         f"here its blocks are XLA's kernels, each tile's scores through HBM)")
+            lines.append(f'attention    estimated as model.attention = "{self.attention}", not '
+                         f'the config\'s "{self.asked_attention}": here flash attention runs '
+                         f"as separate XLA kernels that write each tile's scores to memory; "
+                         f"`run` assumes one fused kernel that keeps them on chip")
         if self.loss:
             lines.append("loss         " + " ".join(f"{x:.4f}" for x in self.loss))
         lines.append("peak memory  " + (fmt_bytes(self.peak_memory_bytes)
@@ -368,6 +386,11 @@ class Measurement:
         else:
             lines.append(f"(device time from the trace in {self.profile_dir}: "
                          f"{self.profile.events} events on {self.profile.devices} devices)")
+            if self.turns > 1:
+                lines.append(f"(the {self.turns} CPU devices take turns on this host's cores: "
+                             f"matmul and memory-bound estimated at the host's full rate, as "
+                             f"each device's trace holds them; the others' turns show in its "
+                             f"collectives)")
             if UNATTRIBUTED in self.profile.seconds:
                 lines.append("(unattributed: kernels the trace names only by the command "
                              "buffer or call that ran them)")

@@ -74,6 +74,9 @@ def cmd_measure(args) -> int:
     for path, flag in ((args.out, "--out"), (args.json, "--json")):
         if path:
             checked(path, flag)  # a missing folder too, before the run
+    if args.profile and Path(args.profile).exists() and not Path(args.profile).is_dir():
+        raise ConfigError(f"--profile {args.profile!r} is a file; --profile takes a folder "
+                          f"for the trace (a new or an existing one)")
     procs = measure.start_processes(exp, coordinator=args.coordinator,
                                     num_processes=args.num_processes,
                                     process_id=args.process_id)
@@ -140,7 +143,7 @@ def cmd_inspect(args) -> int:
     path = Path(args.hlo)
     if not path.is_file():
         raise ConfigError(f"HLO file {args.hlo!r} not found; give a text dump such as XLA's "
-                          f"*after_optimizations.txt")
+                          f"*after_optimizations.txt (or a .gz of one)")
     mesh_shape, axis_names = (), ()
     if args.mesh:
         pairs = [p.split("=") for p in args.mesh.split(",")]
@@ -149,7 +152,16 @@ def cmd_inspect(args) -> int:
                               f"--mesh data=2,fsdp=4,tensor=2")
         axis_names = tuple(p[0] for p in pairs)
         mesh_shape = tuple(int(p[1]) for p in pairs)
-    module = sharding.parse_hlo(path.read_text(errors="replace"))
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":  # gzip: a compressed dump reads as its text
+        import gzip
+
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise ConfigError(f"HLO file {args.hlo!r} is a damaged gzip file ({e}); "
+                              f"give the dump's text or an intact .gz of it") from None
+    module = sharding.parse_hlo(raw.decode(errors="replace"))
     devices = 1
     for s in mesh_shape:
         devices *= s

@@ -56,6 +56,12 @@ def cmd_calibrate(args) -> int:
         raise ConfigError(f"{len(cases)} run(s) compiled; calibrating needs at least 2 runs "
                           f"with a [measured] table")
     result = calibrate.calibrate(cases)
+    if not any(result.informed_by.values()):
+        raise ConfigError(
+            f"none of the {len(cases)} runs informs a calibration parameter (GPU bf16 "
+            f"matmuls, TPU matmuls, flash attention, the time per kernel): host-cpu runs are "
+            f"timed at this host's own measured rates, with nothing to fit; calibrate on "
+            f"runs measured on GPUs or TPUs")
     fitted_on = " ".join(args.dir) if args.dir else "experiments/validation"
     calibrate.write_calibration(result, out, fitted_on=fitted_on,
                                 best=calibrate.best_mfu(rows))

@@ -87,6 +87,18 @@ def test_inspect_any_hlo_dump(capsys):
     assert "collective-permute" in out and "tensor" in out
 
 
+def test_inspect_reads_a_gzipped_dump_and_names_a_damaged_one(tmp_path, capsys):
+    code, out, err = run_cli(["inspect", str(DATA / "llama3-8b-4layers.gpu-h200.hlo.gz"),
+                              "--system", "h200:1"], capsys)
+    assert code == 0, err
+    assert "169.4 TFLOP" in out
+    gz = (DATA / "llama3-8b-4layers.gpu-h200.hlo.gz").read_bytes()
+    bad = tmp_path / "bad.hlo.gz"
+    bad.write_bytes(gz[: len(gz) // 2])
+    code, _, err = run_cli(["inspect", str(bad), "--system", "h200:1"], capsys)
+    assert code == 2 and "damaged gzip" in err and err.count("\n") == 1
+
+
 def test_inspect_truncated_dump_is_one_line(tmp_path, capsys):
     text = (DATA / "collectives.gpu-h100.hlo").read_text()
     bad = write(tmp_path, text[: len(text) // 2], "bad.hlo")

@@ -147,10 +147,26 @@ def test_measure_flag_mistakes_are_one_line(tmp_path, capsys):
     assert out.read_text() == "mine\n"  # a user's file is kept
     code, _, err = run_cli(["measure", "tiny-h100-dp-tp", "--coordinator", "h:1"], capsys)
     assert code == 2 and "--num-processes" in err and err.count("\n") == 1
-    # a missing folder is said before the run, not after it
+    code, _, err = run_cli(["measure", "tiny-h100-dp-tp", "--coordinator", "nocolon",
+                            "--num-processes", "2", "--process-id", "0"], capsys)
+    assert code == 2 and "HOST:PORT" in err and err.count("\n") == 1
+    # a missing folder, or a file where --profile wants a folder, is said before the run
     code, out_, err = run_cli(["measure", "tiny-h100-dp-tp", "--out",
                                str(tmp_path / "no" / "run.toml")], capsys)
     assert code == 2 and "does not exist" in err and "measured" not in out_
+    code, out_, err = run_cli(["measure", "tiny-h100-dp-tp", "--profile", str(out)], capsys)
+    assert code == 2 and "takes a folder" in err and "measured" not in out_
+
+
+def test_calibrating_on_host_cpu_runs_alone_is_refused(measured, capsys):
+    # host-cpu runs are timed at the host's measured rates: no parameter of the fit
+    # applies to them, and a file of uncalibrated defaults would be worse than the catalog's
+    d, _ = measured
+    (d / "again.toml").write_text((d / "run.toml").read_text())
+    code, _, err = run_cli(["calibrate", str(d / "run.toml"), str(d / "again.toml"),
+                            "--out", str(d / "cal.toml")], capsys)
+    assert code == 2 and "informs a calibration parameter" in err and err.count("\n") == 1
+    assert not (d / "cal.toml").exists()
 
 
 def _free_port() -> int:
