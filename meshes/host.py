@@ -171,7 +171,7 @@ def benchmark(devices: int) -> HostRates:
     # call would time the kernel's page faults on it (1 to 7 GB/s from one run to the
     # next on a VM, where the same kernel in place streams at 50)
     scale = jax.jit(lambda v: v * 1.5, donate_argnums=0)
-    t = _best_time(lambda v: scale(v), array((COPY_BYTES // 4,), jnp.float32), chain=True)
+    t = _best_time(scale, array((COPY_BYTES // 4,), jnp.float32), chain=True)
     # a chain of small kernels, two a link as the cost model counts them (a reduction, then
     # the elementwise kernel that takes it), on data too small to take time of its own
     def chain(x):
