@@ -25,6 +25,7 @@ import sys
 import time
 
 from experiments.config import ConfigError, Experiment
+from meshes.host import FAMILY as HOST_CPU
 
 DEFAULT_STEPS = 5
 DEFAULT_WARMUP = 2
@@ -131,7 +132,7 @@ def system_for(exp: Experiment, kind: str, device_kind: str = ""):
     from meshes import GpuSystem, TpuSystem, get_system
 
     if kind == "cpu":
-        return get_system(f"host-cpu:{exp.system.num_devices}")
+        return get_system(f"{HOST_CPU}:{exp.system.num_devices}")
     want = ("tpu" if isinstance(exp.system, TpuSystem)
             else "gpu" if isinstance(exp.system, GpuSystem) else "cpu")
     if want != kind:
@@ -313,7 +314,7 @@ class Measurement:
         """The fake devices taking turns on the host (host-cpu:N): the estimate shares the
         host's rate between them, each one's trace holds its own kernels at the full rate
         and the others' turns inside its collectives. 1 on accelerators."""
-        return self.devices if self.system.startswith("host-cpu:") else 1
+        return self.devices if self.system.startswith(f"{HOST_CPU}:") else 1
 
     def categories(self) -> list[dict]:
         """matmul, memory-bound and each collective kind: measured (with --profile) and

@@ -352,12 +352,11 @@ def _expand_tuple_references(comp: Computation) -> None:
     """Newer XLA prints a tuple's element as an operand `%t#2` in place of a
     get-tuple-element instruction: each one becomes that instruction (named `t#2`, placed
     before its first user), so that the dump reads as older ones do."""
-    made: set[str] = set()
     out: list[Instruction] = []
-    shapes = {i.name: i.shape_text for i in comp.instructions}
+    shapes = {i.name: i.shape_text for i in comp.instructions}  # and each element made
 
     def element(ref: str, user: Instruction) -> None:
-        if ref in made or "#" not in ref:
+        if "#" not in ref or ref in shapes:
             return
         tuple_name, _, index = ref.rpartition("#")
         element(tuple_name, user)
@@ -368,7 +367,6 @@ def _expand_tuple_references(comp: Computation) -> None:
             raise HloParseError(f"HLO line {user.line}: %{user.name} uses %{ref}, an element "
                                 f"%{tuple_name} does not have (damaged dump?)") from None
         shapes[ref] = shape
-        made.add(ref)
         out.append(Instruction(ref, shape, "get-tuple-element", [tuple_name], f"index={index}",
                                user.line))
 
