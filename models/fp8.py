@@ -14,6 +14,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from models.quant import FORMAT_MAX, quantize
 from sharding import kernel_scopes
@@ -93,12 +94,26 @@ def quantize_blocks_raw(x, axis: int):
     return (blocks / scale.astype(jnp.float32)).astype(E2M1), scale
 
 
-def quantize_blocks(x, axis: int):
+def quantize_blocks(x, axis: int, move: tuple[NamedSharding, NamedSharding] | None = None):
     """x rounded to block-scaled E2M1 and given back in x.dtype (the operand the dot
     reads: the tensor core applies the block scales); the rounding is one cast kernel on
-    GPUs (sharding/kernel_scopes.py)."""
+    GPUs (sharding/kernel_scopes.py).
+
+    `move`: (where x is, where the matmul reads it), when they differ (sequence
+    parallelism's gathered positions): the E2M1 values and their scales are rounded where
+    x is and moved, not x widened back first, as Transformer Engine all-gathers NVFP4
+    data (distributed.py's _all_gather_nvfp4: half a byte a value, and its block's
+    scale)."""
     with jax.named_scope(kernel_scopes.QUANTIZE):
         q, scale = quantize_blocks_raw(x, axis)
+    if move is not None:
+        axis = axis % x.ndim
+        for sharding in move:
+            spec = (*sharding.spec, *(None,) * (x.ndim - len(sharding.spec)))
+            blocked = NamedSharding(sharding.mesh, PartitionSpec(
+                *spec[:axis + 1], None, *spec[axis + 1:]))  # a block's 32 values: unsplit
+            q = jax.lax.with_sharding_constraint(q, blocked)
+            scale = jax.lax.with_sharding_constraint(scale, blocked)
     return (q.astype(x.dtype) * scale.astype(x.dtype)).reshape(x.shape)
 
 
@@ -113,28 +128,33 @@ def _block_axis(spec: str, operand: int, shape) -> int:
     return (fits or axes)[-1]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def fp4_einsum(spec: str, x, w):
-    """`jnp.einsum(spec, x, w)` with both operands in block-scaled FP4."""
-    return _fp4_fwd(spec, x, w)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def fp4_einsum(spec: str, x, w, layouts: tuple = (None, None)):
+    """`jnp.einsum(spec, x, w)` with both operands in block-scaled FP4. `layouts`: for x
+    and for the output's gradient, (where it is, where the matmuls read it) when they
+    differ (`quantize_blocks`; resolved in the forward pass, for both), else None."""
+    return _fp4_fwd(spec, x, w, layouts)[0]
 
 
-def _fp4_fwd(spec, x, w):
-    xq = quantize_blocks(x, _block_axis(spec, 0, x.shape))
+def _fp4_fwd(spec, x, w, layouts):
+    xq = quantize_blocks(x, _block_axis(spec, 0, x.shape), layouts[0])
     wq = quantize_blocks(w, _block_axis(spec, 1, w.shape))
     y = jnp.einsum(spec, xq, wq, preferred_element_type=jnp.float32)
     return y.astype(x.dtype), (x, w)
 
 
-def _fp4_bwd(spec, residuals, dy):
+def _fp4_bwd(spec, layouts, residuals, dy):
     x, w = residuals
+    x_layout, dy_layout = layouts
     dx_spec, dw_spec = _transposed(spec)
     dy = dy.astype(x.dtype)
-    dx = jnp.einsum(dx_spec, quantize_blocks(dy, _block_axis(dx_spec, 0, dy.shape)),
+    # The output's gradient in two roundings, blocks along each matmul's own contraction
+    # (Transformer Engine's row-wise and column-wise NVFP4 data, both gathered).
+    dx = jnp.einsum(dx_spec, quantize_blocks(dy, _block_axis(dx_spec, 0, dy.shape), dy_layout),
                     quantize_blocks(w, _block_axis(dx_spec, 1, w.shape)),
                     preferred_element_type=jnp.float32)
-    dw = jnp.einsum(dw_spec, quantize_blocks(x, _block_axis(dw_spec, 0, x.shape)),
-                    quantize_blocks(dy, _block_axis(dw_spec, 1, dy.shape)),
+    dw = jnp.einsum(dw_spec, quantize_blocks(x, _block_axis(dw_spec, 0, x.shape), x_layout),
+                    quantize_blocks(dy, _block_axis(dw_spec, 1, dy.shape), dy_layout),
                     preferred_element_type=w.dtype)  # reduced in the weight's dtype (FP8's)
     return dx.astype(x.dtype), dw
 

@@ -19,7 +19,7 @@ from models.fp8 import fp4_einsum, fp8_einsum
 from models.program import DTYPES, Precision
 from models.quant import QuantWeight
 from sharding import kernel_scopes
-from sharding.rules import active_mesh, active_rules, constrain, resolve
+from sharding.rules import active_mesh, active_rules, constrain, resolve, use_rules
 
 
 def new_param(rngs: nnx.Rngs, shape, axes, *, dtype, scale: float | None = None) -> nnx.Param:
@@ -103,8 +103,37 @@ def project(spec: str, x, w, *, precision: Precision):
     if precision.low_precision_matmuls == "float8":
         return fp8_einsum(spec, x, w)
     if precision.low_precision_matmuls == "float4":
-        return fp4_einsum(spec, x, w)
+        return fp4_einsum(spec, x, w, _fp4_layouts(spec, x, w))
     return jnp.einsum(spec, x, w)
+
+
+def _fp4_layouts(spec: str, x, w) -> tuple:
+    """For an FP4 projection, its input's and its output gradient's (layout, the layout
+    its matmuls read it in) when the tensor is the residual stream (`bld`) and sequence
+    parallelism splits that stream's positions further than the matmul's (`seq`), else
+    None: the FP4 values are gathered (models/fp8.quantize_blocks), not the bf16 they
+    stand for. FP8's per-tensor values need no help: the matmul's operand is the e4m3
+    array itself, and the partitioner gathers it."""
+    mesh, rules = active_mesh(), active_rules()
+    if rules is None:
+        return (None, None)
+    shape = dict(mesh.shape)
+    if rules.split_axes("residual_seq", shape) == rules.split_axes("seq", shape):
+        return (None, None)
+    inputs, out = spec.split("->")
+    x_spec, w_spec = inputs.split(",")
+    size = {**dict(zip(w_spec, w.shape)), **dict(zip(x_spec, x.shape))}
+
+    def move(letters: str):
+        if letters != "bld":
+            return None
+        dims = [size[c] for c in letters]
+        return tuple(NamedSharding(mesh, resolve(names, dims, rules.activations, shape,
+                                                 what=f"FP4 projection {spec}"))
+                     for names in (("batch", "residual_seq", "embed"),
+                                   ("batch", "seq", "embed")))
+
+    return move(x_spec), move(out)
 
 
 def tensor_parallel_input(x_BLD, precision: Precision):
@@ -124,10 +153,11 @@ def tensor_parallel_input(x_BLD, precision: Precision):
     constraint would pin the gradient to the gathered layout too (an all-reduce over
     `tensor` where a reduce-scatter does): hence a custom VJP.
 
-    FP8 / FP4 matmuls are left to propagation: Transformer Engine gathers the quantised
-    input (one byte a value, or half), which the partitioner does when the gather follows
-    the projection's quantise, and a gather of the bf16 input here would double it. (Left:
-    FP8 with context parallelism and no pipeline still meets the all-gathers over data.)"""
+    FP8 / FP4 matmuls are not resharded here: Transformer Engine gathers the quantised
+    input (one byte a value, or half and its block's scale), which the partitioner does
+    for FP8's e4m3 operand and `project` states for FP4's values (`_fp4_layouts`); a
+    gather of the bf16 input here would double or quadruple it. (Left: FP8 with context
+    parallelism and no pipeline still meets the all-gathers over data.)"""
     if not _reshards(precision):
         return x_BLD
     return _reshard(x_BLD, ("batch", "seq", "embed"), ("batch", "residual_seq", "embed"))
@@ -199,7 +229,12 @@ def per_context_rank(fn, x_BL, *weights_Y, logical: str = "seq"):
     axes, ranks = rules.split_axes(logical, shape), rules.ways(logical, shape)
     b, seq = x_BL.shape[:2]
     x_BYl = x_BL.reshape(b, ranks, seq // ranks, *x_BL.shape[2:])
-    out_BYl = jax.vmap(fn, in_axes=(1,) + (0,) * len(weights_Y), out_axes=1,
+
+    def per_rank(*args):  # inside the vmap its axes place the ranks, not the rules
+        with use_rules(rules.without(axes), mesh):
+            return fn(*args)
+
+    out_BYl = jax.vmap(per_rank, in_axes=(1,) + (0,) * len(weights_Y), out_axes=1,
                        spmd_axis_name=axes)(x_BYl, *weights_Y)
     return out_BYl.reshape(b, seq, *out_BYl.shape[3:])
 

@@ -9,7 +9,7 @@ from flax import nnx
 import meshes
 import models
 import sharding
-from tests.steps import train_program
+from tests.steps import tiny, train_program
 
 
 def test_fp8_matmuls_follow_the_recipe_and_the_chip_rate(cpu_devices):
@@ -82,3 +82,36 @@ def test_fp4_matmuls_run_at_the_fp4_rate_and_train(cpu_devices):
             lambda m: models.loss_fn(m, tokens, jnp.roll(tokens, -1, 1))))(m)
         assert np.isfinite(np.asarray(grads.blocks.mlp.w_up[...])).all()
     assert float(losses["float4"]) == pytest.approx(float(losses["bfloat16"]), rel=0.05)
+
+
+def test_fp4_sequence_parallel_gathers_fp4_values_and_their_scales(cpu_devices):
+    # Under sequence parallelism a projection's input, and a row-parallel one's output
+    # gradient, are gathered over `tensor`. Transformer Engine gathers them quantised:
+    # FP8 one byte a value (the partitioner gathers the e4m3 operand); NVFP4 half a byte
+    # and its block's scale (distributed.py's _all_gather_nvfp4), the output gradient in
+    # both roundings (row-wise for the input gradient, column-wise for the weight
+    # gradient). Per layer: FP8 2 inputs + 2 gradients + 2 inputs again for the weight
+    # gradients = 6 gathers of N bytes; FP4 8 of N/2 values and 8 of N/32 scales (blocks
+    # of 32), never the bf16 the values stand for (2 N bytes each).
+    cfg = tiny(head_dim=32, fused_qkv=True, fused_mlp=True)
+    system = meshes.get_system("b200:8")
+    mesh = sharding.make_mesh(system, {"data": 4, "tensor": 2})
+    n = (8 // 4) * 2048 * cfg.d_model  # a block's gathered input, values
+    gathered = {}
+    for compute in ("float8", "float4"):
+        prog = models.build_train_program(
+            cfg, mesh, sharding.default_rules().with_sequence_parallel(),
+            workload=models.Workload(seq_len=2048, global_batch=8),
+            precision=models.Precision(params="bfloat16", compute=compute),
+            train=models.Train(remat="none"))
+        rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=system)
+        layers = [c for c in rep.collectives if c.kind == "all-gather"
+                  and c.mesh_axes == ("tensor",) and "_proj" in c.op_name]
+        gathered[compute] = {}
+        for c in layers:
+            key = (c.dtype, c.bytes)
+            gathered[compute][key] = gathered[compute].get(key, 0) + c.count
+    per_layer = {k: v / cfg.n_layers for k, v in gathered["float8"].items()}
+    assert per_layer == {("float8_e4m3fn", n): 6}
+    per_layer = {k: v / cfg.n_layers for k, v in gathered["float4"].items()}
+    assert per_layer == {("float4_e2m1fn", n // 2): 8, ("f8e8m0fnu", n // 32): 8}
