@@ -63,6 +63,12 @@ class Parallelism:
                                       "tp_comm_overlap): on GPU systems each sequence-parallel "
                                       "all-gather / reduce-scatter over tensor runs in chunks "
                                       "under the GEMM it feeds or follows", False)
+    overlap_p2p_comm: bool = described("Megatron's overlapped pipeline transfers (its and "
+                                       "NeMo's default with virtual_stages > 1; "
+                                       "--no-overlap-p2p-communication turns it off): on GPU "
+                                       "systems an interleaved pipeline's stage-to-stage "
+                                       "sends run beside other microbatches' compute, "
+                                       "waited for only in the warm-up and flush", True)
     outer: str = described("the mesh axis placed outermost on the machine (its members "
                            "farthest apart: across pods, slices, racks); \"\" keeps the mesh "
                            "axes' order", "")

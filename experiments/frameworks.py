@@ -180,6 +180,10 @@ def maxtext(exp: Experiment) -> list[str]:
     if par.tp_comm_overlap:
         lines.append("# parallelism.tp_comm_overlap (Transformer Engine's userbuffers): no "
                      "MaxText key")
+    if par.pipeline > 1 and par.virtual_stages > 1 and par.overlap_p2p_comm:
+        lines.append("# parallelism.overlap_p2p_comm (Megatron's): no MaxText key; its "
+                     "pipeline waits for each stage transfer (pipeline_delay_activation_"
+                     "forwarding delays it a tick instead)")
     if t.overlap_grad_reduce or t.overlap_param_gather or t.bucket_size:
         lines.append("# train.overlap_grad_reduce / overlap_param_gather / bucket_size "
                      "(Megatron's DDP): no MaxText key; XLA schedules the data-parallel "
@@ -277,6 +281,8 @@ def megatron(exp: Experiment) -> list[str]:
              f"--pipeline-model-parallel-size {par.pipeline}"]
     if par.virtual_stages > 1:
         lines.append(f"--num-layers-per-virtual-pipeline-stage {_chunk(exp)}")
+        if not par.overlap_p2p_comm:
+            lines.append("--no-overlap-p2p-communication")
     if par.pipeline > 1:
         lines += _uneven(exp, "Megatron: --decoder-first-pipeline-num-layers and "
                          "--decoder-last-pipeline-num-layers")

@@ -38,6 +38,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from sharding.gpu_frameworks import STAGE_TRANSFER
+
 SCHEDULES = ("1f1b", "gpipe")
 
 
@@ -226,7 +228,8 @@ def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipe
         # (item t - P + 1: microbatch (t - P + 1) mod M) for that microbatch's next pass and,
         # after the last pass, as the pipeline's output. Before the first item arrives, the
         # slot still holds a microbatch's input.
-        moved_PbLD = pin(shift_stages(y_PbLD), axis, batch_axes, seq_axes)
+        with jax.named_scope(STAGE_TRANSFER):  # Megatron overlaps it (gpu_frameworks.py)
+            moved_PbLD = pin(shift_stages(y_PbLD), axis, batch_axes, seq_axes)
         slot = (t - stages + 1) % m
         buffer_PMbLD = buffer_PMbLD.at[:, slot].set(
             jnp.where(t >= stages - 1, moved_PbLD, buffer_PMbLD[:, slot]))

@@ -42,6 +42,8 @@ class AnalysisInputs:
         overlap_grad_reduce, overlap_param_gather: GPU systems: the data-parallel
             gradient sum and parameter all-gather in chunks beside the loops (Megatron's).
         bucket_size: GPU systems: parameters per gradient bucket; 0: Megatron's default.
+        overlap_p2p_comm: GPU systems: an interleaved pipeline's stage transfers beside
+            other microbatches' compute, but in its warm-up and flush (Megatron's).
         timings: the stages already timed (build, lower, compile, parse, read).
         plan: the program as read; re-timing from it skips reading the HLO.
     """
@@ -67,6 +69,7 @@ class AnalysisInputs:
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     bucket_size: int = 0
+    overlap_p2p_comm: bool = False
     timings: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
     plan: Plan | None = None
 

@@ -175,6 +175,8 @@ def estimate(inputs: AnalysisInputs, *, system: System,
             collectives, pipeline=inputs.pipeline, grad_reduce=inputs.overlap_grad_reduce,
             param_gather=inputs.overlap_param_gather,
             bucket_size=inputs.bucket_size) if gpu else {},
+        overlapped=gpu_frameworks.overlapped_stage_transfers(collectives, inputs.pipeline)
+        if gpu and inputs.overlap_p2p_comm else {},
         gemms={name: {m.name for m in w.matmuls} | {f.name for f in w.fusions}
                for name, w in plan.work.items()},
     ).run()
@@ -305,6 +307,7 @@ def analyze(
     overlap_grad_reduce: bool = False,
     overlap_param_gather: bool = False,
     bucket_size: int = 0,
+    overlap_p2p_comm: bool = False,
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -349,6 +352,9 @@ def analyze(
             sharding/gpu_frameworks.py).
         bucket_size: on GPU systems, parameters per gradient bucket (Megatron's
             --ddp-bucket-size); 0: Megatron's default, max(40M, 1M x data-parallel ranks).
+        overlap_p2p_comm: on GPU systems, an interleaved pipeline's stage transfers run
+            beside other microbatches' compute but in its warm-up and flush (Megatron's
+            default there; sharding/gpu_frameworks.py).
     """
     system = get_system(system) if isinstance(system, str) else system
     backend = backend_of(mesh.devices.flat[0])
@@ -377,7 +383,8 @@ def analyze(
         host_transfer_bytes=host_transfer_bytes, pipeline=pipeline,
         fit_advice=tuple(fit_advice), timings={**(timings or {}), **c.timings},
         tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
-        overlap_param_gather=overlap_param_gather, bucket_size=bucket_size)
+        overlap_param_gather=overlap_param_gather, bucket_size=bucket_size,
+        overlap_p2p_comm=overlap_p2p_comm)
     if system is None:
         return untimed(inputs)
     return estimate(inputs, system=system, calibration=calibration, cost=cost)

@@ -12,7 +12,10 @@ program as compiled):
 - with `overlap_grad_reduce` / `overlap_param_gather`, Megatron's DDP and distributed
   optimizer run the step's data-parallel gradient sum and parameter all-gather in chunks
   beside the backward and the next forward, where the program runs them after the last
-  loop and after the optimizer (the schedule: sharding/schedule.py `Chunked`).
+  loop and after the optimizer (the schedule: sharding/schedule.py `Chunked`);
+- with `overlap_p2p_comm` (Megatron's default in its interleaved schedule), a pipeline
+  stage's sends and receives run beside its other microbatches' compute, where the
+  program's tick waits for them (`overlapped_stage_transfers`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from sharding.schedule import Chunked
 # The named scopes of a training step's data-parallel gradient sum and optimizer update
 # (models/train.py).
 GRADIENT_SUM = "gradient_sum"
+# A pipeline's stage-to-stage transfer (models/pipeline.py).
+STAGE_TRANSFER = "stage_transfer"
 OPTIMIZER = "optimizer"
 DATA_PARALLEL = frozenset({"data", "sequence"})  # Megatron's DP x CP group
 
@@ -168,3 +173,22 @@ def data_parallel_overlap(collectives: list[Collective], *, pipeline: dict | Non
         window = (chunks - 1) / chunks if pipeline else None
     return {**{(c.computation, c.name): Chunked(chunks, True, window) for c in grads},
             **{(c.computation, c.name): Chunked(chunks, False, window) for c in params}}
+
+
+def overlapped_stage_transfers(collectives: list[Collective], pipeline: dict | None
+                               ) -> dict[tuple[str, str], float]:
+    """Megatron's overlapped pipeline communication (`overlap_p2p_comm`, on by default in
+    its interleaved schedule; NeMo and Megatron-Bridge set it whenever virtual stages > 1):
+    in the steady 1F1B state a stage posts its sends and receives and runs the other
+    direction's microbatch while they move, so they wait on nothing; in the warm-up and
+    the flush (forward-only, backward-only: `overlap_p2p_comm_warmup_flush` is off by
+    default) each transfer is waited for. (computation, instruction) of each stage
+    transfer -> the share of its time the compute waits for: the warm-up's share of a
+    stage's M V chunks, (P - 1) 2 + (V - 1) P of them on the first stage (Megatron's
+    num_warmup_microbatches, microbatch groups of P), the flush's the same."""
+    if not pipeline or pipeline.get("virtual_stages", 1) <= 1:
+        return {}
+    p, v, m = pipeline["stages"], pipeline["virtual_stages"], pipeline["microbatches"]
+    share = min(1.0, ((p - 1) * 2 + (v - 1) * p) / (m * v))
+    return {(c.computation, c.name): share for c in collectives
+            if c.kind == "collective-permute" and _in_scope(c, STAGE_TRANSFER)}

@@ -25,6 +25,9 @@ What the hardware overlaps, and how XLA's latency-hiding scheduler arranges it:
   loop needs one by one over its opening stretch). All but one chunk run under that
   stretch, on the link's time the loop's own traffic leaves free (a share f of it); what
   is waited for is T/K + max(0, (K - 1)/K x T - f x W). The link is busy for all of it.
+- Megatron's overlapped pipeline transfers (`overlapped`): a stage's send to the next runs
+  beside other microbatches' compute; only a share of it (the warm-up's and flush's) is
+  waited for. The link is busy for all of it.
 
 The simulation works per computation and memoises, so a scanned stack costs one body.
 """
@@ -163,6 +166,7 @@ class Scheduler:
         under_gemms: dict[tuple[str, str], int] | None = None,
         gemms: dict[str, set[str]] | None = None,
         chunked: dict[tuple[str, str], Chunked] | None = None,
+        overlapped: dict[tuple[str, str], float] | None = None,
     ):
         self.graph = graph
         self.compute_times = compute_times
@@ -170,6 +174,7 @@ class Scheduler:
         self.under_gemms = under_gemms or {}  # (computation, instruction) -> chunks
         self.gemms = gemms  # computation -> its matmuls (None: every compute op counts)
         self.chunked = chunked or {}  # (computation, instruction) -> how it overlaps
+        self.overlapped = overlapped or {}  # (computation, instruction) -> share waited for
         self._memo: dict[str, tuple[Timeline, float]] = {}
         # Collectives the TPU compiler hides inside fusions (`all-reduce-scatter`): the
         # fusion instruction is then the collective.
@@ -252,6 +257,8 @@ class Scheduler:
             self._pipeline_with_gemms(name, nodes, kind, dur)
         if self.chunked:
             self._overlap_chunks(name, nodes, kind, dur, loop_busy)
+        for i, node in enumerate(nodes):
+            dur[i] *= self.overlapped.get((name, node.name), 1.0)
         return kind, dur, stream_busy, compute_busy
 
     def _overlap_chunks(self, name: str, nodes: tuple[Node, ...], kind: list[str],

@@ -117,14 +117,17 @@ def test_megatron_export_of_an_interleaved_pipeline(capsys):
     assert not any(f.startswith("--recompute") for f in flags)  # remat none
     assert not any(f.startswith("--context-parallel-size") for f in flags)
     assert "--tp-comm-overlap" not in flags
-    # The config overlaps its data-parallel communication as Megatron's recipes do.
+    # The config overlaps its data-parallel communication as Megatron's recipes do, and
+    # its stage transfers as Megatron does by default.
     assert {"--overlap-grad-reduce", "--overlap-param-gather"} <= set(flags)
+    assert "--no-overlap-p2p-communication" not in flags
     out = _export(capsys, "llama3-70b-h100-64-tp4-pp8-interleaved", "--to", "megatron",
                   "--set", "parallelism.tp_comm_overlap=true",
                   "--set", "train.overlap_grad_reduce=false",
-                  "--set", "train.overlap_param_gather=false")
+                  "--set", "train.overlap_param_gather=false",
+                  "--set", "parallelism.overlap_p2p_comm=false")
     lines = set(out.splitlines())
-    assert "--tp-comm-overlap" in lines
+    assert {"--tp-comm-overlap", "--no-overlap-p2p-communication"} <= lines
     assert not lines & {"--overlap-grad-reduce", "--overlap-param-gather"}
     assert "data-parallel size 2 = 64 / (tensor 4 x pipeline 8 x context 1)" in out
 

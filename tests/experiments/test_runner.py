@@ -174,6 +174,36 @@ def test_megatron_overlaps_the_distributed_optimizers_collectives_on_a_gpu(cpu_d
             assert both.scheduled_step_s == pytest.approx(plain.scheduled_step_s)
 
 
+def test_megatron_overlaps_an_interleaved_pipelines_stage_transfers_on_a_gpu(cpu_devices):
+    # overlap_p2p_comm (Megatron's and NeMo's default with virtual stages): the same
+    # program and bytes; on a GPU the stage-to-stage permutes are waited for only in the
+    # warm-up and flush; `false` (--no-overlap-p2p-communication) waits at every tick; a
+    # TPU system runs the program as compiled.
+    import dataclasses
+
+    from experiments import config, runner
+    from meshes.calibration import catalog_calibration
+
+    cal = dataclasses.replace(catalog_calibration(), kernel_overhead_s=0.0)
+    over = ["parallelism.data=2", "parallelism.tensor=1", "parallelism.pipeline=4",
+            "parallelism.virtual_stages=2", "model.n_layers=8", "workload.microbatches=8",
+            "workload.seq_len=512"]
+    for system, shorter in (("h100:8", True), ("tpu-v5e:2x4", False)):
+        on = config.load("tiny-h100-dp-tp", [*over, f"system.name={system}"])
+        assert on.parallelism.overlap_p2p_comm  # the default
+        hidden = runner.run(on, calibration=cal)
+        plain = runner.run(config.load("tiny-h100-dp-tp", [
+            *over, f"system.name={system}", "parallelism.overlap_p2p_comm=false"]),
+            calibration=cal)
+        transfers = [c for c in hidden.collectives if "stage_transfer" in c.op_name]
+        assert {c.kind for c in transfers} == {"collective-permute"}
+        assert hidden.comm_s == pytest.approx(plain.comm_s)
+        if shorter:
+            assert hidden.scheduled_step_s < plain.scheduled_step_s
+        else:
+            assert hidden.scheduled_step_s == pytest.approx(plain.scheduled_step_s)
+
+
 def test_overlap_param_gather_needs_the_distributed_optimizer():
     from experiments import config
 

@@ -269,6 +269,32 @@ def test_the_data_parallel_overlap_chunks_by_virtual_stage_or_by_bucket():
     assert got == {("main", "rs"): Chunked(4, True, None)}
 
 
+def test_megatron_waits_for_stage_transfers_only_in_the_warm_up_and_flush():
+    # overlap_p2p_comm: of an interleaved pipeline's stage transfers, the share a stage's
+    # warm-up (and flush) holds of its M V chunks: (P - 1) 2 + (V - 1) P on the first stage
+    # (Megatron's num_warmup_microbatches). Other permutes (context parallelism's ring) and
+    # a plain pipeline (Megatron's batched, blocking p2p) are left as they run.
+    from sharding.collectives import Collective
+    from sharding.gpu_frameworks import overlapped_stage_transfers
+
+    def permute(name, scope):
+        return Collective(kind="collective-permute", name=name, dtype="bfloat16",
+                          shape=(1024,), bytes=2048, wire_bytes=2048.0, count=100,
+                          group_size=2, groups=(), mesh_axes=("pipeline",),
+                          op_name=f"jit(step)/while/body/{scope}/concatenate",
+                          computation="body")
+
+    transfers = [permute("fwd", "stage_transfer"), permute("ring", "attention")]
+    pipe = {"stages": 8, "virtual_stages": 8, "microbatches": 144}
+    assert overlapped_stage_transfers(transfers, pipe) == {
+        ("body", "fwd"): pytest.approx((7 * 2 + 7 * 8) / (144 * 8))}
+    # few microbatches: the warm-up is all of it
+    assert overlapped_stage_transfers(transfers, {**pipe, "microbatches": 8}) == {
+        ("body", "fwd"): 1.0}
+    assert overlapped_stage_transfers(transfers, {**pipe, "virtual_stages": 1}) == {}
+    assert overlapped_stage_transfers(transfers, None) == {}
+
+
 @pytest.mark.parametrize("pipeline", [True, False])
 def test_weight_gradient_accumulation_is_the_gemm_s_epilogue_on_a_gpu(cpu_devices, pipeline):
     # Across a pipeline's ticks (or gradient accumulation's micro-steps) the program adds

@@ -153,3 +153,27 @@ def test_chunks_of_a_micro_step_loop_hide_under_its_last_backward():
     rep = Scheduler(graph, times, comm, chunked={("main", "rs"): Chunked(3, True)}).run()
     window = 2 / 3 * 3.0 * BACKWARD
     assert rep.step_s == pytest.approx(12.0 + 2.0 + (4.0 - window))
+
+
+def test_an_overlapped_stage_transfer_waits_for_its_share_only():
+    # A pipeline tick: the stage's layers (1 s), then the transfer to the next stage
+    # (0.5 s), which the next tick's input selects. Waited for, each tick is 1.5 s; beside
+    # other microbatches' compute (Megatron's overlap_p2p_comm), only its warm-up share
+    # (0.1 here): 1.05 s. The link carries all of it either way.
+    from sharding.schedule import Graph, Node, Scheduler
+
+    body = (Node("layers", "dot"), Node("send", "collective-permute", preds=(0,)),
+            Node("select", "select", preds=(1,)))
+    graph = Graph("main", {"main": (Node("ticks", "while", ("tick",), trip=10),),
+                           "tick": body})
+    times = {"tick": {"layers": 1.0, "select": 1e-9}}
+    comm = {("tick", "send"): (0.5, "ib")}
+    plain = Scheduler(graph, times, comm).run()
+    hidden = Scheduler(graph, times, comm, overlapped={("tick", "send"): 0.1}).run()
+    assert plain.step_s == pytest.approx(15.0)
+    assert hidden.step_s == pytest.approx(10.5)
+    assert hidden.comm_busy_s == plain.comm_busy_s == {"ib": 5.0}
+    # A transfer longer than the tick's compute is paced by the link, not hidden.
+    slow = {("tick", "send"): (2.0, "ib")}
+    assert Scheduler(graph, times, slow, overlapped={("tick", "send"): 0.1}).run().step_s \
+        == pytest.approx(20.0)
