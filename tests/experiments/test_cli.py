@@ -54,7 +54,8 @@ def test_run_prints_report_and_writes_json(tmp_path, capsys, cpu_devices):
                                           "sequence": 1, "tensor": 1, "rules": "default",
                                           "virtual_stages": 1, "pipeline_schedule": "1f1b",
                                           "context_mode": "ring", "sequence_parallel": False,
-                                          "tp_comm_overlap": False, "outer": ""}
+                                          "tp_comm_overlap": False, "overlap_p2p_comm": True,
+                                          "outer": ""}
     assert d["config"]["model"]["n_layers"] == 2 and d["config"]["train"]["remat"] == "full"
     # the model's parameters: the tiny preset's, all of them and those a token touches
     tiny = models.preset("tiny")
