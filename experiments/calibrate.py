@@ -8,7 +8,7 @@ outside flash attention, the number of kernels, the rest of compute, and the com
 the schedule left exposed. With parameters p the step is, to first order,
 
     step(p) = other + exposed + kernels x kernel_overhead_s
-              + sum over classes of math / (rate factor(p) [x flash_attention_efficiency])
+              + sum over classes of math / (rate factor(p) [x its flash attention's])
 
 (the exposed communication is held at what the schedule found). The fit minimises the
 log-errors against the measured steps with a robust (soft-L1) loss, so that a run the
@@ -37,7 +37,7 @@ def _factor(values: dict[str, float], key: str) -> float:
     cal = Calibration(**values)
     rate_class, _, attention = key.partition("/")
     f = cal.rate_factor(rate_class)
-    return f * cal.flash_attention_efficiency if attention else f
+    return f * cal.attention_factor(rate_class) if attention else f
 
 
 def predict(features: dict, values: dict[str, float]) -> float:
@@ -53,7 +53,9 @@ def informs(features: dict, name: str, *, share: float = 0.01) -> bool:
     if name == "kernel_overhead_s":
         return features["kernels"] * 1e-6 > share * step  # 1 us per kernel would show
     keys = [k for k in features["math_s"]
-            if (name == "flash_attention_efficiency" and k.endswith("/attention"))
+            if (name == "flash_attention_efficiency" and k.endswith("/attention")
+                and not k.startswith("tpu"))
+            or (name == "tpu_flash_attention_efficiency" and k == "tpu/attention")
             or (name == "gpu_bf16_matmul_efficiency" and k.startswith("gpu_bf16"))
             or (name == "tpu_matmul_scale" and k.startswith("tpu"))]
     return sum(features["math_s"][k] for k in keys) > share * step

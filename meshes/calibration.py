@@ -7,9 +7,12 @@ no microbenchmark in the reference pins down, fitted on published runs.
 - `tpu_matmul_scale`: the fraction of the microbenchmarked GEMM rate (v6e 827/920, TPU7x
   950/1150) a TPU's matmuls sustain in a training step, where the MXUs share the chip with
   the vector units, HBM traffic and ICI DMA.
-- `flash_attention_efficiency`: a fused flash-attention kernel's rate relative to the
-  chip's large-GEMM rate (its softmax, masking and tiles are not a large GEMM's; nor is it
-  a GEMM of its tiles' size, so the GEMM size curve does not apply to it).
+- `flash_attention_efficiency`: a GPU's fused flash-attention kernel's rate relative to
+  its large-GEMM rate (its softmax, masking and tiles are not a large GEMM's; nor is it a
+  GEMM of its tiles' size, so the GEMM size curve does not apply to it): cuDNN's /
+  Transformer Engine's fused attention.
+- `tpu_flash_attention_efficiency`: the same for a TPU's, another kernel (Pallas splash
+  attention) on another machine (the vector units' softmax beside the MXUs).
 - `kernel_overhead_s`: fixed time per kernel (launch, prologue, pipeline fill), added to
   every matmul and memory-bound kernel.
 
@@ -34,7 +37,10 @@ PARAMETERS = {
     "gpu_bf16_matmul_efficiency": (0.3, 0.95, GPU_BF16_BOOK_EFFICIENCY,
                                    "GPU bf16 matmul fraction of peak"),
     "tpu_matmul_scale": (0.3, 1.1, 1.0, "TPU matmul rate / microbenchmarked GEMM rate"),
-    "flash_attention_efficiency": (0.1, 1.0, 1.0, "flash attention rate / large-GEMM rate"),
+    "flash_attention_efficiency": (0.1, 1.0, 1.0,
+                                   "GPU flash attention rate / large-GEMM rate"),
+    "tpu_flash_attention_efficiency": (0.1, 1.0, 1.0,
+                                       "TPU flash attention rate / large-GEMM rate"),
     "kernel_overhead_s": (0.0, 50e-6, 0.0, "fixed time per kernel, s"),
 }
 # Matmul rate classes: which parameter scales a matmul's rate.
@@ -48,6 +54,7 @@ class Calibration:
     gpu_bf16_matmul_efficiency: float = GPU_BF16_BOOK_EFFICIENCY
     tpu_matmul_scale: float = 1.0
     flash_attention_efficiency: float = 1.0
+    tpu_flash_attention_efficiency: float = 1.0
     kernel_overhead_s: float = 0.0
     source: str = "uncalibrated: microbenchmark and book figures only"
     # System family -> (the best MFU a measured run reached on it, with our model-FLOP
@@ -77,6 +84,11 @@ class Calibration:
         if rate_class == "tpu":
             return self.tpu_matmul_scale
         return 1.0
+
+    def attention_factor(self, rate_class: str) -> float:
+        """Multiplier on a rate class's matmul rate inside a fused flash-attention kernel."""
+        return self.tpu_flash_attention_efficiency if rate_class == "tpu" \
+            else self.flash_attention_efficiency
 
     def values(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in PARAMETERS}

@@ -257,7 +257,7 @@ def _add_matmul(c: ExecutionCost, m: MatmulWork, chip: Chip, hbm_bw: float,
         # A fused flash-attention kernel is not a GEMM of its tiles' size: it runs at its
         # own fraction of the large-GEMM rate (the calibration's), not down the size curve.
         rate = chip.peak_for(dt) * chip.efficiency_for(dt) * calibration.rate_factor(
-            rate_class) * calibration.flash_attention_efficiency
+            rate_class) * calibration.attention_factor(rate_class)
         rate_class += "/attention"
     else:
         rate = chip.peak_for(dt) * chip.efficiency_for(dt, size) * calibration.rate_factor(

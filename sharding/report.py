@@ -375,7 +375,7 @@ class Report:
             rate_class, _, attention = key.partition("/")
             factor = cal.rate_factor(rate_class)
             if attention:
-                factor *= cal.flash_attention_efficiency
+                factor *= cal.attention_factor(rate_class)
             math_s[key] = t * factor
         return {"math_s": math_s, "kernels": c.kernels,
                 "other_s": self.compute_s - sum(c.math_s_by_class.values()) - c.overhead_s,
