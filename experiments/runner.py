@@ -16,6 +16,7 @@ from meshes.reserves import JAX_GPU_MEM_FRACTION, runtime_reserve
 from meshes.tpu import TpuSystem
 from models.inference import build_serve_program
 from models.memory import offload_bytes_per_step, serving_memory, training_memory
+from models.pipeline import output_layer_share
 from models.train import build_train_program
 from models.transformer import dense_layer_note
 from sharding import compiler
@@ -189,8 +190,11 @@ def build_step(exp: Experiment, mesh, *, quiet: bool = False) -> Step:
                                       train=exp.train, mesh_shape=mesh_shape, rules=rules)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return Step(program, with_reserve(memory, exp), False, mesh_shape, rules,
-                program.pipeline.summary() if program.pipeline else None, host,
+    pipeline = None if program.pipeline is None else {
+        **program.pipeline.summary(),
+        "output_layer_share": output_layer_share(exp.model, program.pipeline,
+                                                 exp.workload.seq_len)}
+    return Step(program, with_reserve(memory, exp), False, mesh_shape, rules, pipeline, host,
                 dense_layer_note(exp.model, program.pipeline is not None))
 
 

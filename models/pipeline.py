@@ -258,3 +258,22 @@ def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipe
     split = pin(split, None, axis, None, batch_axes, seq_axes)
     return pin(split[0].reshape(b, seq, d), (axis, *(batch_axes or ())), seq_axes)
 
+
+
+def output_layer_share(cfg, plan: Pipeline, seq_len: int) -> float:
+    """Of the output layer and loss (final norm, output projection, cross-entropy), the
+    share that lengthens a Megatron pipeline's step beyond its busiest stage's layers:
+    Megatron runs them on the last stage for every microbatch, where this program splits
+    them over the stages after the loop. The last stage's padded slots (`padding`, what
+    Megatron's account_for_loss_in_pipeline_split leaves it) absorb them first:
+    max(0, 1 - padded x layer / output layer), per token, in training FLOPs (6 x
+    parameters, plus a layer's causal attention). 1 without padding; 0 when the padding
+    covers them (Llama 3.1 405B's: one layer for a 2.1B-parameter output layer)."""
+    pad = plan.padding[1]
+    if pad == 0:
+        return 1.0
+    output = 6 * cfg.d_model * cfg.padded_vocab
+    untied = 0 if cfg.tie_embeddings else cfg.d_model * cfg.padded_vocab
+    layers = 6 * (cfg.active_param_count() - untied) / cfg.n_layers \
+        + 12 * cfg.n_heads * cfg.attention_head_dim * seq_len / 2
+    return max(0.0, 1.0 - pad * layers / output)

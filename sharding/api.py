@@ -161,7 +161,10 @@ def estimate(inputs: AnalysisInputs, *, system: System,
                                                         inputs.bucket_size)
     per_comp = time_work(plan.work, system.chip, compute_dtype=inputs.compute_dtype,
                          calibration=calibration,
-                         weight_cast_share=gpu_frameworks.weight_cast_share(inputs.pipeline))
+                         weight_cast_share=gpu_frameworks.weight_cast_share(inputs.pipeline),
+                         stretched=(gpu_frameworks.OUTPUT_SCOPES,
+                                    gpu_frameworks.output_layer_scale(inputs.pipeline))
+                         if gpu else ((), 1.0))
     step_cost = compute_cost(None, system.chip, costs=per_comp, counts=plan.counts)
     warnings = (*inputs.warnings, *_promotion_note(collectives),
                 *_windowed_einsum_note(plan.counts, per_comp), *plan.notes)

@@ -223,32 +223,43 @@ def computation_costs(
 def time_work(
     works: dict[str, Work], chip: Chip, *, compute_dtype: str | None = None,
     calibration: Calibration = IDENTITY, weight_cast_share: float = 1.0,
+    stretched: tuple[tuple[str, ...], float] = ((), 1.0),
 ) -> dict[str, ExecutionCost]:
     """Cost of one execution of each computation on `chip` from its `work(module)`;
     `weight_cast_share`: of the FP8 weight casts the program runs, the share a GPU framework
-    runs (it casts once per step what the program casts at every microbatch)."""
+    runs (it casts once per step what the program casts at every microbatch).
+    `stretched`: (named scopes, factor): the time of the ops under those scopes times the
+    factor, their FLOPs and bytes as they are (a pipeline's output layer, which a GPU
+    framework runs on one stage: sharding/gpu_frameworks.output_layer_scale)."""
     hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
     target = GPU_TARGETS.get(chip.name)
     l2_bytes = target.l2_bytes if target is not None else 0
+    scopes, factor = stretched
+
+    def stretch(op: str) -> float:
+        return factor if scopes and op.split(" (")[0].split("/")[0] in scopes else 1.0
+
     out: dict[str, ExecutionCost] = {}
     for name, w in works.items():
         c = ExecutionCost()
         for m in w.matmuls:
-            _add_matmul(c, m, chip, hbm_bw, compute_dtype, calibration)
+            _add_matmul(c, m, chip, hbm_bw, compute_dtype, calibration, stretch(m.op))
         for k in w.kernels_on(chip):
             share = weight_cast_share if k.weight_cast else 1.0
             _add_kernel(c, k, hbm_bw, _kernel_overhead(chip, calibration), l2_bytes, share,
-                        fitted=chip.kernel_overhead_s is None)
+                        fitted=chip.kernel_overhead_s is None, stretch=stretch(k.op))
         out[name] = c
     _overlap_fused_matmuls(works, out)
     return out
 
 
 def _add_matmul(c: ExecutionCost, m: MatmulWork, chip: Chip, hbm_bw: float,
-                compute_dtype: str | None, calibration: Calibration) -> None:
+                compute_dtype: str | None, calibration: Calibration,
+                stretch: float = 1.0) -> None:
     """A dot or convolution: the larger of its math at the measured rate for its size and
     its operand traffic, plus the fixed per-kernel overhead when it is a kernel of its own
-    (not inside a fusion, whose kernel pays it)."""
+    (not inside a fusion, whose kernel pays it); `stretch`: its time (not its FLOPs or
+    bytes) times this (`time_work`)."""
     f, io = m.flops, m.io
     dt = compute_dtype or m.dtype
     size = (f / 2) ** (1 / 3) if f > 0 else None  # cube-equivalent M = N = K
@@ -262,13 +273,13 @@ def _add_matmul(c: ExecutionCost, m: MatmulWork, chip: Chip, hbm_bw: float,
     else:
         rate = chip.peak_for(dt) * chip.efficiency_for(dt, size) * calibration.rate_factor(
             rate_class)
-    t_math = f / rate if f > 0 else 0.0
-    overhead = _kernel_overhead(chip, calibration) if m.own_kernel else 0.0
-    t = max(t_math, io / hbm_bw) + overhead
+    t_math = (f / rate if f > 0 else 0.0) * stretch
+    overhead = (_kernel_overhead(chip, calibration) if m.own_kernel else 0.0) * stretch
+    t = max(t_math, io / hbm_bw * stretch) + overhead
     if chip.kernel_overhead_s is None:
-        c.kernels += m.own_kernel
+        c.kernels += m.own_kernel * stretch
         c.overhead_s += overhead
-    if io / hbm_bw > t_math:
+    if io / hbm_bw * stretch > t_math:
         c.hbm_bound_matmul_s += t
     else:
         c.math_s_by_class[rate_class] = c.math_s_by_class.get(rate_class, 0.0) + t_math
@@ -288,19 +299,21 @@ def _kernel_overhead(chip: Chip, calibration: Calibration) -> float:
 
 
 def _add_kernel(c: ExecutionCost, k: KernelWork, hbm_bw: float, overhead_s: float,
-                l2_bytes: float = 0, share: float = 1.0, fitted: bool = True) -> None:
+                l2_bytes: float = 0, share: float = 1.0, fitted: bool = True,
+                stretch: float = 1.0) -> None:
     """A memory-bound kernel: its traffic at the measured HBM bandwidth plus the fixed
     per-kernel overhead, timed at its last member (it can start only when all of its
     inputs exist). What the chip's L2 cache keeps (half of it, the rest holding what else
     runs) is not HBM traffic. `share`: the fraction of its executions that run (a weight
     cast a framework does once per step). `fitted`: the overhead is the calibration's
-    (counted as kernels for its fit), not a measured one of the chip's."""
+    (counted as kernels for its fit), not a measured one of the chip's. `stretch`: its
+    time (not its bytes) times this (`time_work`)."""
     kept = sum(b for ws, b in k.l2 if ws <= l2_bytes / 2)
     nbytes = max(0.0, k.nbytes - kept) * share
-    overhead_s *= share
-    t = nbytes / hbm_bw + overhead_s
+    overhead_s *= share * stretch
+    t = nbytes / hbm_bw * stretch + overhead_s
     if fitted:
-        c.kernels += share
+        c.kernels += share * stretch
         c.overhead_s += overhead_s
     c.hbm_bytes += nbytes
     c.memory_bound_s += t

@@ -15,7 +15,9 @@ program as compiled):
   loop and after the optimizer (the schedule: sharding/schedule.py `Chunked`);
 - with `overlap_p2p_comm` (Megatron's default in its interleaved schedule), a pipeline
   stage's sends and receives run beside its other microbatches' compute, where the
-  program's tick waits for them (`overlapped_stage_transfers`).
+  program's tick waits for them (`overlapped_stage_transfers`);
+- a pipeline's output layer and loss run on its last stage for every microbatch, where
+  the program splits them over the stages (`output_layer_scale`).
 """
 
 from __future__ import annotations
@@ -192,3 +194,20 @@ def overlapped_stage_transfers(collectives: list[Collective], pipeline: dict | N
     share = min(1.0, ((p - 1) * 2 + (v - 1) * p) / (m * v))
     return {(c.computation, c.name): share for c in collectives
             if c.kind == "collective-permute" and _in_scope(c, STAGE_TRANSFER)}
+
+
+# The named scopes of the output layer (final norm, output projection) and the loss
+# (models/transformer.py, models/train.py).
+OUTPUT_SCOPES = ("lm_head", "loss")
+
+
+def output_layer_scale(pipeline: dict | None) -> float:
+    """How much longer a pipeline's output layer and loss make its step than the program
+    says: Megatron's last stage runs them for all M microbatches while the others wait at
+    the pace of the busiest stage, where the program runs each stage's M / P after the
+    loop; so P x the share the last stage's padded slots do not absorb
+    (models.pipeline.output_layer_share). 1 without a pipeline (GPU systems only:
+    sharding/compute.time_work applies it to the ops under OUTPUT_SCOPES)."""
+    if not pipeline or pipeline.get("stages", 1) <= 1 or "output_layer_share" not in pipeline:
+        return 1.0
+    return pipeline["stages"] * pipeline["output_layer_share"]

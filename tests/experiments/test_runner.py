@@ -204,6 +204,41 @@ def test_megatron_overlaps_an_interleaved_pipelines_stage_transfers_on_a_gpu(cpu
             assert hidden.scheduled_step_s == pytest.approx(plain.scheduled_step_s)
 
 
+def test_a_pipelines_output_layer_runs_on_its_last_stage_on_a_gpu(cpu_devices):
+    # The program runs the output layer and loss after the pipeline's loop, each stage a
+    # P-th of the microbatches; Megatron runs them all on the last stage, which the others
+    # wait for: on a GPU their time (not their FLOPs) counts P x (no padded slot absorbs
+    # it here); a TPU system runs the program as compiled.
+    import dataclasses
+
+    import sharding
+    from experiments import config, runner
+    from meshes import get_system
+    from meshes.calibration import catalog_calibration
+    from sharding.gpu_frameworks import OUTPUT_SCOPES
+
+    cal = dataclasses.replace(catalog_calibration(), kernel_overhead_s=0.0)
+    over = ["parallelism.data=2", "parallelism.tensor=1", "parallelism.pipeline=4",
+            "model.n_layers=8", "workload.microbatches=4", "workload.seq_len=512"]
+
+    def output_s(rep):
+        return sum(v["time_s"] for (op, _), v in rep.compute.ops.items()
+                   if op.split(" (")[0].split("/")[0] in OUTPUT_SCOPES)
+
+    for system, scale in (("h100:8", 4), ("tpu-v5e:2x4", 1)):
+        rep = runner.run(config.load("tiny-h100-dp-tp", [*over, f"system.name={system}"]),
+                         calibration=cal)
+        assert rep.pipeline["output_layer_share"] == 1.0
+        # the same program estimated as if no stage waited for another
+        alone = sharding.estimate(
+            dataclasses.replace(rep.inputs, pipeline={**rep.pipeline, "stages": 1}),
+            system=get_system(system), calibration=cal)
+        assert output_s(rep) == pytest.approx(scale * output_s(alone), rel=1e-6)
+        assert rep.compute.matmul_flops == alone.compute.matmul_flops
+        assert rep.compute_s - alone.compute_s == pytest.approx(
+            (scale - 1) * output_s(alone), rel=1e-6, abs=1e-12)
+
+
 def test_overlap_param_gather_needs_the_distributed_optimizer():
     from experiments import config
 

@@ -86,6 +86,27 @@ def test_uneven_stages_pad_the_first_and_last_stage():
                                                    layers=126).describe()
 
 
+def test_the_last_stage_s_padding_absorbs_the_output_layer_first():
+    # Megatron runs the output layer and loss on the last stage. With no padded slot there
+    # they add in full; Llama 3.1 405B's padded layer (3.2B parameters and its attention)
+    # outweighs its 2.1B-parameter output layer; a small layer absorbs only its share.
+    from models.pipeline import output_layer_share
+
+    llama = models.preset("llama3-405b")
+    assert output_layer_share(llama, Pipeline(stages=8, microbatches=8, layers=128), 8192) \
+        == 1.0
+    assert output_layer_share(llama, Pipeline(stages=8, microbatches=8, layers=126), 8192) \
+        == 0.0
+    cfg = tiny(n_layers=6, vocab=8192)  # 8 slots on 4 stages, the first and last padded
+    plan = Pipeline(stages=4, microbatches=4, layers=6)
+    assert plan.padding == (1, 1)
+    layer = 6 * (cfg.active_param_count() - cfg.d_model * cfg.padded_vocab) / 6 \
+        + 12 * cfg.n_heads * cfg.attention_head_dim * 64 / 2
+    output = 6 * cfg.d_model * cfg.padded_vocab
+    assert 0 < layer < output
+    assert output_layer_share(cfg, plan, 64) == pytest.approx(1 - layer / output)
+
+
 def test_interleaving_needs_microbatches_and_1f1b():
     with pytest.raises(ValueError, match="workload.microbatches=2 < parallelism.pipeline=4"):
         Pipeline(stages=4, microbatches=2, layers=8, virtual=2)
