@@ -36,9 +36,9 @@ from sharding.schedule import Chunked
 # The named scopes of a training step's data-parallel gradient sum and optimizer update
 # (models/train.py).
 GRADIENT_SUM = "gradient_sum"
+OPTIMIZER = "optimizer"
 # A pipeline's stage-to-stage transfer (models/pipeline.py).
 STAGE_TRANSFER = "stage_transfer"
-OPTIMIZER = "optimizer"
 DATA_PARALLEL = frozenset({"data", "sequence"})  # Megatron's DP x CP group
 
 
