@@ -43,16 +43,20 @@ def fp8_einsum(spec: str, x, w):
 def _fwd(spec, x, w):
     xq, sx = _per_tensor_e4m3(x)
     wq, sw = _per_tensor_e4m3(w, kernel_scopes.QUANTIZE_WEIGHT)
-    y = jnp.einsum(spec, xq, wq, preferred_element_type=jnp.float32) * (sx * sw)
+    # Transformer Engine's FP8 GEMM accumulates in f32 and writes the activations' dtype:
+    # a partial sum over a split contraction (a row-parallel projection's) is reduced in
+    # it, not in f32 (a reduce-scatter of half the bytes).
+    y = jnp.einsum(spec, xq, wq, preferred_element_type=x.dtype) * (sx * sw).astype(x.dtype)
     # Empty arrays carry the input dtypes through the residuals.
-    return y.astype(x.dtype), (xq, sx, wq, sw, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
+    return y, (xq, sx, wq, sw, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
 
 def _bwd(spec, residuals, dy):
     xq, sx, wq, sw, x_dtype, w_dtype = residuals
     dyq, sdy = _per_tensor_e4m3(dy)
     dx_spec, dw_spec = _transposed(spec)
-    dx = jnp.einsum(dx_spec, dyq, wq, preferred_element_type=jnp.float32) * (sdy * sw)
+    dx = jnp.einsum(dx_spec, dyq, wq, preferred_element_type=x_dtype.dtype) * (
+        sdy * sw).astype(x_dtype.dtype)  # written in the activations' dtype, as forward
     # The weight gradient leaves the GEMM in the weight's dtype (Transformer Engine's wgrad
     # GEMM writes bf16 for bf16 weights): a partial sum over sharded tokens is then reduced
     # in that dtype, not in f32 (grad_reduce = "bfloat16" recipes).
@@ -139,8 +143,8 @@ def fp4_einsum(spec: str, x, w, layouts: tuple = (None, None)):
 def _fp4_fwd(spec, x, w, layouts):
     xq = quantize_blocks(x, _block_axis(spec, 0, x.shape), layouts[0])
     wq = quantize_blocks(w, _block_axis(spec, 1, w.shape))
-    y = jnp.einsum(spec, xq, wq, preferred_element_type=jnp.float32)
-    return y.astype(x.dtype), (x, w)
+    y = jnp.einsum(spec, xq, wq, preferred_element_type=x.dtype)  # as FP8's (`_fwd`)
+    return y, (x, w)
 
 
 def _fp4_bwd(spec, layouts, residuals, dy):
@@ -152,7 +156,7 @@ def _fp4_bwd(spec, layouts, residuals, dy):
     # (Transformer Engine's row-wise and column-wise NVFP4 data, both gathered).
     dx = jnp.einsum(dx_spec, quantize_blocks(dy, _block_axis(dx_spec, 0, dy.shape), dy_layout),
                     quantize_blocks(w, _block_axis(dx_spec, 1, w.shape)),
-                    preferred_element_type=jnp.float32)
+                    preferred_element_type=x.dtype)
     dw = jnp.einsum(dw_spec, quantize_blocks(x, _block_axis(dw_spec, 0, x.shape), x_layout),
                     quantize_blocks(dy, _block_axis(dw_spec, 1, dy.shape), dy_layout),
                     preferred_element_type=w.dtype)  # reduced in the weight's dtype (FP8's)

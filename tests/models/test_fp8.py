@@ -92,7 +92,9 @@ def test_fp4_sequence_parallel_gathers_fp4_values_and_their_scales(cpu_devices):
     # both roundings (row-wise for the input gradient, column-wise for the weight
     # gradient). Per layer: FP8 2 inputs + 2 gradients + 2 inputs again for the weight
     # gradients = 6 gathers of N bytes; FP4 8 of N/2 values and 8 of N/32 scales (blocks
-    # of 32), never the bf16 the values stand for (2 N bytes each).
+    # of 32), never the bf16 the values stand for (2 N bytes each). The reduce-scatters
+    # (a row-parallel projection's output, a column-parallel one's input gradient) sum
+    # what the GEMM writes, bf16, as in bf16 runs: 2 N bytes, never f32's 4 N.
     cfg = tiny(head_dim=32, fused_qkv=True, fused_mlp=True)
     system = meshes.get_system("b200:8")
     mesh = sharding.make_mesh(system, {"data": 4, "tensor": 2})
@@ -111,6 +113,9 @@ def test_fp4_sequence_parallel_gathers_fp4_values_and_their_scales(cpu_devices):
         for c in layers:
             key = (c.dtype, c.bytes)
             gathered[compute][key] = gathered[compute].get(key, 0) + c.count
+        scattered = {(c.dtype, c.bytes) for c in rep.collectives if c.kind == "reduce-scatter"
+                     and c.mesh_axes == ("tensor",) and "_proj" in c.op_name}
+        assert scattered == {("bfloat16", 2 * n)}, compute
     per_layer = {k: v / cfg.n_layers for k, v in gathered["float8"].items()}
     assert per_layer == {("float8_e4m3fn", n): 6}
     per_layer = {k: v / cfg.n_layers for k, v in gathered["float4"].items()}
