@@ -20,7 +20,7 @@ from typing import Any
 
 from experiments.measured import Measured
 from meshes import System, get_system
-from meshes.calibration import Calibration, calibration_from_dict
+from meshes.calibration import Calibration, calibration_from_dict, catalog_calibration
 from meshes.catalog import OVERRIDES
 from meshes.power import Cost
 from models import hf
@@ -140,9 +140,12 @@ def load_calibration(path: str | Path) -> Calibration:
     raw = read_toml(path, what="calibration file",
                     example=f"write one with `shardscope calibrate DIR --out {Path(path).name}`")
     try:
-        return calibration_from_dict(raw, str(path))
+        cal = calibration_from_dict(raw, str(path))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if "best_measured_mfu" not in raw:  # the catalog's ceilings still hold
+        cal = dataclasses.replace(cal, best_mfu=catalog_calibration().best_mfu)
+    return cal
 
 
 BUNDLED = Path(__file__).parent / "configs"
@@ -229,6 +232,9 @@ def _check_type(key: str, v, want, minimum: int = 1) -> None:
         raise ConfigError(f"{key}={v!r} must be a string")
     if want == (int, float) and (not isinstance(v, int | float) or isinstance(v, bool)):
         raise ConfigError(f"{key}={v!r} must be a number")
+    if want is bool and not isinstance(v, bool):
+        raise ConfigError(f"{key}={v!r} must be true or false (lower case, as TOML writes "
+                          f"it: {key.rsplit('.', 1)[-1]} = true)")
 
 
 def _typed(section: str, raw: Mapping, cls):

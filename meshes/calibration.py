@@ -104,19 +104,47 @@ class Calibration:
 IDENTITY = Calibration()
 
 
+# A calibration file's tables, as `shardscope calibrate --out` writes them.
+TABLES = ("parameters", "provenance", "best_measured_mfu")
+
+
 def calibration_from_dict(raw: dict, where: str) -> Calibration:
     """A calibration file's contents: `[parameters]` (any of PARAMETERS; the rest
-    uncalibrated), `[provenance]` (what informed it; its `summary` is the source shown in
-    reports) and `[best_measured_mfu]`."""
-    params = raw.get("parameters", {})
+    uncalibrated, which the source shown in reports then says), `[provenance]` (what
+    informed it; its `summary` is that source) and `[best_measured_mfu]`. ValueError, in
+    one line naming the file, for anything else."""
+    form = "as `shardscope calibrate --out` writes it"
+    for key in raw:
+        if key not in TABLES:
+            raise ValueError(f"{where}: unknown table or key {key!r}; a calibration file has "
+                             f"[parameters], [provenance] and [best_measured_mfu] ({form})")
+    params = raw.get("parameters")
+    if not isinstance(params, dict):
+        raise ValueError(f"{where}: no [parameters] table of name = value lines ({form}; "
+                         f"valid names: {', '.join(PARAMETERS)})")
     for key in params:
         if key not in PARAMETERS:
             raise ValueError(f"{where}: unknown calibration parameter {key!r}; valid: "
                              f"{', '.join(PARAMETERS)}")
-    source = raw.get("provenance", {}).get("summary") or f"fitted ({where})"
-    best = {family: (float(v["mfu"]), str(v["run"]))
-            for family, v in raw.get("best_measured_mfu", {}).items()}
-    return Calibration(**params, source=source, best_mfu=best)
+    provenance = raw.get("provenance", {})
+    summary = provenance.get("summary") if isinstance(provenance, dict) else None
+    source = str(summary) if summary else f"fitted ({where})"
+    missing = [n for n in PARAMETERS if n not in params]
+    if missing:
+        source += f"; uncalibrated here: {', '.join(missing)}"
+    best = {}
+    table = raw.get("best_measured_mfu", {})
+    for family, v in (table.items() if isinstance(table, dict) else [("", table)]):
+        if not (isinstance(v, dict) and isinstance(v.get("mfu"), int | float)
+                and not isinstance(v.get("mfu"), bool) and "run" in v):
+            raise ValueError(f"{where}: [best_measured_mfu] {family or 'table'} = {v!r}: "
+                             f"write each family as \"tpu-v6e\" = {{ mfu = 0.46, run = "
+                             f"\"NAME\" }}")
+        best[family] = (float(v["mfu"]), str(v["run"]))
+    try:
+        return Calibration(**params, source=source, best_mfu=best)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 _catalog: Calibration | None = None

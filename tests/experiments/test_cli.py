@@ -145,7 +145,9 @@ def test_run_takes_a_calibration_file(tmp_path, capsys, cpu_devices):
     cal.write_text('[parameters]\ngpu_bf16_matmul_efficiency = 0.4\n'
                    '[provenance]\nsummary = "my cluster, 3 runs"\n')
     code, out, _ = run_cli(["run", config, "--calibration", str(cal)], capsys)
-    assert code == 0 and "calibration    my cluster, 3 runs" in out
+    # the parameters the file leaves out are named (they run uncalibrated)
+    assert code == 0 and "calibration    my cluster, 3 runs; uncalibrated here: " \
+        "tpu_matmul_scale, flash_attention_efficiency" in out
 
 
 def test_inspect_a_bare_dump_has_no_memory_verdict_and_checks_the_mesh(tmp_path, capsys):

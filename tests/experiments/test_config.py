@@ -46,6 +46,9 @@ BAD = {
                    "precision.weights='int8' applies to serving"),
     "type": (TINY.replace("data = 2", 'data = "two"'),
              "parallelism.data='two' must be an integer: write it as a number, e.g. data = 1"),
+    "bool": (TINY.replace("fsdp = 4", 'fsdp = 4\nsequence_parallel = "no"'),
+             "parallelism.sequence_parallel='no' must be true or false (lower case, as TOML "
+             "writes it: sequence_parallel = true)"),
     "choice typo": (TINY + '[train]\nremat = "fulll"\n',
                     "train.remat='fulll' is not one of 'none', 'minimal', 'full', 'custom' "
                     "(did you mean 'full'?)"),
@@ -79,6 +82,10 @@ def test_missing_file_and_bad_override(tmp_path, capsys):
     assert code == 2 and "not found" in err
     code, _, err = run_cli(["run", write(tmp_path, TINY), "--set", "parallelism"], capsys)
     assert code == 2 and "expected key=value" in err
+    # Python's spelling of false is not TOML's: refused, not read as a true string
+    code, _, err = run_cli(["run", write(tmp_path, TINY), "--set",
+                            "parallelism.tp_comm_overlap=False"], capsys)
+    assert code == 2 and "parallelism.tp_comm_overlap='False' must be true or false" in err
 
 
 def test_every_shipped_config_is_valid():
@@ -93,7 +100,14 @@ def test_every_shipped_config_is_valid():
 
 @pytest.mark.parametrize("text, fragment", [
     ("[parameters]\nmatmul = 0.5\n", "unknown calibration parameter 'matmul'"),
-    ("[parameters]\ntpu_matmul_scale = 3.0\n", "tpu_matmul_scale=3.0"),
+    ("[parameters]\ntpu_matmul_scale = 3.0\n", "cal.toml: calibration tpu_matmul_scale=3.0"),
+    # the values at the top, or under a misspelled table: refused, not read as uncalibrated
+    ("tpu_matmul_scale = 0.8\n", "unknown table or key 'tpu_matmul_scale'"),
+    ("[parameter]\ntpu_matmul_scale = 0.8\n", "unknown table or key 'parameter'"),
+    ("[provenance]\nsummary = \"x\"\n", "no \\[parameters\\] table"),
+    ("parameters = 3\n", "no \\[parameters\\] table"),
+    ("[parameters]\n[best_measured_mfu]\n\"tpu-v6e\" = 0.5\n",
+     "best_measured_mfu\\] tpu-v6e = 0.5: write each family as"),
 ])
 def test_bad_calibration_files_are_one_line(tmp_path, text, fragment):
     p = tmp_path / "cal.toml"
@@ -111,3 +125,14 @@ def test_any_model_field_overrides_a_preset_its_name_too():
     exp = config.load("tiny-h100-dp-tp", ['model.preset="llama3-8b"', 'model.name="my-8b"',
                                           "model.n_layers=2"])
     assert (exp.model.name, exp.model.n_layers, exp.model.d_model) == ("my-8b", 2, 4096)
+
+
+def test_a_calibration_file_without_ceilings_keeps_the_catalogs(tmp_path):
+    from meshes.calibration import catalog_calibration
+
+    p = tmp_path / "cal.toml"
+    p.write_text("[parameters]\ntpu_matmul_scale = 0.8\n")
+    cal = load_calibration(p)
+    assert cal.tpu_matmul_scale == 0.8 and cal.best_mfu == catalog_calibration().best_mfu
+    p.write_text('[parameters]\n[best_measured_mfu]\n"h100" = { mfu = 0.5, run = "mine" }\n')
+    assert load_calibration(p).best_mfu == {"h100": (0.5, "mine")}
