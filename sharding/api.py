@@ -159,12 +159,13 @@ def estimate(inputs: AnalysisInputs, *, system: System,
         collectives = gpu_frameworks.collectives_as_run(collectives, system, ids,
                                                         inputs.mesh_shape, inputs.axis_names,
                                                         inputs.bucket_size)
+    output_scale = gpu_frameworks.output_layer_scale(inputs.pipeline) if gpu else 1.0
+    overlapped = gpu_frameworks.overlapped_stage_transfers(collectives, inputs.pipeline) \
+        if gpu and inputs.overlap_p2p_comm else {}
     per_comp = time_work(plan.work, system.chip, compute_dtype=inputs.compute_dtype,
                          calibration=calibration,
                          weight_cast_share=gpu_frameworks.weight_cast_share(inputs.pipeline),
-                         stretched=(gpu_frameworks.OUTPUT_SCOPES,
-                                    gpu_frameworks.output_layer_scale(inputs.pipeline))
-                         if gpu else ((), 1.0))
+                         stretched=(gpu_frameworks.OUTPUT_SCOPES, output_scale))
     step_cost = compute_cost(None, system.chip, costs=per_comp, counts=plan.counts)
     warnings = (*inputs.warnings, *_promotion_note(collectives),
                 *_windowed_einsum_note(plan.counts, per_comp), *plan.notes)
@@ -178,8 +179,7 @@ def estimate(inputs: AnalysisInputs, *, system: System,
             collectives, pipeline=inputs.pipeline, grad_reduce=inputs.overlap_grad_reduce,
             param_gather=inputs.overlap_param_gather,
             bucket_size=inputs.bucket_size) if gpu else {},
-        overlapped=gpu_frameworks.overlapped_stage_transfers(collectives, inputs.pipeline)
-        if gpu and inputs.overlap_p2p_comm else {},
+        overlapped=overlapped,
         gemms={name: {m.name for m in w.matmuls} | {f.name for f in w.fusions}
                for name, w in plan.work.items()},
     ).run()
@@ -214,7 +214,9 @@ def estimate(inputs: AnalysisInputs, *, system: System,
         system_family=family,
         host_transfer_bytes=inputs.host_transfer_bytes,
         host_bytes_per_s=system.chip.host_bytes_per_s,
-        pipeline=inputs.pipeline,
+        pipeline=None if inputs.pipeline is None else {
+            **inputs.pipeline, "as_run": gpu_frameworks.pipeline_as_run(
+                output_scale, next(iter(overlapped.values()), None))},
         placement=system.placement,
         fit_advice=inputs.fit_advice,
         energy=estimate_energy(family=family, chip=system.chip, num_devices=devices,
@@ -356,8 +358,9 @@ def analyze(
         bucket_size: on GPU systems, parameters per gradient bucket (Megatron's
             --ddp-bucket-size); 0: Megatron's default, max(40M, 1M x data-parallel ranks).
         overlap_p2p_comm: on GPU systems, an interleaved pipeline's stage transfers run
-            beside other microbatches' compute but in its warm-up and flush (Megatron's
-            default there; sharding/gpu_frameworks.py).
+            beside other microbatches' compute but in its warm-up and flush
+            (sharding/gpu_frameworks.py). Off here, the program as compiled; on in an
+            experiment config by default, as Megatron runs interleaved pipelines.
     """
     system = get_system(system) if isinstance(system, str) else system
     backend = backend_of(mesh.devices.flat[0])

@@ -211,3 +211,18 @@ def output_layer_scale(pipeline: dict | None) -> float:
     if not pipeline or pipeline.get("stages", 1) <= 1 or "output_layer_share" not in pipeline:
         return 1.0
     return pipeline["stages"] * pipeline["output_layer_share"]
+
+
+def pipeline_as_run(output_scale: float, transfers_waited: float | None) -> str:
+    """What a report's pipeline line says of the rules above ("" where none applied)."""
+    said = []
+    if transfers_waited is not None:
+        said.append(f"stage transfers beside compute, {transfers_waited:.0%} waited for "
+                    f"(warm-up, flush: overlap_p2p_comm)")
+    if output_scale == 0.0:
+        said.append("output layer and loss in the last stage's padded slots (off the "
+                    "critical path)")
+    elif output_scale != 1.0:
+        said.append(f"output layer and loss on the last stage ({output_scale:.2g}x the "
+                    f"program's share)")
+    return "; ".join(said)

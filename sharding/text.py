@@ -192,6 +192,8 @@ def _summary_lines(r: Report) -> list[str]:
     if r.pipeline is not None:
         lines.append(f"pipeline       {r.pipeline['description']} (~{fmt_s(r.pipeline_bubble_s)} "
                      f"of compute)")
+        if r.pipeline.get("as_run"):
+            lines.append(f"               as Megatron runs it: {r.pipeline['as_run']}")
     if_fit = "" if r.fits else "  -- if it fit"
     lines.append(f"step time      {fmt_s(r.step_time_s)}  (bounds {fmt_s(lo)} .. {fmt_s(hi)})"
                  f"{if_fit}")
