@@ -18,7 +18,8 @@ no microbenchmark in the reference pins down, fitted on published runs.
 
 `shardscope calibrate DIR --out CAL.toml` fits them on measured runs; the catalog's values
 (meshes/calibration.toml) were fitted that way on experiments/validation and carry their
-provenance. `--calibration CAL.toml` on `run` and `validate` uses a user's own fit.
+provenance. `--calibration CAL.toml` on `run`, `fit`, `validate`, `search`, `compare` and
+`measure` uses a user's own fit.
 """
 
 from __future__ import annotations

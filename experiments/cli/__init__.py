@@ -36,6 +36,7 @@ from experiments.cli.flags import (  # noqa: E402
     positive_int,
 )
 from experiments.config import ConfigError  # noqa: E402
+from meshes.calibration import PARAMETERS  # noqa: E402
 
 EXIT_USAGE = 2
 
@@ -104,7 +105,15 @@ def build_parser() -> Parser:
                        help="folders or .toml files of configs with [measured] tables "
                             "(default: the bundled validation set, experiments/validation)")
     c = sub.choices["calibrate"]
-    c.add_argument("--out", required=True, metavar="CAL.toml")
+    c.description = (
+        "Fit the step-time model's efficiencies (" + ", ".join(PARAMETERS) + ") on runs "
+        "with a [measured] table, each parameter on the runs it informs (the others keep "
+        "their uncalibrated value); with 3 runs or more, also each run's leave-one-out "
+        "error. Use the file with --calibration on run, fit, validate, search, compare and "
+        "measure.")
+    c.add_argument("--out", required=True, metavar="CAL.toml",
+                   help="the calibration file to write ([parameters], [provenance], "
+                        "[best_measured_mfu])")
     c.add_argument("--features", metavar="OUT.json",
                    help="also write each run's step decomposition (what the fit used)")
 
