@@ -237,13 +237,22 @@ def _maxtext_remat(exp: Experiment) -> list[str]:
     t = exp.train
     if t.remat in MAXTEXT_REMAT:
         return [f"remat_policy: {MAXTEXT_REMAT[t.remat]}"]
+
+    def names(given) -> tuple[str, ...]:
+        # MaxText's fused projection is checkpointed whole, as qkv_proj
+        out = expand_names(given)
+        if exp.model.fused_qkv:
+            out = tuple(dict.fromkeys("qkv_proj" if n in ("query_proj", "key_proj",
+                                                           "value_proj") else n for n in out))
+        return out
+
     if t.remat == "none":
         return ["# train.remat='none' (everything saved): MaxText always rematerialises "
                 "within a layer; the nearest is custom with every tensor kept on device",
                 "remat_policy: custom",
-                *(f"{name}: device" for name in expand_names(CHECKPOINT_NAMES))]
-    where = {**dict.fromkeys(expand_names(t.save), "device"),
-             **dict.fromkeys(expand_names(t.offload), "offload")}
+                *(f"{name}: device" for name in names(CHECKPOINT_NAMES))]
+    where = {**dict.fromkeys(names(t.save), "device"),
+             **dict.fromkeys(names(t.offload), "offload")}
     return ["remat_policy: custom", *(f"{name}: {where[name]}" for name in where)]
 
 

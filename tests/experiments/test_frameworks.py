@@ -78,6 +78,10 @@ def test_maxtext_export_splits_ici_and_dcn(capsys):
     assert keys["per_device_batch_size"] == "0.5"
     assert keys["gradient_accumulation_steps"] == "8"
     assert keys["remat_policy"] == "full"
+    # With fused q, k, v MaxText checkpoints the fused projection, as qkv_proj.
+    keys = _lines(_export(capsys, "llama3-70b-h100-64-tp4-pp8-interleaved", "--to", "maxtext"))
+    assert keys["remat_policy"] == "custom" and keys["qkv_proj"] == "device"
+    assert not {"query_proj", "key_proj", "value_proj"} & set(keys)
 
 
 def test_dcn_moves_to_the_outer_axis(tmp_path, capsys):
