@@ -19,7 +19,10 @@ F32 = 4
     (3, 1, "bfloat16", 2e-3),   # uneven: 3 layers in 4 slots, the first stage lighter
     (4, 2, "bfloat16", 2e-3),   # interleaved: 2 chunks of 1 layer per stage
     (5, 2, "float32", 1e-5),    # interleaved and uneven: 5 layers in 8 slots, exactly
-    (5, 2, "float8", 2e-3),     # the same with FP8 matmuls
+    # the same with FP8 matmuls: their GEMMs write bf16 (Transformer Engine's), so the
+    # tensor-parallel partial sums are rounded to bf16 before they are added, where the
+    # unsharded step rounds each output once
+    (5, 2, "float8", 5e-3),
 ])
 def test_pipeline_matches_unsharded_in_every_precision(cpu_devices, layers, virtual, compute,
                                                        rel):
