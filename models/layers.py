@@ -114,11 +114,7 @@ def _fp4_layouts(spec: str, x, w) -> tuple:
     None: the FP4 values are gathered (models/fp8.quantize_blocks), not the bf16 they
     stand for. FP8's per-tensor values need no help: the matmul's operand is the e4m3
     array itself, and the partitioner gathers it."""
-    mesh, rules = active_mesh(), active_rules()
-    if rules is None:
-        return (None, None)
-    shape = dict(mesh.shape)
-    if rules.split_axes("residual_seq", shape) == rules.split_axes("seq", shape):
+    if not _sequence_parallel():
         return (None, None)
     inputs, out = spec.split("->")
     x_spec, w_spec = inputs.split(",")
@@ -128,8 +124,7 @@ def _fp4_layouts(spec: str, x, w) -> tuple:
         if letters != "bld":
             return None
         dims = [size[c] for c in letters]
-        return tuple(NamedSharding(mesh, resolve(names, dims, rules.activations, shape,
-                                                 what=f"FP4 projection {spec}"))
+        return tuple(_activation_sharding(names, dims, f"FP4 projection {spec}")
                      for names in (("batch", "residual_seq", "embed"),
                                    ("batch", "seq", "embed")))
 
@@ -179,25 +174,34 @@ def _reshards(precision: Precision) -> bool:
     """Whether a tensor-parallel region states its layouts (`tensor_parallel_input`): bf16
     matmuls under rules that split the residual stream's positions further than a
     projection's (`seq`), Megatron's sequence parallelism."""
+    return not precision.low_precision_matmuls and _sequence_parallel()
+
+
+def _sequence_parallel() -> bool:
+    """Whether the rules in force split the residual stream's positions further than a
+    projection's (`seq`): Megatron's sequence parallelism."""
     mesh, rules = active_mesh(), active_rules()
-    if rules is None or precision.low_precision_matmuls:
+    if rules is None:
         return False
     shape = dict(mesh.shape)
     return rules.split_axes("residual_seq", shape) != rules.split_axes("seq", shape)
+
+
+def _activation_sharding(names, shape, what: str) -> NamedSharding:
+    """The sharding of an activation of `shape` with logical `names` under the rules in
+    force."""
+    mesh, rules = active_mesh(), active_rules()
+    return NamedSharding(mesh, resolve(names, shape, rules.activations, dict(mesh.shape),
+                                       what=what))
 
 
 def _reshard(x_BLD, forward, backward):
     """x constrained to logical names `forward`, its gradient to `backward`. The shardings
     are resolved here, under the rules in force for the forward pass (inside a vmap,
     `rules.without(...)`), for both."""
-    mesh, rules = active_mesh(), active_rules()
-    shape = dict(mesh.shape)
-
-    def sharding(names):
-        return NamedSharding(mesh, resolve(names, x_BLD.shape, rules.activations, shape,
-                                           what=f"sequence-parallel activation {names}"))
-
-    fwd_sharding, bwd_sharding = sharding(forward), sharding(backward)
+    fwd_sharding, bwd_sharding = (
+        _activation_sharding(names, x_BLD.shape, f"sequence-parallel activation {names}")
+        for names in (forward, backward))
 
     @jax.custom_vjp
     def reshard(x):
