@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from models import kernels
 from models.config import ModelConfig
 from models.fp8 import fp4_einsum, fp8_einsum
-from models.program import DTYPES, Precision
+from models.program import DTYPES, MATMUL_OUTPUT, Precision
 from models.quant import QuantWeight
 from sharding import kernel_scopes
 from sharding.rules import active_mesh, active_rules, constrain, resolve, use_rules
@@ -101,10 +101,19 @@ def project(spec: str, x, w, *, precision: Precision):
             lambda x_, w_: project(spec, x_, w_, precision=precision), x, w)
     w = w.astype(x.dtype)
     if precision.low_precision_matmuls == "float8":
-        return fp8_einsum(spec, x, w)
+        return matmul_output(spec, fp8_einsum(spec, x, w))
     if precision.low_precision_matmuls == "float4":
-        return fp4_einsum(spec, x, w, _fp4_layouts(spec, x, w))
-    return jnp.einsum(spec, x, w)
+        return matmul_output(spec, fp4_einsum(spec, x, w, _fp4_layouts(spec, x, w)))
+    return matmul_output(spec, jnp.einsum(spec, x, w))
+
+
+def matmul_output(spec: str, y):
+    """`y`, the result of einsum `spec`, tagged for remat "minimal" (models/program.py
+    MATMUL_OUTPUT) when the einsum has no batch dimensions (a label in both operands and the
+    output): a projection, not attention's per-head products or MoE's per-expert ones."""
+    operands, out = spec.split("->")
+    a, b = operands.split(",")
+    return y if set(a) & set(b) & set(out) else checkpoint_name(y, MATMUL_OUTPUT)
 
 
 def _fp4_layouts(spec: str, x, w) -> tuple:

@@ -42,7 +42,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from models.config import ModelConfig
-from models.layers import Mlp, mlp_hidden, new_param, new_weight, project
+from models.layers import Mlp, matmul_output, mlp_hidden, new_param, new_weight, project
 from models.program import DTYPES, Precision
 from sharding.rules import active_mesh, active_rules, constrain, mesh_shape_of
 
@@ -143,8 +143,8 @@ class MoeMlp(nnx.Module):
         g, n_x, cap = b * seq // s, cfg.n_experts, capacity(cfg, s)
         x_RTD = constrain(x_BLD.reshape(g, s, d), ("batch", None, "embed"))
         with jax.named_scope("router"):
-            logits_RTX = jnp.einsum("gsd,dx->gsx", x_RTD.astype(jnp.float32),
-                                    self.router[...].astype(jnp.float32))
+            logits_RTX = matmul_output("gsd,dx->gsx", jnp.einsum(
+                "gsd,dx->gsx", x_RTD.astype(jnp.float32), self.router[...].astype(jnp.float32)))
             weight_RTA, expert_RTA, slot_RTA, kept_RTA = route(cfg, logits_RTX)
         with jax.named_scope("dispatch"):
             index_RXC = _dispatch_indices(expert_RTA, slot_RTA, kept_RTA, n_x, cap)

@@ -24,9 +24,15 @@ COMPUTE_DTYPES = ("bfloat16", "float32", "float8", "float4")
 LOW_PRECISION_MATMULS = ("float8", "float4")
 OPTIMIZERS = ("adamw",)
 # Activation checkpointing policy of each decoder layer: what its backward pass finds saved.
+# "minimal" saves what models/layers.py tags MATMUL_OUTPUT: the output of every matmul
+# without batch dimensions (the projections, the router), which is what jax's
+# `dots_with_no_batch_dims_saveable` would save, except that a name survives `jax.vmap`:
+# under the data-parallel replicas' and the pipeline stages' vmaps every projection's dot
+# gains a batch dimension, and that policy saved none of them ("minimal" ran as "full").
+MATMUL_OUTPUT = "matmul_output"
 REMAT_POLICIES = {
     "none": None,  # everything saved
-    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # matmul outputs
+    "minimal": jax.checkpoint_policies.save_only_these_names(MATMUL_OUTPUT),  # matmul outputs
     "full": jax.checkpoint_policies.nothing_saveable,  # only the layer's input
     "custom": None,  # the named tensors of Train.save (in HBM) and Train.offload (host)
 }
