@@ -121,12 +121,14 @@ def _median_abs(errors: list[float]) -> float:
 
 
 def best_mfu(rows, *, min_runs: int = 2) -> dict[str, tuple[float, str]]:
-    """System family -> the highest measured MFU among validation rows (our FLOP count),
-    for families with at least `min_runs` measured runs (one run is no ceiling)."""
+    """Family (system family and matmul format, "h100 fp8") -> the highest measured MFU
+    among validation rows (our FLOP count, against the bf16 peak: an FP8 run's is no
+    ceiling for a bf16 one, nor the other way), for families with at least `min_runs`
+    measured runs (one run is no ceiling)."""
     by_family: dict[str, list] = {}
     for r in rows:
         if r.measured_mfu is not None:
-            by_family.setdefault(r.family.split()[0], []).append(r)
+            by_family.setdefault(r.family, []).append(r)
     return {family: max(((r.measured_mfu, r.name) for r in rs), key=lambda x: x[0])
             for family, rs in by_family.items() if len(rs) >= min_runs}
 

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from meshes.calibration import Calibration
+from meshes.chips import FORMAT_LABELS
 from sharding.units import counted
 
 VALIDATION_DIR = Path(__file__).resolve().parent / "validation"
-_PRECISION = {"bfloat16": "bf16", "float32": "f32", "float8": "fp8", "float4": "fp4"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,7 +75,7 @@ class Row:
 def family_of(exp) -> str:
     """The group a case is summarised in: its system family and matmul precision."""
     family = getattr(exp.system.family, "name", exp.system.family)
-    return f"{family} {_PRECISION.get(exp.precision.compute, exp.precision.compute)}"
+    return f"{family} {FORMAT_LABELS.get(exp.precision.compute, exp.precision.compute)}"
 
 
 def find_cases(where: str | Path | Sequence[str | Path]) -> list[Path]:

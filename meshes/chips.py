@@ -59,14 +59,14 @@ class Chip:
         """Achieved / peak for a matmul in `dtype`; `size` is its cube-equivalent
         dimension (M*N*K)^(1/3). The chip's figures are for large (~8192^3) matmuls; the
         measured curve of its family scales them (small matmuls are slower)."""
-        base = self.low_precision_efficiency.get(_dtype_class(dtype), self.matmul_efficiency)
+        base = self.low_precision_efficiency.get(dtype_class(dtype), self.matmul_efficiency)
         if size is None:
             return base
         return base * size_factor(self.size_curve, size)
 
     def peak_for(self, dtype: str) -> float:
         """Peak FLOP/s for a matmul dtype; float32 runs at the bf16 rate / 2 when absent."""
-        dtype = _dtype_class(dtype)
+        dtype = dtype_class(dtype)
         if dtype in self.peak_flops_per_s:
             return self.peak_flops_per_s[dtype]
         if dtype == "float32":
@@ -103,7 +103,11 @@ def best_size_factor(curve: str) -> float:
     return max(effs) / log_interp(sizes, effs, _REFERENCE_SIZE)
 
 
-def _dtype_class(dtype: str) -> str:
+# How reports and `shardscope validate` name a matmul format (a dtype class).
+FORMAT_LABELS = {"bfloat16": "bf16", "float32": "f32", "float8": "fp8", "float4": "fp4"}
+
+
+def dtype_class(dtype: str) -> str:
     """"float8_e4m3fn" -> "float8", "float4_e2m1fn" -> "float4", "uint8" -> "int8"."""
     for prefix in ("float8", "float4"):
         if dtype.startswith(prefix):

@@ -12,6 +12,7 @@ import dataclasses
 from collections import defaultdict
 
 from meshes.calibration import IDENTITY, Calibration
+from meshes.chips import FORMAT_LABELS, dtype_class
 from meshes.power import Energy
 from sharding.collectives import Collective, collective_dict
 from sharding.compute import ComputeCost
@@ -353,14 +354,28 @@ class Report:
         links = self.by_link()
         return max(links, key=lambda k: links[k]["time_s"]) if links else None
 
+    @property
+    def format_family(self) -> str:
+        """The system family and the format most matmul FLOPs run in, as `shardscope
+        validate` groups runs ("gb200-nvl72 fp4")."""
+        formats = self.matmul_flops_by_format or {"bfloat16": 1.0}
+        top = dtype_class(max(formats, key=formats.get))
+        return f"{self.system_family} {FORMAT_LABELS.get(top, top)}"
+
     def suspect_mfu(self) -> str | None:
         """Why the estimated MFU is suspect, when it is above the best any measured run
-        reached on this system family."""
-        ceiling = self.calibration.best_mfu.get(self.system_family)
+        reached on this system family in this matmul format (an FP4 step's MFU against the
+        bf16 peak passes a bf16 run's by design); a file keyed by system family alone is
+        read as before."""
+        key = self.format_family
+        ceiling = self.calibration.best_mfu.get(key)
+        if ceiling is None:
+            key = self.system_family
+            ceiling = self.calibration.best_mfu.get(key)
         if self.mfu is None or ceiling is None or self.mfu <= ceiling[0]:
             return None
         return (f"estimated MFU {self.mfu:.1%} is above the best measured on "
-                f"{self.system_family} ({ceiling[0]:.1%}, {ceiling[1]}): suspect -- check the "
+                f"{key} ({ceiling[0]:.1%}, {ceiling[1]}): suspect -- check the "
                 f"compute model for this program (it may leave out work the run does)")
 
     def calibration_features(self) -> dict:

@@ -75,7 +75,8 @@ def test_best_measured_mfu_needs_two_runs_of_a_family():
         return Row(name=name, path="", family=family, measured_s=meas, status="ok",
                    estimate_s=est, mfu=mfu_est)
 
-    rows = [r("a", "h100 bf16", 0.6, 1.0, 1.2), r("b", "h100 fp8", 0.6, 1.0, 0.8),
-            r("c", "tpu-v6e bf16", 0.6, 1.0, 1.5)]
-    # Measured MFU with our FLOP count = 0.6 x estimate / measured.
-    assert best_mfu(rows) == {"h100": (pytest.approx(0.75), "b")}
+    rows = [r("a", "h100 fp8", 0.6, 1.0, 1.2), r("b", "h100 fp8", 0.6, 1.0, 0.8),
+            r("c", "tpu-v6e bf16", 0.6, 1.0, 1.5), r("d", "h100 bf16", 0.6, 1.0, 0.5)]
+    # Measured MFU with our FLOP count = 0.6 x estimate / measured; a family is a system
+    # family and a matmul format (d's bf16 run is no ceiling for FP8 runs, nor alone one).
+    assert best_mfu(rows) == {"h100 fp8": (pytest.approx(0.75), "b")}

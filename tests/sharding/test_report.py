@@ -42,6 +42,14 @@ def test_an_estimate_above_the_best_measured_mfu_is_flagged(cpu_devices):
     assert "suspect" in rep.format_table() and rep.to_dict()["suspect_mfu"]
     assert sharding.analyze(prog.step, *prog.args, calibration=IDENTITY, **kw).suspect_mfu() \
         is None
+    # Ceilings are per matmul format as validate groups runs: an FP8 run's best is no
+    # ceiling for this bf16 step; a bf16 one is, and wins over the family-wide key.
+    fp8 = Calibration(best_mfu={"h100 fp8": (0.5, "an fp8 run")})
+    assert sharding.analyze(prog.step, *prog.args, calibration=fp8, **kw).suspect_mfu() is None
+    both = Calibration(best_mfu={"h100 bf16": (0.4, "a bf16 run"), "h100": (0.5, "old")})
+    rep = sharding.analyze(prog.step, *prog.args, calibration=both, **kw)
+    assert rep.format_family == "h100 bf16"
+    assert "above the best measured on h100 bf16 (40.0%, a bf16 run)" in rep.suspect_mfu()
 
 
 def test_report_keys_and_json_contract(cpu_devices):
