@@ -110,15 +110,24 @@ def quantize_blocks(x, axis: int, move: tuple[NamedSharding, NamedSharding] | No
     scale)."""
     with jax.named_scope(kernel_scopes.QUANTIZE):
         q, scale = quantize_blocks_raw(x, axis)
+    return dequantize_blocks(q, scale, axis, x.dtype, move)
+
+
+def dequantize_blocks(q, scale, axis: int, dtype,
+                      move: tuple[NamedSharding, NamedSharding] | None = None):
+    """The operand a dot reads from `quantize_blocks_raw(x, axis)`'s values and scales, in
+    `dtype` and x's shape, the values and scales moved as `quantize_blocks` says."""
+    ndim = q.ndim - 1
+    axis = axis % ndim
     if move is not None:
-        axis = axis % x.ndim
         for sharding in move:
-            spec = (*sharding.spec, *(None,) * (x.ndim - len(sharding.spec)))
+            spec = (*sharding.spec, *(None,) * (ndim - len(sharding.spec)))
             blocked = NamedSharding(sharding.mesh, PartitionSpec(
                 *spec[:axis + 1], None, *spec[axis + 1:]))  # a block's 32 values: unsplit
             q = jax.lax.with_sharding_constraint(q, blocked)
             scale = jax.lax.with_sharding_constraint(scale, blocked)
-    return (q.astype(x.dtype) * scale.astype(x.dtype)).reshape(x.shape)
+    shape = (*q.shape[:axis], q.shape[axis] * q.shape[axis + 1], *q.shape[axis + 2:])
+    return (q.astype(dtype) * scale.astype(dtype)).reshape(shape)
 
 
 def _block_axis(spec: str, operand: int, shape) -> int:
@@ -144,23 +153,31 @@ def _fp4_fwd(spec, x, w, layouts):
     xq = quantize_blocks(x, _block_axis(spec, 0, x.shape), layouts[0])
     wq = quantize_blocks(w, _block_axis(spec, 1, w.shape))
     y = jnp.einsum(spec, xq, wq, preferred_element_type=x.dtype)  # as FP8's (`_fwd`)
-    return y, (x, w)
+    # The weight gradient's input is kept quantised, in blocks along its own contraction
+    # (the tokens): Transformer Engine saves its column-wise NVFP4 data, half a byte a value
+    # and its block's scale, not the bf16 input (and gathers it under sequence
+    # parallelism in the backward, as here).
+    with jax.named_scope(kernel_scopes.QUANTIZE):
+        x_cols = quantize_blocks_raw(x, _block_axis(_transposed(spec)[1], 0, x.shape))
+    return y, (x_cols, w, jnp.zeros((0, *x.shape), x.dtype))  # (x's shape and dtype)
 
 
 def _fp4_bwd(spec, layouts, residuals, dy):
-    x, w = residuals
+    (x_values, x_scales), w, x_like = residuals
+    x_shape, x_dtype = x_like.shape[1:], x_like.dtype
     x_layout, dy_layout = layouts
     dx_spec, dw_spec = _transposed(spec)
-    dy = dy.astype(x.dtype)
+    dy = dy.astype(x_dtype)
     # The output's gradient in two roundings, blocks along each matmul's own contraction
     # (Transformer Engine's row-wise and column-wise NVFP4 data, both gathered).
     dx = jnp.einsum(dx_spec, quantize_blocks(dy, _block_axis(dx_spec, 0, dy.shape), dy_layout),
                     quantize_blocks(w, _block_axis(dx_spec, 1, w.shape)),
-                    preferred_element_type=x.dtype)
-    dw = jnp.einsum(dw_spec, quantize_blocks(x, _block_axis(dw_spec, 0, x.shape), x_layout),
+                    preferred_element_type=x_dtype)
+    x_axis = _block_axis(dw_spec, 0, x_shape)
+    dw = jnp.einsum(dw_spec, dequantize_blocks(x_values, x_scales, x_axis, x_dtype, x_layout),
                     quantize_blocks(dy, _block_axis(dw_spec, 1, dy.shape), dy_layout),
                     preferred_element_type=w.dtype)  # reduced in the weight's dtype (FP8's)
-    return dx.astype(x.dtype), dw
+    return dx.astype(x_dtype), dw
 
 
 fp4_einsum.defvjp(_fp4_fwd, _fp4_bwd)

@@ -45,6 +45,8 @@ from sharding.report import Memory
 from sharding.rules import AxisRules
 
 _F32 = 4
+# Bytes per element of a matmul input an FP8 / FP4 step keeps for the weight gradient.
+QUANTISED_INPUT_BYTES = {"float8": 1.0, "float4": 0.5 + 1 / 32}
 
 
 def _activation_bytes(precision: Precision) -> int:
@@ -190,10 +192,11 @@ def activation_components(
     # attention) and of its matmuls (the norms' outputs, the attention output, the MLP's
     # activation), q, k, v after RoPE, the attention output with its f32 log-sum-exp (flash
     # attention's residuals), the MLP's gate and up outputs. Nothing else: a residual sum's
-    # gradient needs no input, a matmul's output is no residual of it. FP8 matmuls keep
-    # their inputs quantised (1 byte; models/fp8.py, as Transformer Engine does), and the
-    # attention output then once more beside its bf16 copy.
-    q8 = 1 if precision.low_precision_matmuls == "float8" else c
+    # gradient needs no input, a matmul's output is no residual of it. FP8 and FP4 matmuls
+    # keep their inputs quantised (models/fp8.py, as Transformer Engine does: FP8 1 byte;
+    # FP4 half a byte and a 1-byte scale per 32), and the attention output then once more
+    # beside its bf16 copy.
+    q8 = QUANTISED_INPUT_BYTES.get(precision.low_precision_matmuls, c)
     everything = ((2 * dr + q + k + v + o + r * mlp_in) * c + h * _F32 + moe
                   + (2 * dr + r * f) * q8 + (o * q8 if q8 != c else 0))
     # Saved by jax's dots_with_no_batch_dims_saveable: every weight matmul's output and the

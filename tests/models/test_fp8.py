@@ -56,6 +56,29 @@ def test_fp4_blocks_share_a_power_of_two_scale_and_fit_e2m1():
     assert (err <= s + 1e-6).all()
 
 
+def test_fp4_keeps_its_input_quantised_for_the_weight_gradient():
+    # Transformer Engine saves a projection's input for the weight gradient as column-wise
+    # NVFP4 data (blocks along the tokens, the weight gradient's contraction): half a byte
+    # a value and a scale per block, not the bf16 input. The backward's residuals hold
+    # nothing of x's size in bf16, and the gradient equals the one from the bf16 input
+    # quantised in the backward.
+    from models.fp8 import MX_BLOCK, fp4_einsum, quantize_blocks
+
+    x = jax.random.normal(jax.random.key(0), (2, 64, 96), jnp.bfloat16)
+    w = jax.random.normal(jax.random.key(1), (96, 128), jnp.bfloat16)
+    _, vjp = jax.vjp(lambda x, w: fp4_einsum("bld,df->blf", x, w), x, w)
+    saved = {(leaf.shape, str(leaf.dtype)) for leaf in jax.tree_util.tree_leaves(vjp)}
+    assert ((2, 64 // MX_BLOCK, MX_BLOCK, 96), "float4_e2m1fn") in saved
+    assert ((2, 64 // MX_BLOCK, 1, 96), "float8_e8m0fnu") in saved
+    assert ((2, 64, 96), "bfloat16") not in saved
+    dy = jax.random.normal(jax.random.key(2), (2, 64, 128), jnp.bfloat16)
+    _, dw = vjp(dy)
+    want = jnp.einsum("bld,blf->df", quantize_blocks(x, 1), quantize_blocks(dy, 1),
+                      preferred_element_type=jnp.bfloat16)
+    np.testing.assert_allclose(np.asarray(dw, np.float32), np.asarray(want, np.float32),
+                               rtol=1e-2, atol=1e-2)
+
+
 def test_fp4_matmuls_run_at_the_fp4_rate_and_train(cpu_devices):
     from sharding.compute import compute_cost
     from sharding.hlo import parse_hlo

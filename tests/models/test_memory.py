@@ -38,6 +38,29 @@ def test_activation_memory_by_hand():
         4 * parts["saved activations (full remat, 32 layers)"]
 
 
+def test_low_precision_steps_keep_their_matmul_inputs_quantised():
+    # With nothing recomputed a layer keeps the inputs of its matmuls for their weight
+    # gradients: the two norms' outputs (d each) and the MLP activation (d_ff), bf16 in a
+    # bf16 step, quantised in FP8 (1 byte) and FP4 (half a byte and a 1-byte scale per 32),
+    # as Transformer Engine saves them; the attention output (H x head_dim) then once
+    # more, quantised, beside the bf16 copy attention's own backward reads.
+    cfg = models.preset("llama3-8b")
+    key = "saved activations (no remat, 32 layers)"
+
+    def saved(compute):
+        return dict(activation_components(
+            cfg, micro_batch=1, seq_len=8192, remat="none", mesh_shape={},
+            precision=models.Precision(params="bfloat16", compute=compute),
+            rules=sharding.default_rules()))[key]
+
+    inputs = 32 * 8192 * (2 * 4096 + 14336)  # per layer and token: norms' outputs, MLP act
+    attention_out = 32 * 8192 * 4096
+    bf16 = saved("bfloat16")
+    assert bf16 - saved("float8") == pytest.approx(inputs * (2 - 1) - attention_out * 1)
+    assert bf16 - saved("float4") == pytest.approx(inputs * (2 - 0.5 - 1 / 32)
+                                                   - attention_out * (0.5 + 1 / 32))
+
+
 def test_tensor_parallelism_shards_head_and_mlp_activations_only():
     from models.memory import activation_components
 
