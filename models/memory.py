@@ -199,8 +199,8 @@ def activation_components(
     q8 = QUANTISED_INPUT_BYTES.get(precision.low_precision_matmuls, c)
     everything = ((2 * dr + q + k + v + o + r * mlp_in) * c + h * _F32 + moe
                   + (2 * dr + r * f) * q8 + (o * q8 if q8 != c else 0))
-    # Saved by jax's dots_with_no_batch_dims_saveable: every weight matmul's output and the
-    # scanned layer's input.
+    # Saved by "minimal" (models/program.py MATMUL_OUTPUT): every weight matmul's output
+    # and the scanned layer's input.
     minimal = x + (q + k + v) * c + dr * c + r * mlp_in * c + dr * c + moe
     custom = named_bytes_per_token(cfg, save, precision=precision, mesh_shape=mesh_shape,
                                    rules=rules, local_tokens=tokens)
