@@ -280,10 +280,17 @@ def _replica_grads(graphdef, params, inputs_BL, targets_BL, *, k: int, rules: Ax
         loss, grads_R = loss / k, jax.tree.map(lambda g: g / k, grads_R)
     with jax.named_scope(gpu_frameworks.GRADIENT_SUM):
         grads = jax.tree.map(
-            lambda g, spec, copy: pin(jnp.sum(g.astype(grad_dtype),
-                                              axis=(0, 2) if copy.ranks > 1 else 0), spec),
+            lambda g, spec, copy: pin(_sum_in(g, grad_dtype, (0, 2) if copy.ranks > 1 else (0,)),
+                                      spec),
             grads_R, out_specs if out_specs is not None else param_specs, copy_of)
     return loss, grads
+
+
+def _sum_in(x, dtype, axes: tuple[int, ...]):
+    """x summed over `axes` in `dtype`: a bf16 sum stays bf16 (Megatron's grad_reduce_in_fp32
+    = False reduces bf16), where jnp.sum widens bf16 to f32 and the collective with it."""
+    x = x.astype(dtype)
+    return jax.lax.reduce(x, jnp.zeros((), dtype), jax.lax.add, axes)
 
 
 def replica_axes(rules: AxisRules, mesh_shape) -> tuple[str, ...]:
