@@ -201,7 +201,16 @@ def activation_components(
                   + (2 * dr + r * f) * q8 + (o * q8 if q8 != c else 0))
     # Saved by "minimal" (models/program.py MATMUL_OUTPUT): every weight matmul's output
     # and the scanned layer's input.
-    minimal = x + (q + k + v) * c + dr * c + r * mlp_in * c + dr * c + moe
+    # A routed expert's matmuls have the expert as a batch dimension, so of a MoE layer's
+    # MLP "minimal" keeps the router's f32 logits and the shared experts' outputs; the
+    # experts' buffers and the dispatch are recomputed (the program's choice, and
+    # MaxText's, whose expert matmuls are no plain dots).
+    if cfg.n_experts > 1:
+        shared = cfg.n_shared_experts * (2 if cfg.mlp == "swiglu" else 1) * f
+        mlp_saved = cfg.n_experts * _F32 + ((shared + dr) * c if shared else 0)
+    else:
+        mlp_saved = (r * mlp_in + dr) * c
+    minimal = x + (q + k + v) * c + dr * c + mlp_saved
     custom = named_bytes_per_token(cfg, save, precision=precision, mesh_shape=mesh_shape,
                                    rules=rules, local_tokens=tokens)
     per_layer = {"full": x, "minimal": minimal, "none": everything, "custom": custom}[remat]

@@ -108,3 +108,33 @@ def test_expert_axis_shards_dense_batch_and_expert_weights(cpu_devices):
     assert params["blocks"]["mlp"]["w_up"].sharding.spec[:2] == (None, "expert")
     assert params["blocks"]["attn"]["wq"].sharding.spec == jax.sharding.PartitionSpec()
     assert batch["inputs"].sharding.spec[0] == ("data", "expert")
+
+
+def test_minimal_remat_recomputes_the_experts_and_the_memory_model_agrees(cpu_devices):
+    # A routed expert's matmuls have the expert as a batch dimension: remat "minimal" keeps
+    # the projections and the router's logits but recomputes the experts, dispatch
+    # included (6 all-to-alls a layer, as "full"; "none": 4). The memory model counts what
+    # the program keeps: per token and layer the input, q, k, v, the attention output
+    # projection (bf16) and the router's f32 logits.
+    from models.memory import activation_components
+
+    cfg = _tiny_moe(capacity_factor=1.0)
+    par = {"data": 2, "expert": 4}
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), par)
+
+    def all_to_alls(remat):
+        prog = train_program(cfg, mesh, seq_len=32, global_batch=16, remat=remat,
+                             compute="bfloat16")
+        rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system="h100:8")
+        return sum(c.count for c in rep.collectives if c.kind == "all-to-all")
+
+    assert all_to_alls("minimal") == all_to_alls("full") == 6 * cfg.n_layers
+    assert all_to_alls("none") == 4 * cfg.n_layers
+    parts = dict(activation_components(
+        cfg, micro_batch=16, seq_len=32, remat="minimal", mesh_shape=par,
+        precision=models.Precision(params="bfloat16"), rules=sharding.default_rules()))
+    tokens = 16 * 32 // 8
+    d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
+    per_token = 2 * (d + cfg.n_heads * cfg.head_dim + 2 * kv + d) + 4 * cfg.n_experts
+    key = f"saved activations (minimal remat, {cfg.n_layers} layers)"
+    assert parts[key] == pytest.approx(cfg.n_layers * tokens * per_token)
