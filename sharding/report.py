@@ -330,6 +330,13 @@ class Report:
             return (f"communication: {worst['kind']} over {worst['link']} on axis {axes} "
                     f"takes {worst['time_s'] / step:.0%} of the step; "
                     f"{self.exposed_comm_s / step:.0%} of the step is exposed communication")
+        if cost.overhead_s > 0.5 * (hbm_s + math_s) and cost.kernels:
+            # The fixed cost per kernel (the calibration's) outweighs the kernels' own bytes
+            # and FLOPs: many small kernels (decode), which HBM bandwidth would not speed up.
+            return (f"kernel count: {cost.kernels:,.0f} kernels at "
+                    f"{cost.overhead_s / cost.kernels * 1e6:.1f} us fixed cost each are "
+                    f"{cost.overhead_s / step:.0%} of the step, their bytes and FLOPs "
+                    f"{(hbm_s + math_s - cost.overhead_s) / step:.0%}")
         if hbm_s >= math_s:
             return (f"HBM bandwidth: bandwidth-bound work (matmuls streaming their weights or "
                     f"KV cache, and memory-bound kernels) is {hbm_s / step:.0%} of the step")

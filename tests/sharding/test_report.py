@@ -52,6 +52,23 @@ def test_an_estimate_above_the_best_measured_mfu_is_flagged(cpu_devices):
     assert "above the best measured on h100 bf16 (40.0%, a bf16 run)" in rep.suspect_mfu()
 
 
+def test_a_step_of_many_small_kernels_names_the_kernel_count(cpu_devices):
+    # Where the fixed cost per kernel (the calibration's) outweighs the kernels' own bytes
+    # and FLOPs, the bottleneck is the number of kernels, not the HBM bandwidth it would
+    # otherwise be read as (a decode step of thousands of small kernels).
+    import sharding
+
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"data": 8})
+    prog = train_program(models.preset("tiny"), mesh, seq_len=32, global_batch=16)
+    kw = dict(mesh=mesh, system="h100:8")
+    slow = sharding.analyze(prog.step, *prog.args, calibration=Calibration(
+        kernel_overhead_s=5e-5), **kw)
+    n = slow.compute.kernels
+    assert slow.time_bottleneck().startswith(f"kernel count: {n:,.0f} kernels at 50.0 us")
+    assert not sharding.analyze(prog.step, *prog.args, calibration=IDENTITY,
+                                **kw).time_bottleneck().startswith("kernel count")
+
+
 def test_report_keys_and_json_contract(cpu_devices):
     rep, prog = train_report(tiny(), {"data": 2, "fsdp": 4})
     d = rep.to_dict()
