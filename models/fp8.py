@@ -68,6 +68,27 @@ def _bwd(spec, residuals, dy):
 fp8_einsum.defvjp(_fwd, _bwd)
 
 
+def fp8_einsum_stored(spec: str, x, wq, w_scale):
+    """Serving with FP8 weights (`precision.weights = "float8"`) and FP8 matmuls: the stored
+    e4m3 values go to the GEMM as they are and their per-output-channel scales apply to its
+    output (W8A8, as FP8 checkpoints are served), where dequantising and requantising the
+    weight would read it in bf16 and write it again every step. `w_scale` has the weight's
+    shape with the contracted dimensions 1 (models/quant.QuantWeight). The activations are
+    quantised per tensor, as in training. No gradient: serving only."""
+    xq, sx = _per_tensor_e4m3(x)
+    y = jnp.einsum(spec, xq, wq, preferred_element_type=x.dtype)
+    inputs, out = spec.split("->")
+    w_labels = inputs.split(",")[1]
+    kept = [i for i, label in enumerate(w_labels) if label in out]
+    scale = w_scale.reshape([w_scale.shape[i] for i in kept])
+    order = [w_labels[i] for i in kept]
+    scale = jnp.transpose(scale, [order.index(label) for label in out if label in order])
+    scale = scale.reshape([w_scale.shape[w_labels.index(label)] if label in order else 1
+                           for label in out])
+    with jax.named_scope(kernel_scopes.GEMM_EPILOGUE):
+        return y * (scale.astype(jnp.float32) * sx).astype(x.dtype)
+
+
 # FP4 (E2M1) with block scaling, as Blackwell's block-scaled tensor-core MMA runs it
 # (OCP MX: MXFP4 = 32 elements sharing one power-of-two E8M0 scale). Each operand is split
 # into blocks of 32 along a contracted dimension; every block is scaled so that its

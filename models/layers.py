@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding
 
 from models import kernels
 from models.config import ModelConfig
-from models.fp8 import fp4_einsum, fp8_einsum
+from models.fp8 import fp4_einsum, fp8_einsum, fp8_einsum_stored
 from models.program import DTYPES, MATMUL_OUTPUT, Precision
 from models.quant import QuantWeight
 from sharding import kernel_scopes
@@ -95,6 +95,10 @@ def project(spec: str, x, w, *, precision: Precision):
     dimension more than `spec` gives it is one copy per context-parallel rank
     (`per_context_rank`).
     """
+    if (isinstance(w, QuantWeight) and precision.low_precision_matmuls == "float8"
+            and w.q[...].dtype == jnp.float8_e4m3fn
+            and w.q[...].ndim == len(spec.split("->")[0].split(",")[1])):
+        return matmul_output(spec, fp8_einsum_stored(spec, x, w.q[...], w.scale[...]))
     w = w[...] if not isinstance(w, jax.Array) else w
     if w.ndim == len(spec.split("->")[0].split(",")[1]) + 1:
         return per_context_rank(

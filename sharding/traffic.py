@@ -53,7 +53,7 @@ from sharding.dataflow import (
 )
 from sharding.dequant import dequant_ops
 from sharding.hlo import Computation, HloModule, Instruction
-from sharding.kernel_scopes import fuses, scope_key
+from sharding.kernel_scopes import GEMM_EPILOGUE, fuses, scope_key
 
 # Ops that move no data of their own (views, bookkeeping, control).
 FREE_OPS = frozenset({
@@ -161,11 +161,19 @@ def _in_epilogue(comp: Computation, inst: Instruction, depth: int = 0) -> bool:
     (cuBLASLt's alpha and output type), not a kernel of its own."""
     if inst.opcode not in _EPILOGUE_OPS or depth > 4:
         return False
-    chain = [o for o in inst.operands if read_bytes(comp, o) > 8]  # not a scalar's broadcast
+    # not a scalar's broadcast (nor, under GEMM_EPILOGUE, a scale vector's)
+    vectors = f"/{GEMM_EPILOGUE}/" in inst.op_name
+    chain = [o for o in inst.operands if read_bytes(comp, o) > 8
+             and not (vectors and _is_broadcast(comp, o))]
     src = comp.by_name.get(through_views(comp, chain[0])) if len(chain) == 1 else None
     if src is None or len(users_through_views(comp, src.name)) != 1:
         return False
     return is_matmul(src) or _in_epilogue(comp, src, depth + 1)
+
+
+def _is_broadcast(comp: Computation, name: str) -> bool:
+    inst = comp.by_name.get(through_views(comp, name))
+    return inst is not None and inst.opcode == "broadcast"
 
 
 def _accumulated_by_gemm(comp: Computation, members: list[Instruction]) -> set[str]:
