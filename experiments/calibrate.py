@@ -57,6 +57,7 @@ def informs(features: dict, name: str, *, share: float = 0.01) -> bool:
                 and not k.startswith("tpu"))
             or (name == "tpu_flash_attention_efficiency" and k == "tpu/attention")
             or (name == "gpu_bf16_matmul_efficiency" and k.startswith("gpu_bf16"))
+            or (name == "gpu_low_precision_matmul_scale" and k.startswith("measured"))
             or (name == "tpu_matmul_scale" and k.startswith("tpu"))]
     return sum(features["math_s"][k] for k in keys) > share * step
 

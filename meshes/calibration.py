@@ -2,8 +2,11 @@
 no microbenchmark in the reference pins down, fitted on published runs.
 
 - `gpu_bf16_matmul_efficiency`: the fraction of peak a GPU's bf16 matmuls reach in a
-  training step. The catalog's 0.80 is the scaling book's "80-85%", not a measurement
-  (FP8 has a measured cuBLASLt figure and is not scaled).
+  training step. The catalog's 0.80 is the scaling book's "80-85%", not a measurement.
+- `gpu_low_precision_matmul_scale`: the fraction of the microbenchmarked cuBLASLt GEMM rate
+  (H100 FP8 1290/1979; Blackwell FP8 2877/5000, FP4 7536/10000) a GPU's FP8 / FP4 matmuls
+  sustain in a training step (clocks under sustained power, SMs shared with NCCL's
+  kernels): what `tpu_matmul_scale` is for TPUs.
 - `tpu_matmul_scale`: the fraction of the microbenchmarked GEMM rate (v6e 827/920, TPU7x
   950/1150) a TPU's matmuls sustain in a training step, where the MXUs share the chip with
   the vector units, HBM traffic and ICI DMA.
@@ -37,6 +40,8 @@ CATALOG_FILE = Path(__file__).with_name("calibration.toml")
 PARAMETERS = {
     "gpu_bf16_matmul_efficiency": (0.3, 0.95, GPU_BF16_BOOK_EFFICIENCY,
                                    "GPU bf16 matmul fraction of peak"),
+    "gpu_low_precision_matmul_scale": (0.3, 1.1, 1.0, "GPU FP8 / FP4 matmul rate / "
+                                       "microbenchmarked GEMM rate"),
     "tpu_matmul_scale": (0.3, 1.1, 1.0, "TPU matmul rate / microbenchmarked GEMM rate"),
     "flash_attention_efficiency": (0.1, 1.0, 1.0,
                                    "GPU flash attention rate / large-GEMM rate"),
@@ -45,7 +50,8 @@ PARAMETERS = {
     "kernel_overhead_s": (0.0, 50e-6, 0.0, "fixed time per kernel, s"),
 }
 # Matmul rate classes: which parameter scales a matmul's rate.
-RATE_CLASSES = ("gpu_bf16", "tpu", "measured")
+# ("host": the rates `shardscope measure` benchmarked on this machine, which no fit scales)
+RATE_CLASSES = ("gpu_bf16", "tpu", "measured", "host")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,6 +59,7 @@ class Calibration:
     """Values of PARAMETERS, and where they come from."""
 
     gpu_bf16_matmul_efficiency: float = GPU_BF16_BOOK_EFFICIENCY
+    gpu_low_precision_matmul_scale: float = 1.0
     tpu_matmul_scale: float = 1.0
     flash_attention_efficiency: float = 1.0
     tpu_flash_attention_efficiency: float = 1.0
@@ -74,6 +81,8 @@ class Calibration:
         """Which parameter scales a matmul of `dtype` on `chip`."""
         if chip.size_curve == "tpu":
             return "tpu"
+        if chip.rates_measured_here:
+            return "host"
         measured = dtype.startswith(tuple(chip.low_precision_efficiency))
         return "measured" if measured else "gpu_bf16"
 
@@ -84,7 +93,9 @@ class Calibration:
             return self.gpu_bf16_matmul_efficiency / GPU_BF16_BOOK_EFFICIENCY
         if rate_class == "tpu":
             return self.tpu_matmul_scale
-        return 1.0
+        if rate_class == "host":
+            return 1.0
+        return self.gpu_low_precision_matmul_scale  # "measured"
 
     def attention_factor(self, rate_class: str) -> float:
         """Multiplier on a rate class's matmul rate inside a fused flash-attention kernel."""

@@ -54,6 +54,8 @@ class Chip:
     # A fixed time per kernel measured on the chip itself (host-cpu), used in place of the
     # calibration's fitted kernel_overhead_s; None: the fit's.
     kernel_overhead_s: float | None = None
+    # The rates were benchmarked on this machine (meshes/host.py): no fit scales them.
+    rates_measured_here: bool = False
 
     def efficiency_for(self, dtype: str, size: float | None = None) -> float:
         """Achieved / peak for a matmul in `dtype`; `size` is its cube-equivalent

@@ -198,6 +198,7 @@ class HostChip(Chip):
 
     size_points: dict[str, tuple[tuple[int, float], ...]] = dataclasses.field(
         default_factory=dict)
+    rates_measured_here: bool = True
 
     def efficiency_for(self, dtype: str, size: float | None = None) -> float:
         curve = self.size_points.get(dtype) or self.size_points.get("float32")
@@ -229,7 +230,7 @@ class HostCpuSystem(System):
             name=FAMILY, tdp_w=None, matmul_efficiency=1.0, hbm_efficiency=1.0,
             peak_flops_per_s={d: rates.peak(d) for d in rates.matmul_flops_per_s},
             # the measured rates are achieved ones: the calibration's GPU and TPU
-            # efficiencies do not apply to them (rate class "measured")
+            # efficiencies do not apply to them (rate class "host")
             low_precision_efficiency={d: 1.0 for d in rates.matmul_flops_per_s},
             hbm_bytes=rates.memory_bytes / n, hbm_bytes_per_s=rates.memory_bytes_per_s,
             kernel_overhead_s=rates.kernel_overhead_s,

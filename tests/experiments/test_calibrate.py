@@ -80,3 +80,25 @@ def test_best_measured_mfu_needs_two_runs_of_a_family():
     # Measured MFU with our FLOP count = 0.6 x estimate / measured; a family is a system
     # family and a matmul format (d's bf16 run is no ceiling for FP8 runs, nor alone one).
     assert best_mfu(rows) == {"h100 fp8": (pytest.approx(0.75), "b")}
+
+
+def test_each_matmul_rate_class_has_its_own_parameter():
+    # bf16 on GPUs: a fraction of peak (the book's 0.8 uncalibrated); FP8 / FP4 on GPUs and
+    # TPU matmuls: a share of their microbenchmarked GEMM rate; the rates `measure`
+    # benchmarked on this machine: none.
+    from meshes import get_system
+    from meshes.calibration import Calibration
+    from meshes.host import HostChip
+
+    cal = Calibration(gpu_bf16_matmul_efficiency=0.4, gpu_low_precision_matmul_scale=0.7,
+                      tpu_matmul_scale=0.9)
+    h100, v6e = get_system("h100:8").chip, get_system("tpu-v6e:2x4").chip
+    host = HostChip(name="host-cpu", tdp_w=None, matmul_efficiency=1.0, hbm_efficiency=1.0,
+                    peak_flops_per_s={"float32": 1e11}, hbm_bytes=1e9, hbm_bytes_per_s=1e10,
+                    low_precision_efficiency={"float32": 1.0}, source="test")
+    factors = {(chip.name, dtype): cal.rate_factor(Calibration.rate_class(chip, dtype))
+               for chip, dtype in [(h100, "bfloat16"), (h100, "float8_e4m3fn"),
+                                   (v6e, "bfloat16"), (host, "float32")]}
+    assert factors == {("h100", "bfloat16"): pytest.approx(0.4 / 0.8),
+                       ("h100", "float8_e4m3fn"): 0.7, ("tpu-v6e", "bfloat16"): 0.9,
+                       ("host-cpu", "float32"): 1.0}

@@ -147,7 +147,7 @@ def test_run_takes_a_calibration_file(tmp_path, capsys, cpu_devices):
     code, out, _ = run_cli(["run", config, "--calibration", str(cal)], capsys)
     # the parameters the file leaves out are named (they run uncalibrated)
     assert code == 0 and "calibration    my cluster, 3 runs; uncalibrated here: " \
-        "tpu_matmul_scale, flash_attention_efficiency" in out
+        "gpu_low_precision_matmul_scale, tpu_matmul_scale, flash_attention_efficiency" in out
 
 
 def test_inspect_a_bare_dump_has_no_memory_verdict_and_checks_the_mesh(tmp_path, capsys):
