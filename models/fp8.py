@@ -85,8 +85,10 @@ def fp8_einsum_stored(spec: str, x, wq, w_scale):
     scale = jnp.transpose(scale, [order.index(label) for label in out if label in order])
     scale = scale.reshape([w_scale.shape[w_labels.index(label)] if label in order else 1
                            for label in out])
+    # Each op on the GEMM's output, as its epilogue applies them (the vector and the scalar
+    # as they are, no kernel of their own to combine them).
     with jax.named_scope(kernel_scopes.GEMM_EPILOGUE):
-        return y * (scale.astype(jnp.float32) * sx).astype(x.dtype)
+        return (y.astype(jnp.float32) * scale.astype(jnp.float32) * sx).astype(x.dtype)
 
 
 # FP4 (E2M1) with block scaling, as Blackwell's block-scaled tensor-core MMA runs it

@@ -33,7 +33,9 @@ QUANTIZE_WEIGHT = "fused_quantize_weight"
 SCOPES = frozenset({NORM, ACTIVATION, ROPE, CROSS_ENTROPY, QUANTIZE, QUANTIZE_WEIGHT})
 # A GEMM's output scaled by a per-channel vector (an FP8 checkpoint's weight scales, served
 # W8A8): the GEMM's epilogue applies it (CUTLASS / cuBLASLt scale vectors), as it applies a
-# per-tensor scalar; sharding/traffic.py `_in_epilogue`.
+# per-tensor scalar, before a row-parallel layer's all-reduce (where the partitioned
+# program may put it after); every op of the scope is the GEMM's (sharding/traffic.py
+# `_in_epilogue`).
 GEMM_EPILOGUE = "gemm_epilogue"
 # Kernels that write their output quantised for the next matmul (Transformer Engine's
 # LayerNormLinear and fused activation-cast kernels): a quantise they feed is theirs.

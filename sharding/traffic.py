@@ -159,21 +159,15 @@ def _in_epilogue(comp: Computation, inst: Instruction, depth: int = 0) -> bool:
     """A scale or cast of a matmul's output that nothing else reads (an FP8 / FP4 GEMM's
     f32 result times its per-tensor scales, cast to bf16): the GEMM's epilogue does it
     (cuBLASLt's alpha and output type), not a kernel of its own."""
+    if f"/{GEMM_EPILOGUE}/" in inst.op_name:
+        return True  # marked by the model (kernel_scopes.GEMM_EPILOGUE)
     if inst.opcode not in _EPILOGUE_OPS or depth > 4:
         return False
-    # not a scalar's broadcast (nor, under GEMM_EPILOGUE, a scale vector's)
-    vectors = f"/{GEMM_EPILOGUE}/" in inst.op_name
-    chain = [o for o in inst.operands if read_bytes(comp, o) > 8
-             and not (vectors and _is_broadcast(comp, o))]
+    chain = [o for o in inst.operands if read_bytes(comp, o) > 8]  # not a scalar's broadcast
     src = comp.by_name.get(through_views(comp, chain[0])) if len(chain) == 1 else None
     if src is None or len(users_through_views(comp, src.name)) != 1:
         return False
     return is_matmul(src) or _in_epilogue(comp, src, depth + 1)
-
-
-def _is_broadcast(comp: Computation, name: str) -> bool:
-    inst = comp.by_name.get(through_views(comp, name))
-    return inst is not None and inst.opcode == "broadcast"
 
 
 def _accumulated_by_gemm(comp: Computation, members: list[Instruction]) -> set[str]:

@@ -201,7 +201,7 @@ def test_fp8_weights_reach_fp8_matmuls_as_stored(cpu_devices):
     system = meshes.get_system("h100:8")
     mesh = sharding.make_mesh(system, {"tensor": 8})
     cfg = models.preset("llama3-8b")
-    hbm, params = {}, {}
+    hbm, params, kernels = {}, {}, {}
     for compute in ("bfloat16", "float8"):
         prog = build_serve_program(cfg, mesh, sharding.default_rules(),
                                    workload=models.Workload(kind="decode", seq_len=1024,
@@ -212,8 +212,13 @@ def test_fp8_weights_reach_fp8_matmuls_as_stored(cpu_devices):
         rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=system,
                                calibration=BYTES_ONLY)
         hbm[compute], params[compute] = rep.compute.hbm_bytes, prog.param_bytes_per_device
+        kernels[compute] = rep.compute.kernels
     assert params["float8"] == params["bfloat16"]
     assert hbm["float8"] == pytest.approx(hbm["bfloat16"], rel=0.05)
+    # The scales are the GEMMs' epilogues (no kernel of their own); what FP8 adds is the
+    # activations' per-tensor quantise of the two row-parallel inputs (out_proj, down_proj),
+    # split by its amax all-reduce (known limits): at most 3 kernels a layer.
+    assert kernels["float8"] - kernels["bfloat16"] <= 3 * cfg.n_layers
 
     tiny = models.preset("tiny")
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, tiny.vocab, (2, 8)), jnp.int32)
