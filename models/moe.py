@@ -156,9 +156,13 @@ class MoeMlp(nnx.Module):
         with jax.named_scope("experts"):
             h_RXCF = mlp_hidden(self, "gxcd,xdf->gxcf", x_RXCD)
             h_RXCF = constrain(h_RXCF, ("expert_batch", "experts", None, "mlp"))
-            y_RXCD = checkpoint_name(
-                project("gxcf,xfd->gxcd", h_RXCF, self.w_down, precision=self.precision), "mlpwo")
-            y_RXCD = constrain(y_RXCD, ("expert_batch", "experts", None, "embed"))
+            # Laid out before it is named: the layer scan stacks what a policy saves in the
+            # layout it is named in, and a stack left to the partitioner was resharded
+            # whole (every layer's) at each backward iteration.
+            y_RXCD = constrain(
+                project("gxcf,xfd->gxcd", h_RXCF, self.w_down, precision=self.precision),
+                ("expert_batch", "experts", None, "embed"))
+            y_RXCD = checkpoint_name(y_RXCD, "mlpwo")
         with jax.named_scope("combine"):
             y_RXCD = constrain(y_RXCD, ("batch", None, None, "embed"))  # all-to-all back
             flat_RTA = jnp.where(kept_RTA, expert_RTA * cap + slot_RTA, n_x * cap)
