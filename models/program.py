@@ -138,7 +138,9 @@ class Precision:
     grad_reduce: str = described(
         'training: the dtype gradients are accumulated over microbatches and summed over the '
         'data-parallel ranks in, "float32" (Megatron\'s main_grad, its default) or '
-        '"bfloat16"', "float32")
+        '"bfloat16"; a step of float32 parameters with one microbatch and no pipeline is '
+        'JAX\'s own, whose partitioner sums each gradient where it finds it (bf16 out of '
+        'bf16 matmuls)', "float32")
 
     def __post_init__(self):
         check_choice("precision.params", self.params, PARAM_DTYPES)
