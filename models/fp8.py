@@ -79,12 +79,12 @@ def fp8_einsum_stored(spec: str, x, wq, w_scale):
     y = jnp.einsum(spec, xq, wq, preferred_element_type=x.dtype)
     inputs, out = spec.split("->")
     w_labels = inputs.split(",")[1]
-    kept = [i for i, label in enumerate(w_labels) if label in out]
-    scale = w_scale.reshape([w_scale.shape[i] for i in kept])
-    order = [w_labels[i] for i in kept]
-    scale = jnp.transpose(scale, [order.index(label) for label in out if label in order])
-    scale = scale.reshape([w_scale.shape[w_labels.index(label)] if label in order else 1
-                           for label in out])
+    kept = [label for label in w_labels if label in out]
+    # the scales laid out as the output: contracted dimensions dropped, the rest in the
+    # output's order, its other dimensions 1
+    scale = jnp.squeeze(w_scale, [i for i, label in enumerate(w_labels) if label not in out])
+    scale = jnp.transpose(scale, [kept.index(label) for label in out if label in kept])
+    scale = jnp.expand_dims(scale, [i for i, label in enumerate(out) if label not in kept])
     # Each op on the GEMM's output, as its epilogue applies them (the vector and the scalar
     # as they are, no kernel of their own to combine them).
     with jax.named_scope(kernel_scopes.GEMM_EPILOGUE):

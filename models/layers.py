@@ -95,12 +95,13 @@ def project(spec: str, x, w, *, precision: Precision):
     dimension more than `spec` gives it is one copy per context-parallel rank
     (`per_context_rank`).
     """
-    if (isinstance(w, QuantWeight) and precision.low_precision_matmuls == "float8"
-            and w.q[...].dtype == jnp.float8_e4m3fn
-            and w.q[...].ndim == len(spec.split("->")[0].split(",")[1])):
-        return matmul_output(spec, fp8_einsum_stored(spec, x, w.q[...], w.scale[...]))
+    w_rank = len(spec.split("->")[0].split(",")[1])
+    if isinstance(w, QuantWeight) and precision.low_precision_matmuls == "float8":
+        wq = w.q[...]
+        if wq.dtype == jnp.float8_e4m3fn and wq.ndim == w_rank:
+            return matmul_output(spec, fp8_einsum_stored(spec, x, wq, w.scale[...]))
     w = w[...] if not isinstance(w, jax.Array) else w
-    if w.ndim == len(spec.split("->")[0].split(",")[1]) + 1:
+    if w.ndim == w_rank + 1:
         return per_context_rank(
             lambda x_, w_: project(spec, x_, w_, precision=precision), x, w)
     w = w.astype(x.dtype)
