@@ -32,6 +32,7 @@ own figure to it for reference.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import jax.numpy as jnp
@@ -105,6 +106,13 @@ def named_bytes_per_token(cfg: ModelConfig, names, *, precision: Precision,
     return sum(size[n] for n in expand_names(names)) * c
 
 
+def dense_layer_config(cfg: ModelConfig) -> ModelConfig:
+    """A MoE model's dense first layers (model.n_dense_layers) as a dense model's layers:
+    one MLP of dense_d_ff, no experts."""
+    return dataclasses.replace(cfg, n_experts=1, experts_per_token=1, n_shared_experts=0,
+                               n_dense_layers=0, dense_d_ff=0, d_ff=cfg.dense_layers_d_ff)
+
+
 def local_tokens(workload: Workload, rules: AxisRules, mesh_shape: Mapping[str, int],
                  micro_batch: int | None = None) -> int:
     """Tokens of one micro-batch on one device."""
@@ -123,14 +131,22 @@ def offload_bytes_per_step(cfg: ModelConfig, *, workload: Workload, precision: P
         return 0.0
     tokens = local_tokens(workload, rules, mesh_shape)
 
-    def per_token(names):
-        return named_bytes_per_token(cfg, names, precision=precision, mesh_shape=mesh_shape,
-                                     rules=rules, local_tokens=tokens) if names else 0.0
+    def per_token(names, layer_cfg=cfg):
+        return named_bytes_per_token(layer_cfg, names, precision=precision,
+                                     mesh_shape=mesh_shape, rules=rules,
+                                     local_tokens=tokens) if names else 0.0
 
-    layers = cfg.n_layers / rules.ways("layers", mesh_shape, params=True)  # this stage's
+    stages = rules.ways("layers", mesh_shape, params=True)
+    layers = cfg.n_layers / stages  # this stage's
     # the first offload_layers layers offload every name; the others, train.offload
     moved = (train.offload_layers * per_token(OFFLOAD_ALL)
              + (layers - train.offload_layers) * per_token(train.offload))
+    if cfg.n_dense_layers and stages == 1:  # (a pipeline runs them as MoE layers)
+        # the first layers are dense: a dense layer's tensors in place of a MoE layer's
+        dense, whole = dense_layer_config(cfg), min(cfg.n_dense_layers, train.offload_layers)
+        rest = cfg.n_dense_layers - whole
+        moved += whole * (per_token(OFFLOAD_ALL, dense) - per_token(OFFLOAD_ALL)) \
+            + rest * (per_token(train.offload, dense) - per_token(train.offload))
     return 2 * moved * tokens * workload.microbatches
 
 
@@ -168,6 +184,7 @@ def activation_components(
     vocab_tiles: int = 1,
     offloaded_layers: int = 0,
     fuses_matmul_inputs: bool = False,
+    dense_layers: int = 0,
 ) -> list[tuple[str, float]]:
     """(name, bytes per device) of the activation memory of one micro-batch over `layers`
     layers (all of them by default; a pipeline stage's share with pipeline parallelism).
@@ -181,7 +198,7 @@ def activation_components(
     d, f = cfg.d_model / ways["embed"], cfg.d_ff / ways["mlp"]
     h = cfg.n_heads / ways["heads"]
     q, k, v, o = attention_widths(cfg, ways)
-    r = expert_slots_per_token(cfg, tokens)  # (the dense first layers counted as MoE ones)
+    r = expert_slots_per_token(cfg, tokens)  # a MoE layer's (`dense_layers` apart below)
     mlp_in = (2 if cfg.mlp == "swiglu" else 1) * f
 
     dr = d / ways["residual"]  # the residual stream's share (sequence parallelism)
@@ -233,9 +250,16 @@ def activation_components(
     vocab = cfg.padded_vocab / ways["vocab"]
     layers = cfg.n_layers if layers is None else layers
     tiles = f", one of {vocab_tiles} tiles" if vocab_tiles > 1 else ""
+    saved = (layers - dense_layers) * tokens * per_layer
+    if dense_layers:  # a MoE model's dense first layers keep a dense layer's tensors
+        saved += activation_components(
+            dense_layer_config(cfg), micro_batch=micro_batch, seq_len=seq_len,
+            precision=precision, remat=remat, mesh_shape=mesh_shape, rules=rules,
+            layers=dense_layers, save=save, vocab_tiles=vocab_tiles,
+            fuses_matmul_inputs=fuses_matmul_inputs)[0][1]
     return [
         (f"saved activations ({'no' if remat == 'none' else remat} remat, {layers} layers)",
-         layers * tokens * per_layer),
+         saved),
         ("one layer's backward working set",
          tokens * (recomputed + in_flight) + layer_weights),
         # the logits as the output projection made them, kept for the loss's backward pass
@@ -259,7 +283,10 @@ def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Worklo
             precision=precision, remat=train.remat, mesh_shape=mesh_shape, rules=rules,
             save=train.save, vocab_tiles=train.num_vocab_tiling,
             layers=cfg.n_layers - train.offload_layers,
-            offloaded_layers=train.offload_layers, fuses_matmul_inputs=fuses_matmul_inputs)
+            offloaded_layers=train.offload_layers, fuses_matmul_inputs=fuses_matmul_inputs,
+            # the offloaded layers are the first ones, the dense ones first among them (a
+            # pipeline's program runs its dense layers as MoE ones: models/transformer.py)
+            dense_layers=max(0, cfg.n_dense_layers - train.offload_layers))
     else:
         # A stage holds the activations of its own layer slots for the microbatches its
         # schedule keeps in flight (models/pipeline.py: Pipeline.in_flight).

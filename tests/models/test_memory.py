@@ -153,3 +153,40 @@ def test_sequence_parallel_divides_the_residual_stream_by_tp():
         cfg, rules=sharding.default_rules().with_sequence_parallel(), **kw))[key]
     assert plain == 32 * 8 * 4096 * 4096 * 2
     assert sp == plain / 4
+
+
+def test_a_moe_models_dense_first_layers_keep_a_dense_layers_tensors():
+    # DeepSeek-V3's first layers have a dense MLP (dense_d_ff 18432) where the others have
+    # 256 experts, 8 a token, of d_ff 2048 and a shared expert: without a pipeline (whose
+    # program runs them as MoE layers) each dense layer keeps a dense layer's MLP
+    # tensors. Saving the MLP's input and output matmuls ("custom"): a MoE layer keeps
+    # 2 x 2048 gate/up and 7168 down-projection values for each of a token's expert rows
+    # (8 x the capacity factor), a dense one 2 x 18432 and 7168. Offloading them moves
+    # those bytes, out and back.
+    from models.memory import offload_bytes_per_step
+
+    rules, mesh = sharding.default_rules(), {"data": 8}
+    precision = models.Precision(params="bfloat16")
+    tokens = 8192
+
+    def saved(n_dense):
+        cfg = models.preset("deepseek-v3", n_layers=4, n_dense_layers=n_dense)
+        return dict(activation_components(
+            cfg, micro_batch=8, seq_len=8192, remat="custom", save=("mlpwi", "mlpwo"),
+            mesh_shape=mesh, precision=precision, rules=rules,
+            dense_layers=n_dense))["saved activations (custom remat, 4 layers)"]
+
+    slots = 8 * models.preset("deepseek-v3").capacity_factor  # expert rows a token
+    moe = slots * (2 * 2048 + 7168)
+    dense = 2 * 18432 + 7168
+    assert saved(1) == pytest.approx(tokens * 2 * (3 * moe + dense), rel=0.01)
+    assert saved(1) - saved(3) == pytest.approx(2 * tokens * 2 * (moe - dense), rel=0.01)
+
+    def offloaded(n_dense):
+        cfg = models.preset("deepseek-v3", n_layers=4, n_dense_layers=n_dense)
+        return offload_bytes_per_step(
+            cfg, workload=models.Workload(seq_len=8192, global_batch=8),
+            precision=precision, train=models.Train(remat="custom", offload=("mlpwi", "mlpwo")),
+            mesh_shape=mesh, rules=rules)
+    assert offloaded(1) - offloaded(3) == pytest.approx(2 * 2 * tokens * 2 * (moe - dense),
+                                                        rel=0.01)
