@@ -20,8 +20,10 @@ run: $(STAMP)
 	$(VENV)/bin/shardscope run $(DEFAULT_EXPERIMENT)
 
 # In parallel over the machine's cores (pytest-xdist); a worker takes over queued tests from
-# a busy one, so the long subprocess tests do not hold the others back.
-test: $(STAMP) browser
+# a busy one, so the long subprocess tests do not hold the others back. On a clean machine
+# the Python install and Debian's chromium download side by side (-j2).
+test:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) browser
 	$(PY) -m pytest -q -n auto --dist worksteal
 
 # The HTML report's test drives a real headless browser: Debian's chromium (Playwright's own

@@ -193,13 +193,14 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
         progress["total"] -= untried
     request = {"backend": backend, "keep_unfit": keep_unfit,
                "calibration": calibration.to_dict() if calibration else None}
-    submit, shutdown, slots = workers_mod.executor(
-        workers=workers, timeout_s=timeout_s, time_budget_s=time_budget_s,
-        ray_address=ray_address)
     interrupted = False
     compiled = 0
     futures: dict = {}
-    try:
+    shutdown = None
+    try:  # Ctrl-C while the pool starts is an interrupted search too
+        submit, shutdown, slots = workers_mod.executor(
+            workers=workers, timeout_s=timeout_s, time_budget_s=time_budget_s,
+            ray_address=ray_address)
         for c in runnable:
             devices = workers_mod.devices_for(c.exp.system.num_devices)
             futures[submit(devices, {**request, "config": c.raw})] = c
@@ -223,7 +224,8 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        shutdown(interrupted)
+        if shutdown is not None:
+            shutdown(interrupted)
     return Outcome(results, skipped, compiled, interrupted, untried)
 
 

@@ -221,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"shardscope: error: {first}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C outside a command's own handling: no traceback
+        print("shardscope: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # output piped into `head` and closed early
         sys.stderr.close()
         return 0

@@ -303,3 +303,13 @@ def test_bad_power_input_is_one_line(capsys):
     assert parse_power("250kW") == 250e3 and parse_power("1.5e8") == 1.5e8
     with pytest.raises(argparse.ArgumentTypeError, match="100MW"):
         parse_power("-3 MW")
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_exit_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.commands, "cmd_systems", interrupted)
+    assert cli.main(["systems"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "shardscope: interrupted"

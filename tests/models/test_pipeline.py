@@ -15,7 +15,6 @@ F32 = 4
 
 
 @pytest.mark.parametrize("layers, virtual, compute, rel", [
-    (4, 1, "bfloat16", 2e-3),   # 2 layers per stage
     (3, 1, "bfloat16", 2e-3),   # uneven: 3 layers in 4 slots, the first stage lighter
     (4, 2, "bfloat16", 2e-3),   # interleaved: 2 chunks of 1 layer per stage
     (5, 2, "float32", 1e-5),    # interleaved and uneven: 5 layers in 8 slots, exactly
