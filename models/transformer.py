@@ -355,7 +355,14 @@ class Transformer(nnx.Module):
     def _embed(self, tokens_BL, positions_BL):
         cfg, dt = self.cfg, self.compute_dtype
         with jax.named_scope("embedding"):
-            x_BLD = jnp.take(self.embed[...], tokens_BL, axis=0).astype(dt)
+            table_VD = self.embed[...]
+            if table_VD.dtype.itemsize > jnp.dtype(dt).itemsize:
+                # f32 master weights: looked up in the compute dtype, as MaxText's Embed
+                # and Megatron's bf16 model copy do, so that an FSDP gather of the table
+                # and its gradient's reduction move 2-byte values (the other weights are
+                # cast before their matmuls the same way)
+                table_VD = table_VD.astype(dt)
+            x_BLD = jnp.take(table_VD, tokens_BL, axis=0).astype(dt)
             if cfg.positions == "learned":
                 x_BLD = x_BLD + jnp.take(self.pos_embed[...], positions_BL, axis=0).astype(dt)
             return constrain(x_BLD, ("batch", "residual_seq", "embed"))

@@ -183,6 +183,22 @@ def test_fsdp_gathers_parameters_and_reduce_scatters_gradients(cpu_devices):
     assert all(c.mesh_axes == ("fsdp",) for c in rep.collectives)
 
 
+def test_f32_master_weights_gather_and_reduce_the_embedding_in_bf16(cpu_devices):
+    # f32 parameters, bf16 compute, data 2 x fsdp 4: the table is looked up in bf16, as
+    # every weight is used, so its FSDP collectives and its gradient's sum over data move
+    # 2-byte values (the lookup's gradient was summed in f32 over data, and Llama 3 8B's
+    # table gathered in f32 over fsdp: twice the bytes of the other weights' collectives).
+    cfg = tiny(tie_embeddings=False)
+    mesh = sharding.make_mesh(H100, {"data": 2, "fsdp": 4})
+    prog = train_program(cfg, mesh, seq_len=32, global_batch=8, params="float32",
+                         compute="bfloat16")
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    table = [c for c in rep.collectives if c.shape and c.shape[0] == cfg.padded_vocab]
+    assert {c.mesh_axes for c in table} == {("fsdp",), ("data",)}
+    assert all(c.dtype == "bfloat16" and c.bytes == 2 * np.prod(c.shape) for c in table), \
+        [(c.kind, c.mesh_axes, c.dtype) for c in table]
+
+
 def test_tensor_parallel_layers_all_reduce_activations(cpu_devices):
     # Forward only, so that each all-reduce is one of Megatron's two per layer.
     cfg = tiny(n_heads=8, n_kv_heads=8, n_layers=3)
