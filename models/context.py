@@ -178,9 +178,22 @@ def context_attention(q_BLKGE, k_BLKE, v_BLKE, *, mode: str, mesh, rules, axis: 
         gathered = ("batch", None, None, None, "kv_heads", None)
         per_rank = ("seq", "batch", None, None, None, "kv_heads", None)
 
+        @jax.custom_vjp
         def each_rank(x_BYZlKE):
             x_BYZlKE = pin(x_BYZlKE, gathered)
             return pin(jnp.broadcast_to(x_BYZlKE[None], (ranks, *x_BYZlKE.shape)), per_rank)
+
+        def each_rank_bwd(_, dx_RBYZlKE):
+            # The ranks' gradients of the gathered keys (values) summed straight into each
+            # rank's own part: a reduce-scatter, as Llama 3's all-gather context
+            # parallelism reduces them. Summed whole, then sliced (the transpose of the
+            # gather's sharding), it was an all-reduce: twice the bytes. In the gradient's
+            # dtype (jnp.sum would widen bf16).
+            dx_BYZlKE = jax.lax.reduce(dx_RBYZlKE, jnp.zeros((), dx_RBYZlKE.dtype),
+                                       jax.lax.add, (0,))
+            return (pin(dx_BYZlKE, kv_names),)
+
+        each_rank.defvjp(lambda x: (each_rank(x), None), each_rank_bwd)
 
         k_all, v_all = each_rank(k_BYZlKE), each_rank(v_BYZlKE)
         out = jax.vmap(lambda q, i, k, v: _rank_attention(q, i, _Gathered(k, v, i, ranks),

@@ -61,12 +61,16 @@ def test_context_parallelism_exchanges_keys_and_values_once_per_step(cpu_devices
         assert not [c for c in seq if c.kind == "all-gather"]
     else:
         # K and V gathered whole once per forward (and recomputed forward); their
-        # gradients summed over the ranks once each in the backward.
+        # gradients summed over the ranks once each in the backward, each rank keeping
+        # its own block: a reduce-scatter of the gathered size (an all-reduce would move
+        # twice its bytes), and no all-reduce of them.
         assert per_layer("all-gather") == 2 * 2 * cp * block
-        sums = [c for c in seq if c.kind == "all-reduce" and c.shape[-4:] == (
+        kv_shaped = [c for c in seq if c.shape[-4:] == (
             2, 256 // cp // 2, cfg.n_kv_heads, cfg.head_dim)]
+        sums = [c for c in kv_shaped if c.kind == "reduce-scatter"]
         assert {c.bytes for c in sums} == {cp * block}
         assert sum(c.count for c in sums) == 2 * cfg.n_layers
+        assert not [c for c in kv_shaped if c.kind == "all-reduce"]
         assert not [c for c in seq if c.kind == "collective-permute"]
 
 
