@@ -351,12 +351,13 @@ def random_tokens(seed: int, shape, vocab: int, sharding):
 
 
 def per_device_bytes(tree) -> int:
-    """Bytes each device holds for a tree of sharded ShapeDtypeStructs."""
-    total = 0
+    """Bytes each device holds for a tree of sharded ShapeDtypeStructs (sub-byte types
+    packed: int4 and FP4 values two to a byte, where numpy's itemsize says 1)."""
+    bits = 0
     for leaf in jax.tree.leaves(tree):
         shard = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
-        total += math.prod(shard) * jnp.dtype(leaf.dtype).itemsize
-    return total
+        bits += math.prod(shard) * jax.dtypes.itemsize_bits(leaf.dtype)
+    return math.ceil(bits / 8)
 
 
 def pipeline_plan(cfg: ModelConfig, mesh_shape, rules: AxisRules, *, workload: Workload,

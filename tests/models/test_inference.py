@@ -140,6 +140,15 @@ def test_int8_weights_and_cache_halve_70b_decode_bytes(cpu_devices):
     assert rep.bottleneck().startswith("HBM bandwidth")
     bf16_bytes = reps["bfloat16"][1].compute.hbm_bytes
     assert bf16_bytes / rep.compute.hbm_bytes == pytest.approx(2, rel=0.1)
+    # int4: two values a byte in memory too (numpy's itemsize for int4 is 1 byte)
+    int4 = build_serve_program(cfg, mesh, sharding.default_rules(),
+                               workload=models.Workload(kind="decode", seq_len=8192,
+                                                        global_batch=8),
+                               precision=models.Precision(params="bfloat16", weights="int4",
+                                                          kv_cache="int4"))
+    assert int4.param_bytes_per_device == pytest.approx(embed + weights / 2, rel=0.02)
+    assert int4.cache_bytes_per_device == pytest.approx(
+        2 * 80 * 8 * 8192 * 8 * (128 / 2 + 2) / 8, rel=0.001)
 
 
 def test_tp_decode_time_is_the_weights_and_cache_read_plus_its_all_reduces(tmp_path,
