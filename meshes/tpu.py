@@ -171,31 +171,44 @@ class TpuSystem(System):
         self._check_ids([i for g in groups for i in g])
         if kind == "collective-permute":
             return self._permute_timing(nbytes, groups)
-        worst = CollectiveTiming(0.0, self.fast, "none")
+        # Groups that run at once on the same chips share their links (TPU7x: one group
+        # per TensorCore when another axis splits the cores): the busiest chip's count.
+        chip_of = self.chip.devices_per_chip
+        on_chip: dict[int, set[int]] = {}
+        for k, g in enumerate(groups):
+            for i in g:
+                on_chip.setdefault(i // chip_of, set()).add(k)
+        worst = None
         for g in groups[:1] if _uniform(groups) else groups:
-            t = self._group_timing(kind, nbytes, g, concurrent=len(groups))
-            if t.time_s > worst.time_s:
+            share = max(len(on_chip[i // chip_of]) for i in g)
+            t = self._group_timing(kind, nbytes, g, share=share)
+            if worst is None or t.time_s > worst.time_s:
                 worst = t
         return worst
 
-    def _group_timing(self, kind, nbytes, group, concurrent):
+    def _group_timing(self, kind, nbytes, group, *, share: int = 1):
         n = len(group)
         if n <= 1 or nbytes <= 0:
             return CollectiveTiming(0.0, self.fast, "none")
         coords = [self.coords(i) for i in group]
         slices = {c[0] for c in coords}
         if len(slices) > 1:
-            m = n // len(slices)
             dcn = self.links[self.slow]
-            in_slice = self._ici_time(kind, nbytes, [c for c in coords if c[0] == coords[0][0]])
-            t_dcn = (nbytes / max(m, 1)) * bus_factor(kind, len(slices)) / dcn.bytes_per_s
-            return CollectiveTiming(in_slice[0] * (2 if kind == "all-reduce" else 1) + t_dcn,
-                                    self.slow, "hierarchical")
-        t, algo = self._ici_time(kind, nbytes, coords)
+            here = [c for c in coords if c[0] == coords[0][0]]
+            # Within each slice, then across: an all-reduce reduce-scatters and all-gathers
+            # inside the slice (the ring's 2(m - 1)/m, counted once) around a DCN
+            # all-reduce of each chip's 1/chips share, at the DCN's rate per chip.
+            in_slice, _ = self._ici_time(kind, nbytes, here, share=share)
+            chips = len({c[1:-1] for c in here})
+            t_dcn = nbytes / chips * bus_factor(kind, len(slices)) * share / dcn.bytes_per_s
+            return CollectiveTiming(in_slice + t_dcn, self.slow, "hierarchical")
+        t, algo = self._ici_time(kind, nbytes, coords, share=share)
         return CollectiveTiming(t, self.fast, algo)
 
-    def _ici_time(self, kind: str, nbytes: float, coords) -> tuple[float, str]:
-        """Ring collective over the torus axes the group spans."""
+    def _ici_time(self, kind: str, nbytes: float, coords, *,
+                  share: int = 1) -> tuple[float, str]:
+        """Ring collective over the torus axes the group spans; `share`: the groups that
+        run on each of its chips at once (their links carry each one's bytes)."""
         n = len(coords)
         if n <= 1:
             return 0.0, "none"
@@ -203,6 +216,7 @@ class TpuSystem(System):
         cores_per_chip = n // len(chips)
         link = self.links[self.fast]
         bw_total = 0.0
+        bisection = math.inf  # per direction, through the narrowest cut of the group
         latency_steps = 0.0
         axes_used = []
         for a in range(len(self.shape)):
@@ -214,28 +228,34 @@ class TpuSystem(System):
             full_ring = self.wraps[a] and extent * stride == self.shape[a]
             # Both directions of a wrapped ring carry data; an open line gets one way's worth.
             directions = 2 if full_ring else 1
-            bw_total += (directions * self.family.axis_bytes_per_s(a) * link.efficiency
-                         / stride)
+            axis_bw = self.family.axis_bytes_per_s(a) * link.efficiency / stride
+            bw_total += directions * axis_bw
+            # A cut across axis a severs each of the group's lines along a (one per chip
+            # position on the other axes) once, or twice where it wraps.
+            bisection = min(bisection, len(chips) / extent * directions * axis_bw)
             latency_steps = max(latency_steps, (extent / 2 if full_ring else extent - 1) * stride)
             axes_used.append(("xyz"[a], full_ring, stride))
         if bw_total == 0.0:
+            # the TensorCores of one chip (TPU7x's two dies): no ICI link; the die-to-die
+            # interface has no public rate, so no time (docs/limits.md)
             return 0.0, "on-chip"
-        # Data the chip must send: the per-device factor times the TensorCores on the chip.
         if kind == "all-to-all":
             # Bisection bound: each half of the n chips sends the other n/2 x n/2 x S/n
-            # = n S / 4 (S per device, times the chip's TensorCores); cutting a wrapped
-            # ring in two cuts two links, an open line one. `bw_total` is already two
-            # links' worth on a wrapped axis (both ring directions) and one on an open line.
-            per_chip = nbytes * cores_per_chip * len(chips) / 4
+            # = n S / 4 (S per device, times the chip's TensorCores in the group) through
+            # the links the narrowest cut severs: two per line along a wrapped axis, one
+            # along an open one, times the lines (a k x k torus: 2k links, not one chip's 4).
+            t = nbytes * cores_per_chip * len(chips) / 4 * share / bisection
             algo = "all-to-all over bisection"
         else:
-            per_chip = nbytes * cores_per_chip * bus_factor(kind, len(chips))
+            # A ring over the chips: each chip moves S x the ring's factor whatever the
+            # group's cores on it (they combine or share their part on the chip first).
+            t = nbytes * bus_factor(kind, len(chips)) * share / bw_total
             algo = "bidirectional ring" if all(r for _, r, _ in axes_used) else "ring (no wrap)"
             if kind == "all-reduce":
                 latency_steps *= 2
         if len(axes_used) > 1:
             algo = f"{len(axes_used)}-axis torus " + algo
-        return latency_steps * link.latency_s + per_chip / bw_total, algo
+        return latency_steps * link.latency_s + t, algo
 
     def _torus_delta(self, a: int, src: int, dst: int) -> int:
         d = dst - src

@@ -103,6 +103,53 @@ def test_dcn_override_sets_the_bandwidth_between_slices():
         assert s.collective_time_s("all-reduce", S, [[0, 256]]) == pytest.approx(S / bw)
 
 
+def test_an_all_to_all_over_a_2d_torus_crosses_its_whole_bisection():
+    # n chips exchanging S each: n S / 4 crosses any halving cut each way. A 16-ring cut
+    # in two severs 2 links; a 16 x 16 torus cut across x severs 2 links on each of its 16
+    # rows, 32: 256 S / 4 / 32 = 16 S / 4 / 2, the ring's time (latency aside).
+    s = get_system("tpu-v5e:16x16")
+    S = 100 * MB
+    ring = s.collective_time_s("all-to-all", S, [list(range(16))])
+    torus = s.collective_time_s("all-to-all", S, [list(range(256))])
+    w = 4.5e10 * 0.95
+    assert ring == pytest.approx(16 * S / 4 / (2 * w), rel=0.01)
+    assert torus == pytest.approx(256 * S / 4 / (32 * w), rel=0.01)
+
+
+def test_an_all_reduce_over_slices_counts_the_slices_ring_once():
+    # Two v5e 16x16 slices, every device: reduce-scatter and all-gather inside the slice
+    # (one in-slice all-reduce's 2 x 255/256 S) around a DCN all-reduce of each chip's
+    # S / 256 (bus factor 1 for 2 slices) at 3.125 GB/s a chip.
+    s = get_system("tpu-v5e:16x16*2")
+    S = 1e9
+    in_slice = s.collective_time_s("all-reduce", S, [list(range(256))])
+    both = s.collective_time_s("all-reduce", S, [list(range(512))])
+    assert both == pytest.approx(in_slice + S / 256 / 3.125e9, rel=1e-6)
+
+
+def test_tpu7x_groups_on_the_same_chips_share_their_links():
+    # 64 chips of a 4x4x4 TPU7x cube, two TensorCores each. One group per core (another
+    # axis splits the cores): both groups' bytes cross every chip's links, twice one
+    # group's time alone. One group of both cores: a ring over the chips moves each chip's
+    # S x 63/64 once, as one core per chip does.
+    s = get_system("tpu7x:4x4x4")
+    S = 1e9
+    core = [[2 * c + k for c in range(64)] for k in (0, 1)]
+    alone = s.collective_time_s("all-gather", S, core[:1])
+    shared = s.collective_time_s("all-gather", S, core)
+    assert shared == pytest.approx(2 * alone, rel=0.01)
+    whole = s.collective_time_s("all-gather", S, [list(range(128))])
+    assert whole == pytest.approx(alone, rel=0.01)
+    # over DCN too: two cubes, data over them, one group per core position
+    two = get_system("tpu7x:4x4x4*2")
+    pairs = [[i, 128 + i] for i in range(128)]
+    assert two.collective_time_s("all-reduce", S, pairs) == pytest.approx(
+        2 * S / two.links[two.slow].bytes_per_s, rel=0.01)
+    # the two cores of one chip: no ICI link, said so
+    timing = s.collective_timing("all-reduce", S, [[0, 1]])
+    assert timing.time_s == 0 and timing.algorithm == "on-chip"
+
+
 def test_trainium2_instances_are_4x4_neuronlink_tori_joined_by_efa():
     from sharding import compiler
 
