@@ -112,6 +112,10 @@ def build_serve_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
         raise ValueError(f"workload.kind={w.kind!r} is not a serving workload")
     mesh_shape = mesh_shape_of(mesh)
     rules = serving_rules(rules, w.kind)
+    if precision.compute == "float8" and precision.quantized_weights is None:
+        # FP8 matmuls over a bf16 checkpoint: engines quantise the weights once, at load
+        # (vLLM's and TensorRT-LLM's dynamic FP8), not before every token's matmuls
+        precision = dataclasses.replace(precision, weights="float8")
     graphdef, params, p_shard = abstract_params(cfg, precision, mesh, rules)
     cache, cache_sharding = _abstract_cache(cfg, w, precision, mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())

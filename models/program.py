@@ -127,7 +127,8 @@ class Precision:
                              '(block-scaled FP4, Blackwell)', "bfloat16")
     weights: str = described('serving: store the weight matrices quantised with scales, '
                              '"int8", "float8" or "int4" ("" or "bfloat16": the parameters\' '
-                             'dtype)', "")
+                             'dtype; "float8" where compute = "float8": quantised once at '
+                             'load, as serving engines do)', "")
     kv_cache: str = described('serving: store the KV cache quantised, "int8", "float8" or '
                               '"int4" ("": the activations\' dtype)', "")
     master_weights: str = described(

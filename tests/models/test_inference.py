@@ -224,6 +224,13 @@ def test_fp8_weights_reach_fp8_matmuls_as_stored(cpu_devices):
         kernels[compute] = rep.compute.kernels
     assert params["float8"] == params["bfloat16"]
     assert hbm["float8"] == pytest.approx(hbm["bfloat16"], rel=0.05)
+    # FP8 matmuls over a bf16 checkpoint: quantised once, at load, as engines do (not
+    # before every token: 2.8x the bytes on 70B), so the same program as an FP8 checkpoint
+    bf16_checkpoint = build_serve_program(
+        cfg, mesh, sharding.default_rules(),
+        workload=models.Workload(kind="decode", seq_len=1024, global_batch=8),
+        precision=models.Precision(params="bfloat16", compute="float8"))
+    assert bf16_checkpoint.param_bytes_per_device == params["float8"]
     # The scales are the GEMMs' epilogues (no kernel of their own); what FP8 adds is the
     # activations' per-tensor quantise of the two row-parallel inputs (out_proj, down_proj),
     # split by its amax all-reduce (known limits): at most 3 kernels a layer.
