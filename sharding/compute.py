@@ -50,6 +50,8 @@ class ComputeCost:
     math_s_by_class: dict[str, float] = dataclasses.field(default_factory=dict)
     kernels: float = 0.0
     overhead_s: float = 0.0
+    # the part of overhead_s paid by math-bound matmuls (the rest: HBM-bound kernels)
+    math_overhead_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -77,6 +79,7 @@ class ExecutionCost:
     math_s_by_class: dict[str, float] = dataclasses.field(default_factory=dict)
     kernels: float = 0.0
     overhead_s: float = 0.0
+    math_overhead_s: float = 0.0
 
     def add_op(self, key: tuple[str, str], flops: float, nbytes: float, t: float) -> None:
         d = self.ops.setdefault(key, {"flops": 0.0, "bytes": 0.0, "time_s": 0.0})
@@ -283,6 +286,8 @@ def _add_matmul(c: ExecutionCost, m: MatmulWork, chip: Chip, hbm_bw: float,
         c.hbm_bound_matmul_s += t
     else:
         c.math_s_by_class[rate_class] = c.math_s_by_class.get(rate_class, 0.0) + t_math
+        if chip.kernel_overhead_s is None:
+            c.math_overhead_s += overhead
     c.flops += f
     c.matmul_flops += f
     c.flops_by_dtype[dt] = c.flops_by_dtype.get(dt, 0.0) + f
@@ -393,6 +398,7 @@ def compute_cost(
         total.hbm_bound_matmul_s += n * c.hbm_bound_matmul_s
         total.kernels += n * c.kernels
         total.overhead_s += n * c.overhead_s
+        total.math_overhead_s += n * c.math_overhead_s
         for dt, f in c.flops_by_dtype.items():
             total.flops_by_dtype[dt] = total.flops_by_dtype.get(dt, 0.0) + n * f
         for key, t in c.math_s_by_class.items():
@@ -402,4 +408,4 @@ def compute_cost(
     return ComputeCost(total.flops, total.matmul_flops, total.hbm_bytes, total.matmul_s,
                        total.memory_bound_s, total.flops_by_dtype, total.ops,
                        total.hbm_bound_matmul_s, total.math_s_by_class, total.kernels,
-                       total.overhead_s)
+                       total.overhead_s, total.math_overhead_s)

@@ -67,6 +67,19 @@ def test_a_step_of_many_small_kernels_names_the_kernel_count(cpu_devices):
     assert slow.time_bottleneck().startswith(f"kernel count: {n:,.0f} kernels at 50.0 us")
     assert not sharding.analyze(prog.step, *prog.args, calibration=IDENTITY,
                                 **kw).time_bottleneck().startswith("kernel count")
+    # A fixed cost that counts but does not dominate (30% of the kernels' own time) is said
+    # apart, not read as HBM or math time (a long-context decode read "HBM: 100%"). (A
+    # longer step, so that its gradients' all-reduce is not what stalls it.)
+    prog = train_program(models.preset("tiny"), mesh, seq_len=512, global_batch=64)
+    base = sharding.analyze(prog.step, *prog.args, calibration=Calibration(
+        kernel_overhead_s=0.0), **kw)
+    n = base.compute.kernels
+    some = sharding.analyze(prog.step, *prog.args, calibration=Calibration(
+        kernel_overhead_s=0.3 * base.compute_s / n), **kw)
+    text = some.time_bottleneck()
+    assert text.startswith(base.time_bottleneck().split(":")[0])
+    assert text.endswith(f"; the {n:,.0f} kernels' fixed cost "
+                         f"{some.compute.overhead_s / some.step_time_s:.0%}"), text
 
 
 def test_report_keys_and_json_contract(cpu_devices):
