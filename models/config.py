@@ -233,16 +233,23 @@ class ModelConfig:
         return (self.param_count(include_embedding=include_embedding)
                 - self.moe_layers * inactive)
 
+    def matmul_param_count(self) -> int:
+        """Active parameters every token's matmuls multiply by: the active non-embedding
+        ones and the output projection, tied to the embedding table or not."""
+        tied = self.d_model * self.padded_vocab if self.tie_embeddings else 0
+        return self.active_param_count() + tied
+
     def train_flops_per_token(self, seq_len: int) -> float:
         """Model FLOPs per trained token, the formula MFU uses (stated in the report):
 
-        6 x (active non-embedding parameters, output projection included) for the matmuls
-        forward and backward, plus causal attention: 12 x n_layers x n_heads x head_dim x
-        seq_len / 2 (scores and weighted values, forward and backward, half masked;
-        head_dim is attention_head_dim, MLA's mean of its query-key and value widths).
+        6 x (active non-embedding parameters, output projection included, tied or not)
+        for the matmuls forward and backward, plus causal attention: 12 x n_layers x
+        n_heads x head_dim x seq_len / 2 (scores and weighted values, forward and backward,
+        half masked; head_dim is attention_head_dim, MLA's mean of its query-key and value
+        widths).
         """
         attn = 12 * self.n_layers * self.n_heads * self.attention_head_dim * seq_len / 2
-        return 6 * self.active_param_count() + attn
+        return 6 * self.matmul_param_count() + attn
 
 
 def _llama(name: str, **shape) -> ModelConfig:

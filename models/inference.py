@@ -45,12 +45,14 @@ class ServeProgram(Program):
 
 def serve_flops(cfg: ModelConfig, workload: Workload) -> float:
     """Model FLOPs of one serving step: 2 x active parameters per token, plus attention
-    (scores and weighted values: 4 x heads x head_dim per attended position)."""
-    per_token = 2 * cfg.active_param_count()
+    (scores and weighted values: 4 x heads x head_dim per attended position). Prefill
+    projects only each sequence's last position onto the vocabulary (the next token)."""
+    per_token = 2 * cfg.matmul_param_count()
     w = workload
     if w.kind == "prefill":
+        head = 2 * cfg.d_model * cfg.padded_vocab
         attn = 4 * cfg.n_layers * cfg.n_heads * cfg.attention_head_dim * w.seq_len / 2
-        return (per_token + attn) * w.global_batch * w.seq_len
+        return ((per_token - head + attn) * w.seq_len + head) * w.global_batch
     attn = 4 * cfg.n_layers * cfg.n_heads * cfg.attention_head_dim * (w.seq_len + 1)
     return (per_token + attn) * w.global_batch
 

@@ -273,7 +273,6 @@ def output_layer_share(cfg, plan: Pipeline, seq_len: int) -> float:
     if pad == 0:
         return 1.0
     output = 6 * cfg.d_model * cfg.padded_vocab
-    untied = 0 if cfg.tie_embeddings else cfg.d_model * cfg.padded_vocab
-    layers = 6 * (cfg.active_param_count() - untied) / cfg.n_layers \
+    layers = 6 * (cfg.matmul_param_count() - cfg.d_model * cfg.padded_vocab) / cfg.n_layers \
         + 12 * cfg.n_heads * cfg.attention_head_dim * seq_len / 2
     return max(0.0, 1.0 - pad * layers / output)

@@ -245,3 +245,30 @@ def test_fp8_weights_reach_fp8_matmuls_as_stored(cpu_devices):
         out[compute] = np.asarray(forward(model, tokens), np.float32)
     err = np.max(np.abs(out["float8"] - out["bfloat16"]))
     assert err < 0.1 * np.max(np.abs(out["bfloat16"]))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_serving_model_flops_are_the_programs_matmuls(cpu_devices, tied):
+    # Prefill projects each sequence's last position onto the vocabulary (2 x d x V once a
+    # sequence, not at every position: 6% of Llama 3 8B's prefill FLOPs at 32K), and a
+    # tied output projection is a matmul like an untied one. Against the compiled
+    # program's matmuls, attention aside (its flash tiles compute the masked half too
+    # at this length).
+    from models.inference import serve_flops
+
+    system = meshes.get_system("h100:8")
+    mesh = sharding.make_mesh(system, {"data": 8})
+    cfg = models.preset("tiny", tie_embeddings=tied)
+    for kind in ("prefill", "decode"):
+        w = models.Workload(kind=kind, seq_len=256, global_batch=8)
+        prog = build_serve_program(cfg, mesh, sharding.default_rules(), workload=w,
+                                   precision=models.Precision(params="bfloat16"))
+        rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=system)
+        matmuls = 8 * sum(d["flops"] for (op, k), d in rep.compute.ops.items()
+                          if k == "matmul" and "flash_attention" not in op
+                          and "attention (" not in op)
+        attended = w.seq_len / 2 if kind == "prefill" else w.seq_len + 1
+        positions = w.seq_len if kind == "prefill" else 1
+        attention = (4 * cfg.n_layers * cfg.n_heads * cfg.attention_head_dim * attended
+                     * positions * w.global_batch)
+        assert matmuls == pytest.approx(serve_flops(cfg, w) - attention, rel=0.01), kind
