@@ -384,9 +384,15 @@ def _check_model_splits(exp: Experiment) -> None:
     ):
         if size:
             _check_split(rules, sizes, logical, size, what, params=params)
-    if m.positions == "learned" and exp.workload.seq_len > m.max_seq_len:
-        raise ConfigError(f"workload.seq_len={exp.workload.seq_len} exceeds model.max_seq_len="
-                          f"{m.max_seq_len} of the learned position table")
+    # decode writes the token after seq_len cached positions: position seq_len
+    new_token = int(exp.workload.kind == "decode")
+    positions = exp.workload.seq_len + new_token
+    if m.positions == "learned" and positions > m.max_seq_len:
+        why = " (the cache and the new token)" if new_token else ""
+        raise ConfigError(f"workload.seq_len={exp.workload.seq_len} needs {positions} positions"
+                          f"{why}, past model.max_seq_len={m.max_seq_len} of the learned "
+                          f"position table; set workload.seq_len <= "
+                          f"{m.max_seq_len - new_token}")
 
 
 def _check_batch(exp: Experiment) -> None:

@@ -62,6 +62,13 @@ BAD = {
                  "measured.step_time_s=-1 must be above 0"),
     "rules": (TINY.replace("fsdp = 4", 'fsdp = 4\nrules = "megatron"'),
               "parallelism.rules='megatron' is not a rule preset; valid: default"),
+    # decode writes the token after the cache's seq_len positions: position seq_len
+    "learned positions": (TINY.replace("seq_len = 32", 'seq_len = 32\nkind = "decode"')
+                          .replace('preset = "tiny"', 'preset = "tiny"\npositions = '
+                                   '"learned"\nmax_seq_len = 32'),
+                          "workload.seq_len=32 needs 33 positions (the cache and the new "
+                          "token), past model.max_seq_len=32 of the learned position table; "
+                          "set workload.seq_len <= 31"),
     "dropless sentinel": (TINY.replace('preset = "tiny"', 'preset = "tiny"\nn_experts = 4\n'
                                        'experts_per_token = 2\ncapacity_factor = 0'),
                           "for no dropped tokens set model.dropless = true"),
