@@ -139,9 +139,10 @@ class Precision:
     grad_reduce: str = described(
         'training: the dtype gradients are accumulated over microbatches and summed over the '
         'data-parallel ranks in, "float32" (Megatron\'s main_grad, its default) or '
-        '"bfloat16"; a step of float32 parameters with one microbatch and no pipeline is '
-        'JAX\'s own, whose partitioner sums each gradient where it finds it (bf16 out of '
-        'bf16 matmuls)', "float32")
+        '"bfloat16"; a step with one microbatch, no pipeline and no data-parallel axis '
+        'that leaves the parameters whole (FSDP alone) is JAX\'s own, whose partitioner '
+        'sums each gradient where it finds it (bf16 out of bf16 matmuls, as MaxText\'s '
+        'FSDP does), whatever the parameters\' dtype', "float32")
 
     def __post_init__(self):
         check_choice("precision.params", self.params, PARAM_DTYPES)
