@@ -132,7 +132,8 @@ def test_small_matmuls_run_below_the_large_matmul_rate():
     from meshes.chips import size_factor
 
     assert size_factor("gpu", 8192) == 1.0
-    assert size_factor("gpu", 1024) == pytest.approx(274 / 1290)
+    # below 4096^3 the measured shortfall is a kernel's fixed time (kernel_overhead_s)
+    assert size_factor("gpu", 1024) == size_factor("gpu", 4096) == pytest.approx(1217 / 1290)
     assert size_factor("gpu", 16384) == pytest.approx(1377 / 1290)
     assert H100.efficiency_for("bfloat16", 2048) < H100.efficiency_for("bfloat16", 8192)
     # v6e: the tpu-recipes bf16 8192^3 matmul microbenchmark measured 827 of the chip's
