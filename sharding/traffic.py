@@ -87,6 +87,12 @@ def is_memory_op(inst: Instruction, comp: Computation | None = None) -> bool:
         # A layer's weights (or KV cache) sliced out of the stacked array by the loop index
         # are read by the matmul from where they lie: the matmul's operand bytes count them.
         return False
+    if op == "transpose" and comp is not None and feeds_only_matmuls(comp, inst):
+        # Folded into the matmul's operand (XLA's transpose folding and layout assignment,
+        # a GEMM's transposed-operand flag): the matmul reads it where it lies. (A one-
+        # device program is read before XLA's simplifier, which folds them: a 70B decode
+        # step transposed its out_proj weights, 268 MB a layer.)
+        return False
     if FUSED_KERNEL_SCOPE in inst.op_name:
         return False
     return True

@@ -187,3 +187,23 @@ def test_a_reductions_combiner_is_not_a_kernel_of_its_own():
     body = [w for w in works.values() if any(k.op.startswith("reduce_max")
                                              for k in w.kernels)]
     assert body  # the reduces themselves are still kernels, in the loop's body
+
+
+def test_a_transposed_weight_feeding_a_matmul_is_read_where_it_lies():
+    # One device: the HLO is read before XLA's simplifier, which folds a transpose into
+    # the dot that reads it (as a GEMM's transposed-operand flag does); the transpose is
+    # no kernel of its own and moves no bytes beyond the matmul's operand.
+    import sharding
+
+    system = meshes.get_system("h100:1")
+    mesh = sharding.make_mesh(system, {})
+
+    def project(x_BHE, w_HED):
+        w_EHD = jnp.transpose(w_HED, (1, 0, 2))  # the einsum's operand order, made real
+        return jnp.einsum("beh,ehd->bd", jnp.swapaxes(x_BHE, 1, 2), w_EHD)
+
+    x = jax.ShapeDtypeStruct((8, 64, 128), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((64, 128, 8192), jnp.bfloat16)
+    rep = sharding.analyze(project, x, w, mesh=mesh, system=system)
+    weight = 64 * 128 * 8192 * 2
+    assert rep.compute.hbm_bytes < 1.1 * weight
