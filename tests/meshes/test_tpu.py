@@ -106,7 +106,8 @@ def test_dcn_override_sets_the_bandwidth_between_slices():
 def test_an_all_to_all_over_a_2d_torus_crosses_its_whole_bisection():
     # n chips exchanging S each: n S / 4 crosses any halving cut each way. A 16-ring cut
     # in two severs 2 links; a 16 x 16 torus cut across x severs 2 links on each of its 16
-    # rows, 32: 256 S / 4 / 32 = 16 S / 4 / 2, the ring's time (latency aside).
+    # rows, 32: 256 S / 4 / 32 = 16 S / 4 / 2, the ring's time (latency aside). (Google's
+    # v5e page: "bisection bandwidth per Pod 1.6 TB/s", 32 links x 50 GB/s one way.)
     s = get_system("tpu-v5e:16x16")
     S = 100 * MB
     ring = s.collective_time_s("all-to-all", S, [list(range(16))])
