@@ -169,6 +169,11 @@ def tensor_parallel_input(x_BLD, precision: Precision):
     parallelism and no pipeline still meets the all-gathers over data.)"""
     if not _reshards(precision):
         return x_BLD
+    # Pinned where it is made first (the norm's output, cast from its f32 arithmetic), so
+    # that the gather moves the compute dtype: left to propagation, the partitioner
+    # gathered before the cast, in f32 (twice Megatron's bytes).
+    x_BLD = jax.lax.with_sharding_constraint(x_BLD, _activation_sharding(
+        ("batch", "residual_seq", "embed"), x_BLD.shape, "the residual stream"))
     return _reshard(x_BLD, ("batch", "seq", "embed"), ("batch", "residual_seq", "embed"))
 
 

@@ -199,6 +199,24 @@ def test_f32_master_weights_gather_and_reduce_the_embedding_in_bf16(cpu_devices)
         [(c.kind, c.mesh_axes, c.dtype) for c in table]
 
 
+def test_sequence_parallel_gathers_the_norm_output_in_the_compute_dtype(cpu_devices):
+    # Megatron's sequence parallelism gathers each block's normalised input in bf16; the
+    # norm computes in f32 and casts, and the partitioner gathered before the cast (twice
+    # the bytes on every gather of a bf16 run).
+    cfg = tiny()
+    mesh = sharding.make_mesh(H100, {"data": 4, "tensor": 2})
+    prog = models.build_train_program(
+        cfg, mesh, sharding.default_rules().with_sequence_parallel(),
+        workload=models.Workload(seq_len=32, global_batch=8),
+        precision=models.Precision(params="bfloat16", compute="bfloat16"), train=models.Train())
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    gathers = [c for c in rep.collectives  # (the token ids' gather aside)
+               if c.kind == "all-gather" and c.mesh_axes == ("tensor",) and len(c.shape) >= 3
+               and c.dtype != "int32"]
+    assert gathers and {c.dtype for c in gathers} == {"bfloat16"}, \
+        sorted({(c.dtype, c.op_name.rsplit("/", 2)[-2]) for c in gathers})
+
+
 def test_tensor_parallel_layers_all_reduce_activations(cpu_devices):
     # Forward only, so that each all-reduce is one of Megatron's two per layer.
     cfg = tiny(n_heads=8, n_kv_heads=8, n_layers=3)
