@@ -23,6 +23,7 @@ program as compiled):
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import jax.numpy as jnp
@@ -116,25 +117,36 @@ def bucket_bytes(c: Collective, bucket_size: int = 0) -> int:
 def in_gradient_buckets(collectives: list[Collective], system: System,
                          device_ids: Sequence[int], bucket_size: int = 0) -> list[Collective]:
     """On GPUs, a weight gradient's sum over the data-parallel ranks (data, and sequence as
-    Megatron's DP x CP group) smaller than a bucket rides in one: it takes its share of one
-    bucket's collective, bytes / bucket of its time, not a collective's latency of its own."""
-    out, cache = [], {}
+    Megatron's DP x CP group) smaller than a bucket rides in one: the step's small sums
+    over one group fill ceil(their bytes / bucket) buckets, each one collective (its
+    latency paid once), and each sum takes its bytes' share of their time, not a
+    collective's latency of its own."""
+    def bucketed(c: Collective) -> bool:
+        return (c.kind in ("reduce-scatter", "all-reduce") and bool(c.mesh_axes)
+                and set(c.mesh_axes) <= DATA_PARALLEL and "transpose(" in c.op_name
+                and not kernel_scopes.scales_per_device(c.op_name)
+                and c.bytes < bucket_bytes(c, bucket_size))
+
+    def key(c: Collective):
+        return (c.kind, bucket_bytes(c, bucket_size),
+                tuple(tuple(device_ids[p] for p in g) for g in c.groups))
+
+    filled: dict[tuple, float] = {}  # the bytes a step's buckets carry, per group
     for c in collectives:
-        if c.kind not in ("reduce-scatter", "all-reduce") or not c.mesh_axes \
-                or not set(c.mesh_axes) <= DATA_PARALLEL \
-                or "transpose(" not in c.op_name or kernel_scopes.scales_per_device(c.op_name):
+        if bucketed(c):
+            filled[key(c)] = filled.get(key(c), 0.0) + c.bytes * c.count
+    timing = {}
+    for k, nbytes in filled.items():
+        kind, bucket, groups = k
+        n = math.ceil(nbytes / bucket)
+        timing[k] = (n, system.collective_timing(kind, nbytes / n, [list(g) for g in groups]))
+    out = []
+    for c in collectives:
+        if not bucketed(c):
             out.append(c)
             continue
-        bucket = bucket_bytes(c, bucket_size)
-        if c.bytes >= bucket:
-            out.append(c)
-            continue
-        groups = tuple(tuple(device_ids[p] for p in g) for g in c.groups)
-        key = (c.kind, bucket, groups)
-        if key not in cache:
-            cache[key] = system.collective_timing(c.kind, bucket, [list(g) for g in groups])
-        t = cache[key]
-        out.append(dataclasses.replace(c, time_s=t.time_s * c.bytes / bucket,
+        n, t = timing[key(c)]
+        out.append(dataclasses.replace(c, time_s=n * t.time_s * c.bytes / filled[key(c)],
                                        algorithm=f"{t.algorithm}, in buckets"))
     return out
 
