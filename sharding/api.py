@@ -219,8 +219,10 @@ def estimate(inputs: AnalysisInputs, *, system: System,
                 output_scale, next(iter(overlapped.values()), None))},
         placement=system.placement,
         fit_advice=inputs.fit_advice,
+        # a pipeline's bubble ticks compute on padding in the program; the chips wait
         energy=estimate_energy(family=family, chip=system.chip, num_devices=devices,
-                               step_s=step_s, compute_s=step_cost.compute_s,
+                               step_s=step_s, compute_s=step_cost.compute_s * (
+                                   1 - (inputs.pipeline or {}).get("bubble", 0.0)),
                                tokens_per_step=tokens, cost=cost),
         inputs=dataclasses.replace(inputs, plan=plan, device_ids=tuple(ids)),
     )

@@ -200,6 +200,9 @@ def test_pipeline_in_bf16_and_fp8_runs_on_the_cpu_compiler_and_shows_the_bubble(
         d = json.loads(out_json.read_text())
         assert d["pipeline"]["bubble"] == pytest.approx(1 / 5)
         assert d["pipeline"]["bubble_s"] == pytest.approx(d["compute_s"] / 5)
+        # the chips wait through the bubble (the program computes on padding there)
+        assert d["power"]["busy"] == pytest.approx(
+            min(1.0, d["compute_s"] * 4 / 5 / d["step_time_s"]))
         assert any(c["kind"] == "collective-permute" and c["mesh_axes"] == ["pipeline"]
                    and c["dtype"] == "bfloat16" for c in d["collectives"])
     # Interleaved: 2 virtual stages halve the bubble's share: 1 / (4 x 2 + 1).
