@@ -119,9 +119,10 @@ def _knob(changes: dict) -> str:
 
 
 def search(exp: Experiment, *, limit: int = 3, compile: bool = True, backend: str = "cpu",
-           calibration=None, budget: int = 60) -> list[Suggestion]:
+           calibration=None, budget: int = 400) -> list[Suggestion]:
     """Changes that make the experiment fit, cheapest in step time first (compiled and
-    estimated when `compile`; at most `limit` kept). `budget`: candidates sized at most."""
+    estimated when `compile`; at most `limit` kept). `budget`: candidates sized at most
+    (by the memory model, ~10 ms each: every single change and pair of ~20 singles)."""
     capacity = exp.system.chip.hbm_bytes
     sized: dict[str, tuple[dict, float]] = {}
 

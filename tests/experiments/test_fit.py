@@ -80,6 +80,15 @@ def test_the_search_combines_changes_when_no_single_one_is_enough():
     assert found and all(len(s.changes) >= 2 and s.fits and
                          s.memory_per_device_bytes <= cap for s in found)
     assert all(fit.memory_of(fit._changed(exp, s.changes)).total_bytes <= cap for s in found)
+    # The same without remat (5.4x the HBM): the fitting pairs come after many that do not,
+    # and the search said "no change is enough" once it had sized 60 candidates.
+    bigger = config_mod.load("tiny-h100-dp-tp", [
+        "model.preset='llama3-8b'", "model.n_kv_heads=8", "parallelism.data=8",
+        "parallelism.tensor=1", "workload.seq_len=8192", "workload.global_batch=64",
+        "train.remat='none'"])
+    found = fit.search(bigger, compile=False, limit=3)
+    assert found and all(fit.memory_of(fit._changed(bigger, s.changes)).total_bytes <= cap
+                         for s in found)
 
 
 def test_a_large_data_axis_can_move_whole_to_fsdp():
