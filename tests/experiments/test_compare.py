@@ -153,3 +153,24 @@ def test_compare_page_in_a_headless_browser(tmp_path, capsys, cpu_devices):
     assert len(by["per-mw"]["bars"]) == 2 and "tpu-v5e:2x4" in by["per-mw"]["missing"]
     assert len(by["usd"]["bars"]) == 1 and "b200:8, tpu-v5e:2x4" in by["usd"]["missing"]
     assert "step time" in table and "b200:8" in table
+
+
+def test_a_system_whose_step_does_not_fit_is_never_the_best_bar(cpu_devices):
+    # The faster system does not fit (its HBM made tiny here): its bars are drawn grey and
+    # labelled, and the best of each figure is the fastest system that fits.
+    import dataclasses
+    import re
+
+    from experiments import config, runner
+    from experiments.compare import Entry
+    from experiments.pages import compare_page
+
+    reps = {s: runner.run(config.load(TINY, [f"system.name='{s}'"])) for s in ("h100:8",
+                                                                              "b200:8")}
+    fast, slow = sorted(reps, key=lambda s: reps[s].step_time_s)
+    unfit = dataclasses.replace(reps[fast], hbm_capacity_bytes=1.0)
+    assert not unfit.fits and reps[slow].fits
+    page = compare_page([Entry(fast, "ok", report=unfit), Entry(slow, "ok", report=reps[slow])])
+    best = re.findall(r'<rect class="bar best"[^>]*><title>(.+?): ', page)
+    assert best and set(best) == {slow}
+    assert f"{fast} (no fit)" in page
