@@ -240,6 +240,7 @@ def reestimate(store: Store, *, system: str | None = None,
     import sharding
     from meshes import get_system
     from sharding.analysis import AnalysisInputs
+    from sharding.compute import runs_fused_kernels
     from sharding.plan import Plan
 
     out = []
@@ -259,6 +260,13 @@ def reestimate(store: Store, *, system: str | None = None,
         key = (target, json.dumps({} if system else overrides, sort_keys=True))
         if key not in systems:
             systems[key] = get_system(target, **({} if system else overrides))
+            own = get_system(r.config["system"]["name"], **overrides)
+            if runs_fused_kernels(systems[key].chip) != runs_fused_kernels(own.chip):
+                raise ValueError(
+                    f"--system {target}: the store's programs were compiled for {own.name}, "
+                    f"and a GPU's program saves and fuses what its frameworks' kernels do, "
+                    f"another chip's what XLA does; re-time on a system of {own.name}'s kind, "
+                    f"or search on {target} itself (`shardscope compare` compiles each kind)")
         # the same placement on any system of that size: mesh position -> system device id
         rep = sharding.reanalyze(inputs, system=systems[key], calibration=calibration)
         d = rep.to_dict(groups=False)

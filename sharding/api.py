@@ -264,6 +264,14 @@ def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
                          f"runs on {n}: re-time it on a system of the same size")
     if device_ids is not None:
         inputs = dataclasses.replace(inputs, device_ids=tuple(device_ids))
+    if inputs.memory is not None and inputs.memory.reserved:
+        # what the runtime keeps beside the program is the new system's (CUDA context and
+        # NCCL buffers on a GPU, the TPU runtime's reserve), not the compiled one's
+        from meshes.reserves import runtime_reserve
+
+        reserves = runtime_reserve(system, sum(s > 1 for s in inputs.mesh_shape))
+        inputs = dataclasses.replace(inputs, memory=dataclasses.replace(
+            inputs.memory, reserved=tuple((r.what, r.bytes) for r in reserves)))
     return estimate(dataclasses.replace(inputs, timings={}), system=system,
                     calibration=calibration, cost=cost)
 

@@ -244,7 +244,29 @@ def test_reestimate_on_another_system_matches_a_fresh_compile_without_compiling(
     mine = got["tiny-h100-dp-tp-data2-tensor4"]
     assert mine["step_time_s"] == pytest.approx(fresh["step_time_s"], rel=1e-9)
     assert mine["mfu"] == pytest.approx(fresh["mfu"], rel=1e-9)
+    assert mine["memory_per_device_bytes"] == pytest.approx(fresh["memory_per_device_bytes"])
+    # Not on a TPU: the stored programs are a GPU's (what its fused kernels save)
     capsys.readouterr()
+    assert cli.main(["search", TINY, "--store", str(store), "--reestimate", "--system",
+                     "tpu-v5e:2x4"]) == 2
+    err = capsys.readouterr().err
+    assert "compiled for h100:8" in err and err.count("\n") == 1
+
+
+def test_a_retimed_program_carries_its_new_systems_runtime_reserve(cpu_devices):
+    # Compiled on a v5e slice (its runtime keeps 0.25 GiB), re-timed on a v6e one: the
+    # memory verdict counts what the v6e's runtime keeps, as a fresh run there does.
+    import sharding
+    from experiments import runner
+    from meshes import get_system
+    from meshes.reserves import runtime_reserve
+
+    rep = runner.run(load(TINY, ["system.name='tpu-v5e:2x4'"]))
+    again = sharding.reanalyze(rep.inputs, system="tpu-v6e:2x4")
+    v6e = runtime_reserve(get_system("tpu-v6e:2x4"), 2)
+    assert dict(again.memory.reserved) == {r.what: r.bytes for r in v6e}
+    fresh = runner.run(load(TINY, ["system.name='tpu-v6e:2x4'"]))
+    assert again.memory_per_device_bytes == pytest.approx(fresh.memory_per_device_bytes)
 
 
 @pytest.mark.slow
