@@ -145,11 +145,19 @@ class Store:
         if not self.path.parent.exists():
             raise ValueError(f"results store {str(path)!r}: folder {str(self.path.parent)!r} "
                              f"does not exist; create it or store elsewhere")
+        if self.path.is_dir():
+            raise ValueError(f"results store {str(path)!r} is a folder; give a file, e.g. "
+                             f"{str(self.path / 'search.sqlite')!r}")
         if read_only:
             self._open_read_only()
             return
         self.db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-        self._setup("PRAGMA journal_mode=WAL")
+        try:
+            self._setup("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError as e:  # a file of something else: left as it is
+            self.db.close()
+            raise ValueError(f"{self.path}: not a results store ({e}); give a new file or "
+                             f"one `shardscope search --store` wrote") from None
         self.db.execute("PRAGMA synchronous=NORMAL")
         self._setup(SCHEMA)
         self._setup(ESTIMATES)

@@ -177,7 +177,7 @@ def _ranking_outputs(args, results, title: str, untried: int = 0) -> None:
 
 
 def cmd_results(args) -> int:
-    if not Path(args.store).is_file():
+    if not Path(args.store).exists():
         raise ConfigError(f"store {args.store!r} not found; `shardscope search CONFIG --store "
                           f"{args.store}` makes one")
     with _store(args.store) as store:

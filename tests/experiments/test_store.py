@@ -17,6 +17,18 @@ def test_results_reads_a_store_and_refuses_a_missing_one(tmp_path, capsys):
     assert code == 2 and "not found" in capsys.readouterr().err
 
 
+def test_a_file_or_folder_that_is_no_store_is_one_line_and_left_alone(tmp_path, capsys):
+    other = tmp_path / "report.json"
+    other.write_text('{"a": 1}')
+    for args in (["results", str(other)], ["results", str(tmp_path)],
+                 ["search", "tiny-h100-dp-tp", "--store", str(other), "--quiet"]):
+        assert cli.main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("not a results store" in err or "a folder" in err)
+    assert other.read_text() == '{"a": 1}' and sorted(p.name for p in tmp_path.iterdir()) == [
+        "report.json"]
+
+
 @pytest.mark.slow
 def test_two_searches_on_one_store_keep_each_row_once(tmp_path):
     # On a 2-GPU node: data 2 or tensor 2, both compiled by both searches at once.
