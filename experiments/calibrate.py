@@ -65,7 +65,8 @@ def informs(features: dict, name: str, *, share: float = 0.01) -> bool:
 def fit(cases: list[tuple[dict, float]]) -> dict[str, float]:
     """Parameter values that best explain `cases` ((features, measured step) pairs).
 
-    Parameters no case informs keep their uncalibrated value."""
+    Parameters fewer than two cases inform keep their uncalibrated value (one case would
+    be matched exactly, whatever else is wrong with it)."""
     from scipy.optimize import least_squares
 
     free = [n for n in _NAMES if sum(informs(f, n) for f, _ in cases) >= 2]
@@ -144,6 +145,8 @@ def write_calibration(result: FitResult, path: str | Path, *, fitted_on: str,
     lines = [f"# Written by `shardscope calibrate {fitted_on}` on {today}.", "",
              "[parameters]"]
     for name, value in result.values.items():
+        if len(result.informed_by[name]) < 2:  # not fitted: left out, so reports say so
+            continue
         lines.append(f"{name} = {value:.6g}  # uncalibrated {PARAMETERS[name][2]:g}; "
                      f"{PARAMETERS[name][3]}")
     lines += ["", "[provenance]",
@@ -171,7 +174,10 @@ def format_fit(result: FitResult) -> str:
     for name, value in result.values.items():
         runs = result.informed_by[name]
         errs = [e for n, e in zip(result.names, result.fitted_errors) if n in runs]
-        err = f"{_median_abs(errs):>22.1%}" if errs else "  - (no run: uncalibrated)"
+        if len(runs) == 1:  # `fit` frees a parameter from 2 runs on: one would match exactly
+            err = "  - (1 run: too few, uncalibrated)"
+        else:
+            err = f"{_median_abs(errs):>22.1%}" if errs else "  - (no run: uncalibrated)"
         lines.append(f"{name:<30}{value:>12.4g}{PARAMETERS[name][2]:>14.4g}{len(runs):>6}"
                      f"{err}")
     lines.append(f"fitted: median |error| {_median_abs(result.fitted_errors):.1%}; "

@@ -102,3 +102,24 @@ def test_each_matmul_rate_class_has_its_own_parameter():
     assert factors == {("h100", "bfloat16"): pytest.approx(0.4 / 0.8),
                        ("h100", "float8_e4m3fn"): 0.7, ("tpu-v6e", "bfloat16"): 0.9,
                        ("host-cpu", "float32"): 1.0}
+
+
+def test_a_parameter_one_run_informs_stays_uncalibrated_and_says_so(tmp_path):
+    # One TPU run among GPU ones: a fit would match it exactly whatever else is wrong with
+    # it, so the TPU parameters keep their uncalibrated values, are said to be, and are
+    # left out of the file (a report on it names them "uncalibrated here").
+    from experiments.calibrate import format_fit, write_calibration
+    from experiments.config import load_calibration
+
+    cases = [(f"run{i}", f, m) for i, (f, m) in enumerate(synthetic_cases())
+             if i % 3 != 1 or i == 1]
+    result = calibrate(cases)
+    assert result.informed_by["tpu_matmul_scale"] == ["run1"]
+    assert result.values["tpu_matmul_scale"] == IDENTITY.values()["tpu_matmul_scale"]
+    assert "1 run: too few, uncalibrated" in next(
+        line for line in format_fit(result).splitlines() if line.startswith("tpu_matmul"))
+    path = tmp_path / "c.toml"
+    write_calibration(result, path, fitted_on="runs")
+    params = tomllib.loads(path.read_text())["parameters"]
+    assert "tpu_matmul_scale" not in params and "gpu_bf16_matmul_efficiency" in params
+    assert "uncalibrated here: " in load_calibration(str(path)).source
