@@ -53,7 +53,8 @@ def build_parser() -> Parser:
 
     def command(name: str, help: str, fn, *shared: str, backend: str = "",
                 **kwargs) -> Parser:
-        flags = [f[s] for s in shared]
+        # every command takes --quiet (a script passes it to all): no progress lines
+        flags = [f[s] for s in (*shared, *(() if "quiet" in shared else ("quiet",)))]
         if backend:
             flags.append(backend_flag(every=backend == "every"))
         c = sub.add_parser(name, help=help, parents=flags, **kwargs)

@@ -196,8 +196,9 @@ def cmd_systems(args) -> int:
           "parallelism sizes count devices.")
     cal = catalog_calibration()
     print(f"\nCalibration (meshes/calibration.toml): {cal.source}")
+    width = max(map(len, PARAMETERS)) + 2
     for name, value in cal.values().items():
-        print(f"  {name:<28}{value:<10.4g}(uncalibrated {PARAMETERS[name][2]:g}; "
+        print(f"  {name:<{width}}{value:<10.4g}(uncalibrated {PARAMETERS[name][2]:g}; "
               f"{PARAMETERS[name][3]})")
     return 0
 

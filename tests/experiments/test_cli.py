@@ -316,3 +316,11 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(monkeypatch, capsys):
     assert cli.main(["systems"]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "shardscope: interrupted"
+
+
+def test_every_command_takes_quiet():
+    # a script passes --quiet to every command it runs; none refuses it
+    p = cli.build_parser()
+    [sub] = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+    assert sub.choices and all(any("--quiet" in a.option_strings for a in c._actions)
+                               for c in sub.choices.values())
