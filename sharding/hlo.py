@@ -249,6 +249,8 @@ _UNSCOPED = {"dynamic_update_index_in_dim": "layer scan: stacking per-layer valu
              "dynamic_slice": "layer scan: reading per-layer values",
              "while": "loop control", "lt": "loop control", "cond": "loop control"}
 _WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|jit|pjit|remat|checkpoint)\((.*)\)$")
+# The training step's own scopes (sharding/gpu_frameworks.py names them; the same strings)
+_GRADIENT_SUM, _OPTIMIZER = "gradient_sum", "optimizer"
 
 
 def operation_of(op_name: str) -> str:
@@ -264,8 +266,10 @@ def operation_of(op_name: str) -> str:
     phase = "forward"
     if "rematted_computation" in parts:
         phase = "recomputed"
-    elif "transpose(" in op_name:
-        phase = "backward"
+    elif "transpose(" in op_name or _GRADIENT_SUM in parts:
+        phase = "backward"  # (the step's gradient sums end the backward pass)
+    elif _OPTIMIZER in parts:
+        phase = "update"
     kept = []
     for i, part in enumerate(parts[:-1]):  # the last part is the primitive
         while (m := _WRAPPER.match(part)) is not None:
@@ -274,6 +278,8 @@ def operation_of(op_name: str) -> str:
             continue  # the jitted function's own name
         if part in _PLUMBING or "->" in part or part.startswith("_"):
             continue
+        if kept and kept[-1] == part:
+            continue  # a scope entered again inside itself (a custom VJP's own scope)
         kept.append(part)
     if kept and kept[0] in _UNSCOPED:
         name = _UNSCOPED[kept[0]]
