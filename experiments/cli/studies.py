@@ -115,7 +115,16 @@ def cmd_search(args) -> int:
             how = f"on {args.system}" if args.system else "under the current model"
             print(f"re-estimated {sum(r.status == 'ok' for r in results)} stored programs "
                   f"{how}, no compile (kept in {args.store}: `shardscope results "
-                  f"{args.store}{' --system ' + args.system if args.system else ''}`)\n")
+                  f"{args.store}{' --system ' + args.system if args.system else ''}`)")
+            too_big = sum(r.status == "refused" and r.message.startswith("does not fit")
+                          for r in results)
+            if args.system and too_big:
+                were = "s did not fit on the store's system and were" if too_big > 1 else \
+                    " did not fit on the store's system and was"
+                print(f"{too_big} config{were} never compiled; with {args.system}'s HBM "
+                      f"they may: `shardscope search {args.config} --set "
+                      f"system.name={args.system}` tries them")
+            print()
             title = f"{exp.name} re-timed {how}"
         else:
             with SearchProgress(args) as sink:

@@ -251,6 +251,21 @@ def test_reestimate_on_another_system_matches_a_fresh_compile_without_compiling(
                      "tpu-v5e:2x4"]) == 2
     err = capsys.readouterr().err
     assert "compiled for h100:8" in err and err.count("\n") == 1
+    # A config too big for the store's system was never compiled: said, with the search
+    # that tries it on the other system's HBM.
+    import dataclasses
+
+    from experiments.store import Store
+
+    with Store(store) as s:
+        s.add(dataclasses.replace(_result("big", 1.0, 1e12, status="refused"),
+                                  config_hash="big", search=TINY,
+                                  message="does not fit: needs 1 TB of HBM per device"))
+    assert cli.main(["search", TINY, "--store", str(store), "--reestimate", "--system",
+                     "b200:8", "--quiet"]) == 0
+    assert ("1 config did not fit on the store's system and was never compiled; with "
+            f"b200:8's HBM they may: `shardscope search {TINY} --set system.name=b200:8`"
+            ) in capsys.readouterr().out
 
 
 def test_a_retimed_program_carries_its_new_systems_runtime_reserve(cpu_devices):
