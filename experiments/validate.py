@@ -220,6 +220,9 @@ def format_table(rows: list[Row], stats: dict) -> str:
                      f"{pct(s['loo_median_abs_error'], 5)}")
     compilers = sorted({r.compiler for r in rows if r.compiler})
     lines.append(f"HLO from: {'; '.join(compilers) or '-'}")
+    if any(not r.family.endswith(("bf16", "f32")) for r in rows):
+        lines.append("MFU: model FLOPs against the bf16 peak (FP8 and FP4 runs can pass "
+                     "100%; `run` gives it against each matmul's format too)")
     return "\n".join(lines)
 
 
