@@ -188,7 +188,9 @@ def build_parser() -> Parser:
     im.add_argument("--system", help="the system it runs on, e.g. tpu-v5e:16x16*4 (unless "
                                      "the file names one: `shardscope export` writes it)")
 
-    command("systems", "the system catalog", commands.cmd_systems)
+    sy = command("systems", "the system catalog", commands.cmd_systems)
+    sy.add_argument("name", nargs="?", help="one system, e.g. h100:64 or tpu-v5p:8x8x8 "
+                                            "(default: every family, with the calibration)")
     command("models", "the model presets", commands.cmd_models)
     command("configs", "the bundled experiment configs (run them by name)",
             commands.cmd_configs)

@@ -185,6 +185,12 @@ def cmd_systems(args) -> int:
     from meshes.calibration import PARAMETERS, catalog_calibration
     from meshes.power import describe as power_of
 
+    if args.name:  # one system, any size: `systems h100:64`, `systems tpu-v5p:8x8x8*2`
+        s = get_system(args.name)
+        print(s.name)
+        for field, value in [*s.describe(), *power_of(s.family.name, s.chip)]:
+            print(f"  {field:<11}{value}")
+        return 0
     for name in system_names():
         s = get_system(name)
         print(name)

@@ -114,6 +114,10 @@ def test_systems_and_models_list_the_catalog(capsys):
     assert "700 W TDP per chip [NVIDIA H100 SXM datasheet" in out
     assert "$4.916 per chip-hour [p5.48xlarge" in out
     assert out.count("power      no public figure") == 5  # v5e, v5p, v6e, trn2, trn2u
+    # one system at the size asked, its links and power as the catalog lists them
+    code, one, _ = run_cli(["systems", "h100:64"], capsys)
+    assert code == 0 and one.splitlines()[0] == "h100:64" and "64 (1 per chip)" in one
+    assert "infiniband" in one and "Calibration" not in one
     code, out, _ = run_cli(["models"], capsys)
     assert code == 0 and "llama3-405b" in out
     lines = out.splitlines()
