@@ -32,12 +32,9 @@ import numpy as np
 from meshes import System
 from sharding import kernel_scopes
 from sharding.collectives import Collective
+from sharding.hlo import GRADIENT_SUM, OPTIMIZER  # the step's scopes (models/train.py)
 from sharding.schedule import Chunked
 
-# The named scopes of a training step's data-parallel gradient sum and optimizer update
-# (models/train.py).
-GRADIENT_SUM = "gradient_sum"
-OPTIMIZER = "optimizer"
 # A pipeline's stage-to-stage transfer (models/pipeline.py).
 STAGE_TRANSFER = "stage_transfer"
 DATA_PARALLEL = frozenset({"data", "sequence"})  # Megatron's DP x CP group

@@ -249,8 +249,9 @@ _UNSCOPED = {"dynamic_update_index_in_dim": "layer scan: stacking per-layer valu
              "dynamic_slice": "layer scan: reading per-layer values",
              "while": "loop control", "lt": "loop control", "cond": "loop control"}
 _WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|jit|pjit|remat|checkpoint)\((.*)\)$")
-# The training step's own scopes (sharding/gpu_frameworks.py names them; the same strings)
-_GRADIENT_SUM, _OPTIMIZER = "gradient_sum", "optimizer"
+# The named scopes of a training step's data-parallel gradient sum and optimizer update
+# (models/train.py enters them as sharding.gpu_frameworks' names)
+GRADIENT_SUM, OPTIMIZER = "gradient_sum", "optimizer"
 
 
 def operation_of(op_name: str) -> str:
@@ -266,9 +267,9 @@ def operation_of(op_name: str) -> str:
     phase = "forward"
     if "rematted_computation" in parts:
         phase = "recomputed"
-    elif "transpose(" in op_name or _GRADIENT_SUM in parts:
+    elif "transpose(" in op_name or GRADIENT_SUM in parts:
         phase = "backward"  # (the step's gradient sums end the backward pass)
-    elif _OPTIMIZER in parts:
+    elif OPTIMIZER in parts:
         phase = "update"
     kept = []
     for i, part in enumerate(parts[:-1]):  # the last part is the primitive
