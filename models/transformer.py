@@ -281,8 +281,8 @@ class Transformer(nnx.Module):
         tokens_BL = self.in_model_order(tokens_BL)
         positions_BL = jnp.broadcast_to(order, (b, seq))
         context = self.context_mode if ranks > 1 else None
-        x_BLD, _ = self._layers(self._embed(tokens_BL, positions_BL), positions_BL,
-                                context=context)
+        x_BLD, _ = self._layers(self._embed(tokens_BL, positions_BL, whole_table=True),
+                                positions_BL, context=context)
         return x_BLD
 
     def in_model_order(self, x_BL):
@@ -352,15 +352,16 @@ class Transformer(nnx.Module):
                                            quantized) for c_NBKSE, n_NB1KE in zip(cache, new))
         return self.head(x_BLD)[:, 0], cache
 
-    def _embed(self, tokens_BL, positions_BL):
+    def _embed(self, tokens_BL, positions_BL, *, whole_table: bool = False):
+        """The tokens' rows of the table (and learned positions'), in the compute dtype.
+        `whole_table` (training): f32 master weights are cast whole before the lookup, as
+        MaxText's Embed and Megatron's bf16 model copy do, so that an FSDP gather of the
+        table and its gradient's reduction move 2-byte values (the other weights are cast
+        before their matmuls the same way); serving casts the rows it reads."""
         cfg, dt = self.cfg, self.compute_dtype
         with jax.named_scope("embedding"):
             table_VD = self.embed[...]
-            if table_VD.dtype.itemsize > jnp.dtype(dt).itemsize:
-                # f32 master weights: looked up in the compute dtype, as MaxText's Embed
-                # and Megatron's bf16 model copy do, so that an FSDP gather of the table
-                # and its gradient's reduction move 2-byte values (the other weights are
-                # cast before their matmuls the same way)
+            if whole_table and table_VD.dtype.itemsize > jnp.dtype(dt).itemsize:
                 table_VD = table_VD.astype(dt)
             x_BLD = jnp.take(table_VD, tokens_BL, axis=0).astype(dt)
             if cfg.positions == "learned":
