@@ -247,8 +247,9 @@ def fit(exp: Experiment, *, backend: str = "cpu", calibration=None, limit: int =
         memory = runner.run(exp, backend=backend, calibration=calibration).memory
     cap = exp.system.chip.hbm_bytes
     fits = memory.total_bytes <= cap
+    # each suggestion compiled and timed by the same compiler as the verdict
     suggestions = () if fits else tuple(search(exp, limit=limit, compile=compile,
-                                               calibration=calibration))
+                                               backend=backend, calibration=calibration))
     return Verdict(name=exp.name, system=exp.system.label, fits=fits,
                    memory_per_device_bytes=memory.total_bytes, hbm_capacity_bytes=cap,
                    breakdown=(*memory.components, *memory.reserved), source=memory.source,
