@@ -200,7 +200,12 @@ class TpuSystem(System):
             # all-reduce of each chip's 1/chips share, at the DCN's rate per chip.
             in_slice, _ = self._ici_time(kind, nbytes, here, share=share)
             chips = len({c[1:-1] for c in here})
-            t_dcn = nbytes / chips * bus_factor(kind, len(slices)) * share / dcn.bytes_per_s
+            if kind == "all-to-all":
+                # each device sends the other slices' share of its own buffer over DCN
+                per_chip = nbytes * len(here) / chips * (len(slices) - 1) / len(slices)
+            else:
+                per_chip = nbytes / chips * bus_factor(kind, len(slices))
+            t_dcn = per_chip * share / dcn.bytes_per_s
             return CollectiveTiming(in_slice + t_dcn, self.slow, "hierarchical")
         t, algo = self._ici_time(kind, nbytes, coords, share=share)
         return CollectiveTiming(t, self.fast, algo)

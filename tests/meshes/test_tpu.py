@@ -128,6 +128,17 @@ def test_an_all_reduce_over_slices_counts_the_slices_ring_once():
     assert both == pytest.approx(in_slice + S / 256 / 3.125e9, rel=1e-6)
 
 
+def test_an_all_to_all_over_slices_sends_the_other_slices_share_over_dcn():
+    # Two v5e slices of 4 chips: each device's S-byte buffer keeps half on its slice and
+    # sends half to the other, over the DCN at 3.125 GB/s a chip (after the in-slice
+    # exchange).
+    s = get_system("tpu-v5e:2x2*2")
+    S = 1e8
+    in_slice = s.collective_time_s("all-to-all", S, [[0, 1, 2, 3]])
+    both = s.collective_time_s("all-to-all", S, [list(range(8))])
+    assert both == pytest.approx(in_slice + S / 2 / 3.125e9, rel=1e-6)
+
+
 def test_tpu7x_groups_on_the_same_chips_share_their_links():
     # 64 chips of a 4x4x4 TPU7x cube, two TensorCores each. One group per core (another
     # axis splits the cores): both groups' bytes cross every chip's links, twice one
