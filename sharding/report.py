@@ -267,11 +267,16 @@ class Report:
         return dict(out)
 
     def by_link(self) -> dict[str, dict[str, float]]:
+        """Per link class: bytes, what each device sends over it, and time."""
         out: dict[str, dict[str, float]] = {}
         for c in self.collectives:
             d = out.setdefault(c.link or "none", {"bytes": 0, "wire_bytes": 0.0, "time_s": 0.0})
             d["bytes"] += c.total_bytes
-            d["wire_bytes"] += c.wire_bytes * c.count
+            in_switch = c.kind == "all-reduce" and (c.algorithm or "").split(" ")[0].rstrip(
+                ",") in ("nvls", "sharp")
+            # NVLink SHARP and in-network reduction: the switch sums, each device sends its
+            # buffer once (a ring sends it twice over, 2(n - 1)/n)
+            d["wire_bytes"] += (c.bytes if in_switch else c.wire_bytes) * c.count
             d["time_s"] += c.total_time_s
         return out
 

@@ -174,3 +174,24 @@ def test_an_nvfp4_steps_mfu_uses_the_peak_of_each_matmuls_format(cpu_devices):
     d = fp4.to_dict()
     assert (d["mfu_bf16"], d["mfu_format"]) == (fp4.mfu_bf16, fp4.mfu_format)
     assert "of the bf16 peak" in fp4.format_table()
+
+
+def test_an_nvls_all_reduce_sends_each_devices_buffer_once(cpu_devices):
+    # NVLink SHARP sums in the switch: each GPU sends its buffer once, not a ring's
+    # 2(n - 1)/n of it; the slowest hop's rate per device is the buffer over the time.
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    system = meshes.get_system("h100:8")
+    mesh = sharding.make_mesh(system, {"data": 8})
+    x = jax.ShapeDtypeStruct((8, 4096, 8192), jnp.bfloat16,
+                             sharding=NamedSharding(mesh, P("data")))
+    rep = sharding.analyze(lambda x: jnp.sum(x, axis=0), x, mesh=mesh, system=system)
+    [c] = rep.collectives
+    assert c.kind == "all-reduce" and c.algorithm == "nvls"
+    rate = float(re.search(r"at ([\d.]+) GB/s", rep.slowest_hop())[1]) * 1e9
+    assert rate == pytest.approx(c.bytes / c.time_s, rel=0.01)
