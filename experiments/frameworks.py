@@ -196,8 +196,13 @@ def _maxtext_model(exp: Experiment) -> list[str]:
     # MaxText's names of the fused projections (its defaults: separate weights)
     fused = [f"{k}: true" for k in MAXTEXT_FUSED if getattr(m, k)]
     unfused = dataclasses.replace(m, **dict.fromkeys(MAXTEXT_FUSED, False))
-    if m.name in MAXTEXT_MODELS and unfused == PRESETS[m.name]():
-        return [f"model_name: {MAXTEXT_MODELS[m.name]}", *fused]
+    # routing is not the model file's (MaxText's default capacity_factor, -1, is dropless):
+    # written whenever the model has experts
+    routing = [f"capacity_factor: {-1 if m.dropless else _number(m.capacity_factor)}"] \
+        if m.n_experts > 1 else []
+    if m.name in MAXTEXT_MODELS and unfused == dataclasses.replace(
+            PRESETS[m.name](), capacity_factor=m.capacity_factor, dropless=m.dropless):
+        return [f"model_name: {MAXTEXT_MODELS[m.name]}", *fused, *routing]
     # (base_mlp_dim: the dense layers' MLP; a MoE model's experts' is d_ff, below)
     lines = [f"{key}: {m.dense_layers_d_ff if key == 'base_mlp_dim' else getattr(m, field)}"
              for key, field in MAXTEXT_MODEL_KEYS.items() if key in MAXTEXT_SHAPE_KEYS]
@@ -213,7 +218,7 @@ def _maxtext_model(exp: Experiment) -> list[str]:
                      f"MaxText decoder_block has both")
     if m.n_experts > 1:
         lines += [f"num_experts: {m.n_experts}", f"num_experts_per_tok: {m.experts_per_token}",
-                  f"capacity_factor: {-1 if m.dropless else _number(m.capacity_factor)}"]
+                  *routing]
         if m.n_shared_experts:
             lines.append(f"shared_experts: {m.n_shared_experts}")
         if m.n_dense_layers:

@@ -27,6 +27,7 @@ from experiments.frameworks import (
     ici_dcn,
 )
 from meshes import get_system
+from models.config import PRESETS
 from models.program import CHECKPOINT_NAMES
 from sharding.rules import MESH_AXES
 
@@ -36,7 +37,8 @@ DEFAULTS = {"ici_fsdp_parallelism": -1, "dcn_data_parallelism": -1,
             "gradient_accumulation_steps": 1, "num_pipeline_microbatches": -1,
             "num_layers_per_pipeline_stage": 1, "remat_policy": "full",
             "weight_dtype": "float32", "dtype": "bfloat16", "quantization": "",
-            "shard_optimizer_over_data": False, "num_vocab_tiling": 1, "opt_type": "adamw"}
+            "shard_optimizer_over_data": False, "num_vocab_tiling": 1, "opt_type": "adamw",
+            "capacity_factor": -1.0}  # -1: dropless
 # MaxText mesh axes shardscope has no axis for: they must stay 1
 UNSUPPORTED_AXES = ("fsdp_transpose", "tensor_transpose", "tensor_sequence", "autoregressive",
                     "context_autoregressive", "stage")
@@ -213,10 +215,14 @@ def _precision(keys: dict) -> dict:
 def _model(keys: dict) -> dict:
     name = keys.get("model_name", "default")
     shape = _shape(keys) if name == "default" or keys.get("override_model_config") else {}
-    if keys.get("capacity_factor", 0) == -1:
-        shape["dropless"] = True
-    elif "capacity_factor" in keys:
-        shape["capacity_factor"] = keys["capacity_factor"]
+    experts = (shape.get("n_experts", 1) if name == "default" or name not in PRESET_OF
+               else max(shape.get("n_experts", 1), PRESETS[PRESET_OF[name]]().n_experts))
+    if experts > 1:  # MaxText's default capacity_factor, -1, routes every token (dropless)
+        factor = keys.get("capacity_factor", DEFAULTS["capacity_factor"])
+        if factor == -1:
+            shape["dropless"] = True
+        else:
+            shape["capacity_factor"] = factor
     if keys.get("attention") == "dot_product":
         shape["attention"] = "dense"
     shape.update({k: True for k in MAXTEXT_FUSED if keys.get(k) is True})

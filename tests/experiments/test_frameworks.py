@@ -242,6 +242,27 @@ def test_import_reads_maxtext_defaults_as_its_base_yml_has_them(tmp_path, capsys
                                                             "value_proj"))
 
 
+def test_moe_routing_goes_out_and_comes_back(tmp_path, capsys):
+    # MaxText's default capacity_factor is -1 (dropless), the presets' 1.25 with dropping:
+    # a model_name export writes the run's, and a MaxText MoE config without one is
+    # dropless (a dense one gets no routing fields).
+    code, out, _ = run_cli(["export", "mixtral-8x7b-v6e-256-ep", "--to", "maxtext"], capsys)
+    assert code == 0 and "model_name: mixtral-8x7b" in out and "capacity_factor: 1.25" in out
+    for text, want in (("model_name: mixtral-8x7b\n", {"dropless": True}),
+                       ("model_name: mixtral-8x7b\ncapacity_factor: 2.0\n",
+                        {"capacity_factor": 2.0}),
+                       ("model_name: llama2-7b\n", {})):
+        yml = tmp_path / "m.yml"
+        yml.write_text(text)
+        out_toml = tmp_path / "m.toml"
+        code, _, err = run_cli(["import", "maxtext", str(yml), "--out", str(out_toml),
+                                "--system", "tpu-v6e:16x16", "--force"], capsys)
+        assert code == 0, err
+        model = config.load(out_toml).model
+        assert {k: getattr(model, k) for k in want} == want
+        assert model.dropless == want.get("dropless", False)
+
+
 def test_latent_attention_and_dense_layers_export_and_come_back(tmp_path, capsys):
     # DeepSeek-V3's shape from its config.json, 5 layers (not the preset, so every key is
     # written): MaxText's attention_type mla keys and first_num_dense_layers round-trip;
