@@ -124,8 +124,11 @@ class _Translation:
                                 + "; fix the config.json")
                 self.fields[field] = value
         f = self.fields
+        # the MLP's width: intermediate_size, or the experts' own where the kind has one
+        width = next((k for k, v in MOE.get(self.kind, {}).items() if v == "d_ff"),
+                     "intermediate_size")
         missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
-                               "vocab_size") if self.config.get(k) is None]
+                               "vocab_size", width) if self.config.get(k) is None]
         if missing:
             raise ValueError(f"{self.where}: missing {', '.join(missing)} (a {self.kind} "
                              f"config.json has them)")

@@ -83,6 +83,7 @@ LLAMA = json.loads((HF / "meta-llama-3-8b.json").read_text())
     ({"layer_types": ["sliding_attention"] * 32}, "layer_types="),
     # malformed values: named, never a traceback
     ({"num_attention_heads": None}, "missing num_attention_heads"),
+    ({"intermediate_size": None}, "missing intermediate_size"),
     ({"num_attention_heads": "32"}, "num_attention_heads='32' must be a number"),
     ({"tie_word_embeddings": "no"}, "tie_word_embeddings='no' must be true or false"),
 ])
