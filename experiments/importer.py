@@ -38,7 +38,14 @@ DEFAULTS = {"ici_fsdp_parallelism": -1, "dcn_data_parallelism": -1,
             "num_layers_per_pipeline_stage": 1, "remat_policy": "full",
             "weight_dtype": "float32", "dtype": "bfloat16", "quantization": "",
             "shard_optimizer_over_data": False, "num_vocab_tiling": 1, "opt_type": "adamw",
-            "capacity_factor": -1.0}  # -1: dropless
+            "capacity_factor": -1.0,  # -1: dropless
+            "context_parallel_strategy": "all_gather"}
+# MaxText's context_parallel_strategy -> parallelism.context_mode
+CONTEXT_STRATEGIES = {"all_gather": "allgather", "ring": "ring"}
+# The other MaxText keys read here (overrides of them are not typos)
+READ_KEYS = ("model_name", "override_model_config", "attention", "attention_type",
+             "decoder_block", "mlp_activations", "logits_via_embedding",
+             "first_num_dense_layers", "base_moe_mlp_dim")
 # MaxText mesh axes shardscope has no axis for: they must stay 1
 UNSUPPORTED_AXES = ("fsdp_transpose", "tensor_transpose", "tensor_sequence", "autoregressive",
                     "context_autoregressive", "stage")
@@ -100,8 +107,9 @@ def read_maxtext(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str
                           f"written by `shardscope export CONFIG --to maxtext --out X.yml`")
     keys, system = parse_yaml(p.read_text())
     known = {*keys, *DEFAULTS, *MAXTEXT_MODEL_KEYS, *MAXTEXT_FUSED, *CHECKPOINT_NAMES,
-             *(f"{level}_{name}_parallelism" for level in ("ici", "dcn")
-               for name in (*MAXTEXT_AXES.values(), *UNSUPPORTED_AXES))}
+             *READ_KEYS, *(f"{level}_{name}_parallelism" for level in ("ici", "dcn")
+                           for name in (*MAXTEXT_AXES.values(), *UNSUPPORTED_AXES,
+                                        "sequence"))}
     for item in overrides:
         key, eq, value = item.partition("=")
         key = key.strip()
@@ -296,6 +304,12 @@ def to_experiment(keys: dict, system_name: str, name: str) -> dict:
     except ValueError as e:
         raise ConfigError(f"--system: {e}") from None
     par = parallelism(keys, system)
+    if par.get("sequence", 1) > 1:
+        strategy = keys.get("context_parallel_strategy", DEFAULTS["context_parallel_strategy"])
+        if strategy not in CONTEXT_STRATEGIES:
+            raise ConfigError(f"context_parallel_strategy={strategy!r}: valid: "
+                              f"{', '.join(CONTEXT_STRATEGIES)}")
+        par["context_mode"] = CONTEXT_STRATEGIES[strategy]
     micro, ga = _int(keys, "num_pipeline_microbatches"), _int(keys, "gradient_accumulation_steps")
     pipelined = par.get("pipeline", 1) > 1
     if pipelined and micro != -1 and ga > 1:

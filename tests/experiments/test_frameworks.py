@@ -263,6 +263,29 @@ def test_moe_routing_goes_out_and_comes_back(tmp_path, capsys):
         assert model.dropless == want.get("dropless", False)
 
 
+def test_context_parallel_strategy_goes_out_and_comes_back(tmp_path, capsys):
+    # MaxText's context_parallel_strategy (its default all_gather) is read on import, and
+    # ici_sequence_parallelism, a MaxText key, is an override like any other.
+    for mode in ("allgather", "ring"):
+        code, out, _ = run_cli(["export", "llama3-8b-nvl72", "--to", "maxtext", "--set",
+                                "parallelism.fsdp=4", "--set", "parallelism.sequence=2",
+                                "--set", f"parallelism.context_mode={mode}"], capsys)
+        assert code == 0
+        yml = tmp_path / "cp.yml"
+        yml.write_text(out)
+        code, _, err = run_cli(["import", "maxtext", str(yml), "--out", str(tmp_path / "c.toml"),
+                                "--force"], capsys)
+        assert code == 0, err
+        assert config.load(tmp_path / "c.toml").parallelism.context_mode == mode
+    yml.write_text("model_name: llama3-8b\nici_fsdp_parallelism: 8\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--system", "tpu-v5e:4x4", "--out",
+                            str(tmp_path / "s.toml"), "--force", "ici_sequence_parallelism=2"],
+                           capsys)
+    assert code == 0, err
+    par = config.load(tmp_path / "s.toml").parallelism
+    assert (par.sequence, par.context_mode) == (2, "allgather")
+
+
 def test_latent_attention_and_dense_layers_export_and_come_back(tmp_path, capsys):
     # DeepSeek-V3's shape from its config.json, 5 layers (not the preset, so every key is
     # written): MaxText's attention_type mla keys and first_num_dense_layers round-trip;
