@@ -210,7 +210,9 @@ def _maxtext_model(exp: Experiment) -> list[str]:
              + "]",
              f"logits_via_embedding: {str(m.tie_embeddings).lower()}"]
     if m.norm == "rmsnorm" and m.positions == "rope":
-        lines += ["decoder_block: llama2", f"rope_max_timescale: {_number(m.rope_theta)}"]
+        # MaxText's block with the layer's MLP and attention: llama2's are dense
+        block = "deepseek" if m.mla else "mixtral" if m.n_experts > 1 else "llama2"
+        lines += [f"decoder_block: {block}", f"rope_max_timescale: {_number(m.rope_theta)}"]
     elif m.norm == "layernorm" and m.positions == "learned":
         lines += ["decoder_block: gpt3", f"trainable_position_size: {m.max_seq_len}"]
     else:

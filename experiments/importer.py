@@ -274,9 +274,11 @@ def _shape(keys: dict) -> dict:
     block = keys.get("decoder_block")
     if block == "gpt3":
         shape.update(norm="layernorm", positions="learned")
-    elif block not in (None, "llama2", "mistral", "mixtral"):
-        raise ConfigError(f"decoder_block={block!r}: shardscope's blocks are llama2 "
-                          f"(RMSNorm, RoPE) and gpt3 (LayerNorm, learned positions)")
+    elif block not in (None, "llama2", "mistral", "mixtral", "deepseek"):
+        raise ConfigError(f"decoder_block={block!r}: shardscope's blocks are llama2, "
+                          f"mistral, mixtral and deepseek (RMSNorm, RoPE; their MLP and "
+                          f"attention from num_experts and attention_type) and gpt3 "
+                          f"(LayerNorm, learned positions)")
     return shape
 
 

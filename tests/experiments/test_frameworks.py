@@ -248,6 +248,10 @@ def test_moe_routing_goes_out_and_comes_back(tmp_path, capsys):
     # dropless (a dense one gets no routing fields).
     code, out, _ = run_cli(["export", "mixtral-8x7b-v6e-256-ep", "--to", "maxtext"], capsys)
     assert code == 0 and "model_name: mixtral-8x7b" in out and "capacity_factor: 1.25" in out
+    # a changed shape names MaxText's MoE block (llama2's MLP is dense)
+    code, out, _ = run_cli(["export", "mixtral-8x7b-v6e-256-ep", "--to", "maxtext", "--set",
+                            "model.n_layers=16"], capsys)
+    assert code == 0 and "decoder_block: mixtral" in out and "num_experts: 8" in out
     for text, want in (("model_name: mixtral-8x7b\n", {"dropless": True}),
                        ("model_name: mixtral-8x7b\ncapacity_factor: 2.0\n",
                         {"capacity_factor": 2.0}),
