@@ -128,6 +128,13 @@ def export(exp: Experiment, to: str) -> str:
 
 # ---- MaxText ------------------------------------------------------------------------------
 
+def _override(value) -> str:
+    """A system override as the `# shardscope system:` line writes it (key=value)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return _number(value) if isinstance(value, float) else str(value)
+
+
 def maxtext(exp: Experiment) -> list[str]:
     """YAML `key: value` lines, as overrides of MaxText's base.yml for its train.py."""
     par, w, n = exp.parallelism, exp.workload, exp.system.num_devices
@@ -135,7 +142,8 @@ def maxtext(exp: Experiment) -> list[str]:
     where = (f"{count} {what}s of {n // count} joined by dcn_*" if count > 1
              else f"one {what}: dcn_* all 1")
     lines = [f"# MaxText settings of {exp.name} (shardscope export; {n} devices, {where})",
-             f"{SYSTEM_LINE}{exp.system.name}"]
+             f"{SYSTEM_LINE}{exp.system.name}"
+             + "".join(f" {k}={_override(v)}" for k, v in sorted(exp.system.overrides.items()))]
     if count > 1 and what == "slice":
         lines.append(f"# MaxText counts the {count} slices from the devices (train_compile.py: "
                      f"compile_topology_num_slices={count})")

@@ -301,8 +301,17 @@ def _latent_attention(keys: dict) -> dict:
 
 def to_experiment(keys: dict, system_name: str, name: str) -> dict:
     """The experiment's tables (as a TOML file holds them), checked by the config loader."""
+    # a name and the system overrides an export wrote beside it ("NAME key=value ...")
+    system_name, *pairs = system_name.split()
+    overrides = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq:
+            raise ConfigError(f"system {system_name!r}: {pair!r} is not key=value (a system "
+                              f"override, e.g. gpus_per_domain=64)")
+        overrides[key] = scalar(value)
     try:
-        system = get_system(system_name)
+        system = get_system(system_name, **overrides)
     except ValueError as e:
         raise ConfigError(f"--system: {e}") from None
     par = parallelism(keys, system)
@@ -332,7 +341,8 @@ def to_experiment(keys: dict, system_name: str, name: str) -> dict:
         layers = model.get("n_layers") or config_mod.preset(model["preset"]).n_layers
         per_stage = _int(keys, "num_layers_per_pipeline_stage")
         par["virtual_stages"] = -(-layers // (par["pipeline"] * per_stage))
-    raw = {"name": name, "model": model, "system": {"name": system.name}, "parallelism": par,
+    raw = {"name": name, "model": model, "system": {"name": system.name, **overrides},
+           "parallelism": par,
            "workload": {"seq_len": _int(keys, "max_target_length"),
                         "global_batch": int(batch), "microbatches": microbatches},
            "precision": _precision(keys),

@@ -290,6 +290,23 @@ def test_context_parallel_strategy_goes_out_and_comes_back(tmp_path, capsys):
     assert (par.sequence, par.context_mode) == (2, "allgather")
 
 
+def test_a_systems_overrides_go_out_and_come_back(tmp_path, capsys):
+    # 8 racks used 64 GPUs of 72 each (gpus_per_domain): written beside the system's name,
+    # read back with it (the import refused 512 GPUs as no whole number of 72-GPU racks)
+    code, out, _ = run_cli(["export", "llama3-405b-gb200-512-tp4-pp8-cp2-fp8", "--to",
+                            "maxtext"], capsys)
+    assert code == 0 and "# shardscope system: gb200-nvl72:512 gpus_per_domain=64" in out
+    yml = tmp_path / "x.yml"
+    yml.write_text(out)
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--out", str(tmp_path / "y.toml")],
+                           capsys)
+    assert code == 0, err
+    got, want = (config.load(p).system for p in (tmp_path / "y.toml",
+                                                  "llama3-405b-gb200-512-tp4-pp8-cp2-fp8"))
+    assert (got.name, got.overrides) == (want.name, want.overrides) == (
+        "gb200-nvl72:512", {"gpus_per_domain": 64})
+
+
 def test_latent_attention_and_dense_layers_export_and_come_back(tmp_path, capsys):
     # DeepSeek-V3's shape from its config.json, 5 layers (not the preset, so every key is
     # written): MaxText's attention_type mla keys and first_num_dense_layers round-trip;
