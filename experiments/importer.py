@@ -88,15 +88,17 @@ def parse_yaml(text: str) -> tuple[dict, str]:
     """The top-level `key: value` lines (nested blocks skipped) and the system a
     `# shardscope system: NAME` line names ("" if none)."""
     out, system = {}, ""
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         if line.startswith(SYSTEM_LINE):
             system = line[len(SYSTEM_LINE):].strip()
-        if not line.strip() or line[0] in " \t-#[]":
+        if not line.strip() or line[0] in " \t-#[]{}'\"":
             continue
         key, colon, value = line.partition(":")
-        if colon and key.strip():
-            value = value.split(" #", 1)[0]
-            out[key.strip()] = scalar(value)
+        if not colon or not key.strip():
+            raise ConfigError(f"line {number}: {line.strip()[:60]!r} is not `key: value` "
+                              f"(a YAML top-level line); fix the file")
+        value = value.split(" #", 1)[0]
+        out[key.strip()] = scalar(value)
     return out, system
 
 
@@ -121,6 +123,14 @@ def read_maxtext(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str
             raise ConfigError(f"override {key}={value}: not a MaxText key shardscope reads; "
                               f"did you mean {near[0]}={value}?")
         keys[key] = scalar(value)
+    shape = [item.partition("=")[0].strip() for item in overrides
+             if item.partition("=")[0].strip() in MAXTEXT_MODEL_KEYS]
+    named = keys.get("model_name", "default") != "default"
+    if shape and named and not keys.get("override_model_config"):
+        # MaxText's pyconfig refuses them too: its model file's values win otherwise
+        raise ConfigError(f"override {shape[0]} with model_name={keys['model_name']}: MaxText "
+                          f"keeps the model file's value unless override_model_config=true; "
+                          f"add it, or drop model_name and give every shape key")
     return keys, system
 
 

@@ -169,6 +169,8 @@ def test_out_keeps_a_file_unless_force(tmp_path, capsys):
     ("per_device_batch_sise=4", "did you mean per_device_batch_size=4?"),
     ("ici_tensr_parallelism=2", "did you mean ici_tensor_parallelism=2?"),
     ("per_device_batch_size=abc", "per_device_batch_size='abc' must be a number"),
+    # a model file's shape key changed without override_model_config, as MaxText refuses
+    ("base_num_decoder_layers=16", "unless override_model_config=true"),
 ])
 def test_import_refuses_what_shardscope_cannot_express(override, named, tmp_path, capsys):
     yml = tmp_path / "x.yml"
@@ -178,6 +180,15 @@ def test_import_refuses_what_shardscope_cannot_express(override, named, tmp_path
     code, out, err = run_cli(["import", "maxtext", str(yml), override, "--out",
                               str(tmp_path / "b.toml")], capsys)
     assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "b.toml").exists()
+
+
+def test_a_line_that_is_not_key_value_is_named(tmp_path, capsys):
+    yml = tmp_path / "bad.yml"
+    yml.write_text("model_name: llama3-8b\nici_fsdp_parallelism 8\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--system", "tpu-v5e:4x4",
+                            "--out", str(tmp_path / "b.toml")], capsys)
+    assert code == 2 and "line 2: 'ici_fsdp_parallelism 8' is not `key: value`" in err
     assert not (tmp_path / "b.toml").exists()
 
 
