@@ -73,10 +73,13 @@ def build_parser() -> Parser:
                          "time)")
     me = command("measure", "run the config's step on the devices present, timed and "
                  "profiled, beside its estimate", commands.cmd_measure, "config", "json",
-                 "calibration", "out", "quiet")
-    next(a for a in me._actions if "--out" in a.option_strings).help = (
-        "write the config with a [measured] table to FILE, for validate and calibrate; an "
-        "existing file is kept unless --force")
+                 "calibration", "quiet")
+    # its own --out (the shared one's help is every other command's: a parent's actions
+    # are shared, so changing its help changed theirs)
+    me.add_argument("--out", metavar="FILE", help="write the config with a [measured] table "
+                    "to FILE, for validate and calibrate; an existing file is kept unless "
+                    "--force")
+    me.add_argument("--force", action="store_true", help="overwrite --out's file")
     me.add_argument("--steps", type=positive_int, default=5, help="timed steps (default 5)")
     me.add_argument("--warmup", type=non_negative_int, default=2,
                     help="untimed steps first (default 2)")

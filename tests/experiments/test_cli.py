@@ -328,3 +328,16 @@ def test_every_command_takes_quiet():
     [sub] = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
     assert sub.choices and all(any("--quiet" in a.option_strings for a in c._actions)
                                for c in sub.choices.values())
+
+
+def test_out_says_what_each_command_writes():
+    # measure's --out writes a [measured] config; the shared --out of export and import
+    # writes their output (measure's help had replaced theirs)
+    p = cli.build_parser()
+    [sub] = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+
+    def out_help(name):
+        return next(a.help for a in sub.choices[name]._actions if "--out" in a.option_strings)
+
+    assert "[measured]" in out_help("measure")
+    assert "[measured]" not in out_help("export") and "[measured]" not in out_help("import")
