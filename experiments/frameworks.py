@@ -411,14 +411,17 @@ def _megatron_model(exp: Experiment) -> list[str]:
     if not m.tie_embeddings:
         out.append("--untie-embeddings-and-output-weights")
     if m.n_experts > 1:
-        out += [f"--num-experts {m.n_experts}", f"--moe-router-topk {m.experts_per_token}"]
+        # the all-to-all dispatcher (expert parallelism's; Megatron's TransformerConfig
+        # refuses a capacity factor with any other)
+        out += [f"--num-experts {m.n_experts}", f"--moe-router-topk {m.experts_per_token}",
+                "--moe-token-dispatcher-type alltoall"]
         if not m.dropless:
             out.append(f"--moe-expert-capacity-factor {_number(m.capacity_factor)}")
         if m.n_shared_experts:
             out.append(f"--moe-shared-expert-intermediate-size "
                        f"{m.n_shared_experts * m.d_ff}")
         if m.n_dense_layers:  # --ffn-hidden-size is then the dense layers'
-            out += [f"--moe-layer-freq ([0]*{m.n_dense_layers}+[1]*{m.moe_layers})",
+            out += [f"--moe-layer-freq '([0]*{m.n_dense_layers}+[1]*{m.moe_layers})'",
                     f"--moe-ffn-hidden-size {m.d_ff}"]
         out.append(f"# model.moe_group_size={m.moe_group_size}: Megatron routes each "
                    f"micro-batch's tokens together (no group size)")

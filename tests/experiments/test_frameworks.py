@@ -339,6 +339,8 @@ def test_latent_attention_and_dense_layers_export_and_come_back(tmp_path, capsys
     flags = _export(capsys, str(toml), "--to", "megatron")
     for flag in ("--multi-latent-attention", "--q-lora-rank 1536", "--kv-lora-rank 512",
                  "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128",
-                 "--moe-layer-freq ([0]*3+[1]*2)", "--moe-ffn-hidden-size 2048",
-                 "--ffn-hidden-size 18432"):
+                 "--moe-layer-freq '([0]*3+[1]*2)'", "--moe-ffn-hidden-size 2048",
+                 "--ffn-hidden-size 18432",
+                 # a capacity factor needs the all-to-all dispatcher (TransformerConfig)
+                 "--moe-token-dispatcher-type alltoall"):
         assert flag in flags.splitlines()
