@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from experiments import config as config_mod
@@ -108,10 +109,7 @@ def read_maxtext(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str
         raise ConfigError(f"MaxText config {str(path)!r} not found; give its YAML, e.g. one "
                           f"written by `shardscope export CONFIG --to maxtext --out X.yml`")
     keys, system = parse_yaml(p.read_text())
-    known = {*keys, *DEFAULTS, *MAXTEXT_MODEL_KEYS, *MAXTEXT_FUSED, *CHECKPOINT_NAMES,
-             *READ_KEYS, *(f"{level}_{name}_parallelism" for level in ("ici", "dcn")
-                           for name in (*MAXTEXT_AXES.values(), *UNSUPPORTED_AXES,
-                                        "sequence"))}
+    known = {*keys, *read_keys()}
     for item in overrides:
         key, eq, value = item.partition("=")
         key = key.strip()
@@ -132,6 +130,13 @@ def read_maxtext(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str
                           f"keeps the model file's value unless override_model_config=true; "
                           f"add it, or drop model_name and give every shape key")
     return keys, system
+
+
+def read_keys() -> set[str]:
+    """The MaxText keys an import reads (every other one changes nothing here)."""
+    return {*DEFAULTS, *MAXTEXT_MODEL_KEYS, *MAXTEXT_FUSED, *CHECKPOINT_NAMES, *READ_KEYS,
+            *(f"{level}_{name}_parallelism" for level in ("ici", "dcn")
+              for name in (*MAXTEXT_AXES.values(), *UNSUPPORTED_AXES, "sequence"))}
 
 
 def _int(keys: dict, key: str) -> int:
@@ -379,9 +384,11 @@ def _toml_value(v) -> str:
     return repr(v)
 
 
-def to_toml(raw: dict, source: str) -> str:
-    lines = [f"# Imported from the MaxText config {source} (shardscope import maxtext).",
-             f"name = {_toml_value(raw['name'])}"]
+def to_toml(raw: dict, source: str, ignored: Sequence[str] = ()) -> str:
+    lines = [f"# Imported from the MaxText config {source} (shardscope import maxtext)."]
+    if ignored:
+        lines.append(f"# Overrides that change nothing shardscope models: {', '.join(ignored)}")
+    lines.append(f"name = {_toml_value(raw['name'])}")
     for table in ("model", "system", "parallelism", "workload", "precision", "train"):
         lines += ["", f"[{table}]"]
         lines += [f"{k} = {_toml_value(v)}" for k, v in raw[table].items()
@@ -398,4 +405,6 @@ def import_maxtext(path: str, overrides: list[str], system: str | None, out: str
                           f"give --system NAME (e.g. --system tpu-v5e:16x16*4; "
                           f"`shardscope systems` lists them)")
     raw = to_experiment(keys, system, Path(out).stem)
-    return to_toml(raw, Path(path).name)
+    read = read_keys()
+    ignored = [o for o in overrides if o.partition("=")[0].strip() not in read]
+    return to_toml(raw, Path(path).name, ignored)

@@ -183,6 +183,18 @@ def test_import_refuses_what_shardscope_cannot_express(override, named, tmp_path
     assert not (tmp_path / "b.toml").exists()
 
 
+def test_overrides_that_change_nothing_modelled_are_said_in_the_file(tmp_path, capsys):
+    yml = tmp_path / "m.yml"
+    yml.write_text("model_name: llama3-8b\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--system", "tpu-v5e:4x4", "--out",
+                            str(tmp_path / "m.toml"), "learning_rate=1e-4",
+                            "ici_fsdp_parallelism=16"], capsys)
+    assert code == 0, err
+    text = (tmp_path / "m.toml").read_text()
+    assert "# Overrides that change nothing shardscope models: learning_rate=1e-4\n" in text
+    assert config.load(tmp_path / "m.toml").parallelism.fsdp == 16
+
+
 def test_a_line_that_is_not_key_value_is_named(tmp_path, capsys):
     yml = tmp_path / "bad.yml"
     yml.write_text("model_name: llama3-8b\nici_fsdp_parallelism 8\n")
