@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from experiments.config import ConfigError, Experiment
+from experiments.reference import toml_value
 from models.config import PRESETS
 from models.program import CHECKPOINT_NAMES, expand_names
 from sharding.rules import MESH_AXES
@@ -128,13 +129,6 @@ def export(exp: Experiment, to: str) -> str:
 
 # ---- MaxText ------------------------------------------------------------------------------
 
-def _override(value) -> str:
-    """A system override as the `# shardscope system:` line writes it (key=value)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    return _number(value) if isinstance(value, float) else str(value)
-
-
 def maxtext(exp: Experiment) -> list[str]:
     """YAML `key: value` lines, as overrides of MaxText's base.yml for its train.py."""
     par, w, n = exp.parallelism, exp.workload, exp.system.num_devices
@@ -143,7 +137,7 @@ def maxtext(exp: Experiment) -> list[str]:
              else f"one {what}: dcn_* all 1")
     lines = [f"# MaxText settings of {exp.name} (shardscope export; {n} devices, {where})",
              f"{SYSTEM_LINE}{exp.system.name}"
-             + "".join(f" {k}={_override(v)}" for k, v in sorted(exp.system.overrides.items()))]
+             + "".join(f" {k}={toml_value(v)}" for k, v in sorted(exp.system.overrides.items()))]
     if count > 1 and what == "slice":
         lines.append(f"# MaxText counts the {count} slices from the devices (train_compile.py: "
                      f"compile_topology_num_slices={count})")

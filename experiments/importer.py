@@ -28,7 +28,6 @@ from experiments.frameworks import (
     ici_dcn,
 )
 from meshes import get_system
-from models.config import PRESETS
 from models.program import CHECKPOINT_NAMES
 from sharding.rules import MESH_AXES
 
@@ -110,6 +109,7 @@ def read_maxtext(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str
                           f"written by `shardscope export CONFIG --to maxtext --out X.yml`")
     keys, system = parse_yaml(p.read_text())
     known = {*keys, *read_keys()}
+    shape = []  # the model's shape keys among the overrides
     for item in overrides:
         key, eq, value = item.partition("=")
         key = key.strip()
@@ -121,8 +121,8 @@ def read_maxtext(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str
             raise ConfigError(f"override {key}={value}: not a MaxText key shardscope reads; "
                               f"did you mean {near[0]}={value}?")
         keys[key] = scalar(value)
-    shape = [item.partition("=")[0].strip() for item in overrides
-             if item.partition("=")[0].strip() in MAXTEXT_MODEL_KEYS]
+        if key in MAXTEXT_MODEL_KEYS:
+            shape.append(key)
     named = keys.get("model_name", "default") != "default"
     if shape and named and not keys.get("override_model_config"):
         # MaxText's pyconfig refuses them too: its model file's values win otherwise
@@ -238,8 +238,8 @@ def _precision(keys: dict) -> dict:
 def _model(keys: dict) -> dict:
     name = keys.get("model_name", "default")
     shape = _shape(keys) if name == "default" or keys.get("override_model_config") else {}
-    experts = (shape.get("n_experts", 1) if name == "default" or name not in PRESET_OF
-               else max(shape.get("n_experts", 1), PRESETS[PRESET_OF[name]]().n_experts))
+    experts = shape.get("n_experts") or (
+        config_mod.preset(PRESET_OF[name]).n_experts if name in PRESET_OF else 1)
     if experts > 1:  # MaxText's default capacity_factor, -1, routes every token (dropless)
         factor = keys.get("capacity_factor", DEFAULTS["capacity_factor"])
         if factor == -1:

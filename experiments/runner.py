@@ -12,7 +12,7 @@ import sharding
 from experiments.config import ConfigError, Experiment
 from meshes.calibration import Calibration
 from meshes.gpu import GpuSystem
-from meshes.reserves import JAX_GPU_MEM_FRACTION, runtime_reserve
+from meshes.reserves import JAX_GPU_MEM_FRACTION, reserved
 from meshes.tpu import TpuSystem
 from models.inference import build_serve_program
 from models.memory import offload_bytes_per_step, serving_memory, training_memory
@@ -201,8 +201,7 @@ def build_step(exp: Experiment, mesh, *, quiet: bool = False) -> Step:
 def with_reserve(memory: sharding.Memory, exp: Experiment) -> sharding.Memory:
     """The program's memory with what the runtime keeps on the device beside it
     (meshes/reserves.py), and on GPUs the share of HBM JAX must be let to take."""
-    communicators = sum(s > 1 for s in exp.parallelism.sizes().values())
-    reserves = runtime_reserve(exp.system, communicators)
+    reserves = reserved(exp.system, sum(s > 1 for s in exp.parallelism.sizes().values()))
     notes = ()
     share = memory.program_bytes / exp.system.chip.hbm_bytes
     if isinstance(exp.system, GpuSystem) and JAX_GPU_MEM_FRACTION < share < 0.99:
@@ -210,7 +209,7 @@ def with_reserve(memory: sharding.Memory, exp: Experiment) -> sharding.Memory:
                  f"{JAX_GPU_MEM_FRACTION:.0%} JAX preallocates by default: run with "
                  f"XLA_PYTHON_CLIENT_MEM_FRACTION={min(0.99, share + 0.005):.2f} or more",)
     return dataclasses.replace(
-        memory, reserved=tuple((r.what, r.bytes) for r in reserves),
+        memory, reserved=reserves,
         source=memory.source + ("; runtime reserve (meshes/reserves.py)" if reserves else ""),
         notes=(*memory.notes, *notes))
 

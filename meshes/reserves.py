@@ -74,3 +74,8 @@ def runtime_reserve(system, communicators: int) -> list[Reserve]:
         out.append(Reserve(f"NCCL buffers ({communicators} communicator{plural})",
                            nccl * communicators, source))
     return out
+
+
+def reserved(system, communicators: int) -> tuple[tuple[str, float], ...]:
+    """`runtime_reserve` as the (what, bytes) pairs a sharding.Memory keeps."""
+    return tuple((r.what, r.bytes) for r in runtime_reserve(system, communicators))

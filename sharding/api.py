@@ -267,11 +267,10 @@ def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
     if inputs.memory is not None and inputs.memory.reserved:
         # what the runtime keeps beside the program is the new system's (CUDA context and
         # NCCL buffers on a GPU, the TPU runtime's reserve), not the compiled one's
-        from meshes.reserves import runtime_reserve
+        from meshes.reserves import reserved
 
-        reserves = runtime_reserve(system, sum(s > 1 for s in inputs.mesh_shape))
         inputs = dataclasses.replace(inputs, memory=dataclasses.replace(
-            inputs.memory, reserved=tuple((r.what, r.bytes) for r in reserves)))
+            inputs.memory, reserved=reserved(system, sum(s > 1 for s in inputs.mesh_shape))))
     return estimate(dataclasses.replace(inputs, timings={}), system=system,
                     calibration=calibration, cost=cost)
 

@@ -83,15 +83,13 @@ def is_memory_op(inst: Instruction, comp: Computation | None = None) -> bool:
         return False
     if comp is not None and inst.name in dequant_ops(comp):
         return False  # fused into the matmul's operand load
-    if op in ("slice", "dynamic-slice") and comp is not None and feeds_only_matmuls(comp, inst):
-        # A layer's weights (or KV cache) sliced out of the stacked array by the loop index
-        # are read by the matmul from where they lie: the matmul's operand bytes count them.
-        return False
-    if op == "transpose" and comp is not None and feeds_only_matmuls(comp, inst):
-        # Folded into the matmul's operand (XLA's transpose folding and layout assignment,
-        # a GEMM's transposed-operand flag): the matmul reads it where it lies. (A one-
-        # device program is read before XLA's simplifier, which folds them: a 70B decode
-        # step transposed its out_proj weights, 268 MB a layer.)
+    if op in ("slice", "dynamic-slice", "transpose") and comp is not None \
+            and feeds_only_matmuls(comp, inst):
+        # Read by the matmul from where it lies, its operand bytes counting it: a layer's
+        # weights (or KV cache) sliced out of the stacked array by the loop index, and a
+        # transpose folded into the operand (XLA's transpose folding, a GEMM's transposed-
+        # operand flag; a one-device program is read before XLA's simplifier folds them:
+        # a 70B decode step transposed its out_proj weights, 268 MB a layer).
         return False
     if FUSED_KERNEL_SCOPE in inst.op_name:
         return False

@@ -185,17 +185,16 @@ def cmd_systems(args) -> int:
     from meshes.calibration import PARAMETERS, catalog_calibration
     from meshes.power import describe as power_of
 
-    if args.name:  # one system, any size: `systems h100:64`, `systems tpu-v5p:8x8x8*2`
-        s = get_system(args.name)
+    def show(s) -> None:
         print(s.name)
         for field, value in [*s.describe(), *power_of(s.family.name, s.chip)]:
             print(f"  {field:<11}{value}")
+
+    if args.name:  # one system, any size: `systems h100:64`, `systems tpu-v5p:8x8x8*2`
+        show(get_system(args.name))
         return 0
     for name in system_names():
-        s = get_system(name)
-        print(name)
-        for field, value in [*s.describe(), *power_of(s.family.name, s.chip)]:
-            print(f"  {field:<11}{value}")
+        show(get_system(name))
     print(_host_cpu_lines())
     print("\nSizes: GPUs by count (NVL72: up to 72, or whole racks); TPUs by torus shape, "
           "'*N' for N slices over DCN.\nA TPU7x chip shows as two JAX devices; "
