@@ -62,14 +62,18 @@ def informs(features: dict, name: str, *, share: float = 0.01) -> bool:
     return sum(features["math_s"][k] for k in keys) > share * step
 
 
+# A parameter is fitted on this many runs that inform it or more (one would be matched
+# exactly, whatever else is wrong with it)
+MIN_RUNS = 2
+
+
 def fit(cases: list[tuple[dict, float]]) -> dict[str, float]:
     """Parameter values that best explain `cases` ((features, measured step) pairs).
 
-    Parameters fewer than two cases inform keep their uncalibrated value (one case would
-    be matched exactly, whatever else is wrong with it)."""
+    Parameters fewer than MIN_RUNS cases inform keep their uncalibrated value."""
     from scipy.optimize import least_squares
 
-    free = [n for n in _NAMES if sum(informs(f, n) for f, _ in cases) >= 2]
+    free = [n for n in _NAMES if sum(informs(f, n) for f, _ in cases) >= MIN_RUNS]
     base = Calibration().values()
     lo = np.array([PARAMETERS[n][0] for n in free])
     hi = np.array([PARAMETERS[n][1] for n in free])
@@ -145,7 +149,7 @@ def write_calibration(result: FitResult, path: str | Path, *, fitted_on: str,
     lines = [f"# Written by `shardscope calibrate {fitted_on}` on {today}.", "",
              "[parameters]"]
     for name, value in result.values.items():
-        if len(result.informed_by[name]) < 2:  # not fitted: left out, so reports say so
+        if len(result.informed_by[name]) < MIN_RUNS:  # not fitted: left out, reports say so
             continue
         lines.append(f"{name} = {value:.6g}  # uncalibrated {PARAMETERS[name][2]:g}; "
                      f"{PARAMETERS[name][3]}")
@@ -174,8 +178,8 @@ def format_fit(result: FitResult) -> str:
     for name, value in result.values.items():
         runs = result.informed_by[name]
         errs = [e for n, e in zip(result.names, result.fitted_errors) if n in runs]
-        if len(runs) == 1:  # `fit` frees a parameter from 2 runs on: one would match exactly
-            err = "  - (1 run: too few, uncalibrated)"
+        if 0 < len(runs) < MIN_RUNS:
+            err = f"  - ({len(runs)} run: too few, uncalibrated)"
         else:
             err = f"{_median_abs(errs):>22.1%}" if errs else "  - (no run: uncalibrated)"
         lines.append(f"{name:<30}{value:>12.4g}{PARAMETERS[name][2]:>14.4g}{len(runs):>6}"
