@@ -17,7 +17,7 @@ from models import kernels
 from models.config import ModelConfig
 from models.fp8 import fp4_einsum, fp8_einsum, fp8_einsum_stored
 from models.program import DTYPES, MATMUL_OUTPUT, Precision
-from models.quant import QuantWeight
+from models.quant import QuantArrays, QuantWeight
 from sharding import kernel_scopes
 from sharding.rules import active_mesh, active_rules, constrain, resolve, use_rules
 
@@ -96,7 +96,7 @@ def project(spec: str, x, w, *, precision: Precision):
     (`per_context_rank`).
     """
     w_rank = len(spec.split("->")[0].split(",")[1])
-    if isinstance(w, QuantWeight) and precision.low_precision_matmuls == "float8":
+    if isinstance(w, QuantWeight | QuantArrays) and precision.low_precision_matmuls == "float8":
         wq = w.q[...]
         if wq.dtype == jnp.float8_e4m3fn and wq.ndim == w_rank:
             return matmul_output(spec, fp8_einsum_stored(spec, x, wq, w.scale[...]))

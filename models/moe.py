@@ -42,8 +42,18 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from models.config import ModelConfig
-from models.layers import Mlp, matmul_output, mlp_hidden, new_param, new_weight, project
+from models.fp8 import MX_BLOCK
+from models.layers import (
+    Mlp,
+    matmul_output,
+    mlp_hidden,
+    new_param,
+    new_weight,
+    project,
+    tensor_parallel_input,
+)
 from models.program import DTYPES, Precision
+from models.quant import QuantWeight, split_dim
 from sharding.rules import active_mesh, active_rules, constrain, mesh_shape_of
 
 
@@ -116,6 +126,32 @@ def _dispatch_indices(expert_RTA, slot_RTA, kept_RTA, n_experts: int, cap: int):
     return jax.vmap(one_group)(expert_RTA, slot_RTA, token_RTA)
 
 
+def hidden_split(f: int, precision: Precision) -> int:
+    """The ways tensor parallelism splits the experts' hidden dimension (F), when the
+    weights and the activations split it over the same mesh axes and into whole pieces
+    (FP4: whole blocks of 32); else 1."""
+    mesh, rules = active_mesh(), active_rules()
+    if mesh is None:
+        return 1
+    shape = mesh_shape_of(mesh)
+    axes = rules.split_axes("mlp", shape)
+    if not axes or axes != tuple(a for a in rules.mesh_axes("mlp", params=True)
+                                 if shape.get(a, 1) > 1):
+        return 1
+    t = math.prod(shape[a] for a in axes)
+    block = MX_BLOCK if precision.low_precision_matmuls == "float4" else 1
+    return t if f % (t * block) == 0 else 1
+
+
+def _choices(y_RXCD, flat_RTA):
+    """Every token's k expert outputs gathered from the slots (an empty or dropped choice
+    reads a zero row)."""
+    g, n_x, cap, d = y_RXCD.shape
+    slot_rows = jnp.concatenate([y_RXCD.reshape(g, n_x * cap, d),
+                                 jnp.zeros((g, 1, d), y_RXCD.dtype)], axis=1)
+    return jax.vmap(lambda rows, idx: rows[idx])(slot_rows, flat_RTA)
+
+
 class MoeMlp(nnx.Module):
     """Routed experts (and `n_shared_experts` always-on experts, DeepSeek style)."""
 
@@ -160,23 +196,82 @@ class MoeMlp(nnx.Module):
         with jax.named_scope("experts"):
             h_RXCF = mlp_hidden(self, "gxcd,xdf->gxcf", x_RXCD)
             h_RXCF = constrain(h_RXCF, ("expert_batch", "experts", None, "mlp"))
-            # Laid out before it is named: the layer scan stacks what a policy saves in the
-            # layout it is named in, and a stack left to the partitioner was resharded
-            # whole (every layer's) at each backward iteration.
-            y_RXCD = constrain(
-                project("gxcf,xfd->gxcd", h_RXCF, self.w_down, precision=self.precision),
-                ("expert_batch", "experts", None, "embed"))
-            y_RXCD = checkpoint_name(y_RXCD, "mlpwo")
+            t = hidden_split(h_RXCF.shape[-1], self.precision)
+            if t > 1:
+                y_YRXCD = self._down_partial_sums(h_RXCF, t)
+            else:
+                # Laid out before it is named: the layer scan stacks what a policy saves in
+                # the layout it is named in, and a stack left to the partitioner was
+                # resharded whole (every layer's) at each backward iteration.
+                y_RXCD = constrain(
+                    project("gxcf,xfd->gxcd", h_RXCF, self.w_down, precision=self.precision),
+                    ("expert_batch", "experts", None, "embed"))
+                y_RXCD = checkpoint_name(y_RXCD, "mlpwo")
         with jax.named_scope("combine"):
-            y_RXCD = constrain(y_RXCD, ("batch", None, None, "embed"))  # all-to-all back
             flat_RTA = jnp.where(kept_RTA, expert_RTA * cap + slot_RTA, n_x * cap)
-            slot_rows = jnp.concatenate([y_RXCD.reshape(g, n_x * cap, d),
-                                       jnp.zeros((g, 1, d), y_RXCD.dtype)], axis=1)
-            y_RTAD = jax.vmap(lambda rows, idx: rows[idx])(slot_rows, flat_RTA)
-            out_RTD = jnp.einsum("gskd,gsk->gsd", y_RTAD.astype(jnp.float32),
-                                 weight_RTA).astype(x_BLD.dtype)
-            out_BLD = constrain(out_RTD.reshape(b, seq, d), ("batch", "residual_seq", "embed"))
-        if cfg.n_shared_experts:
+            if t == 1:
+                y_RXCD = constrain(y_RXCD, ("batch", None, None, "embed"))  # all-to-all back
+                out_RTD = jnp.einsum("gskd,gsk->gsd", _choices(y_RXCD, flat_RTA).astype(
+                    jnp.float32), weight_RTA).astype(x_BLD.dtype)
+            else:
+                # all-to-all back, each tensor rank's partial sums on their own
+                y_YRXCD = constrain(y_YRXCD, ("mlp", "batch", None, None, "embed"))
+                y_YRTAD = jax.vmap(_choices, in_axes=(0, None))(y_YRXCD, flat_RTA)
+                out_YRTD = constrain(
+                    jnp.einsum("ygskd,gsk->ygsd", y_YRTAD.astype(jnp.float32),
+                               weight_RTA).astype(x_BLD.dtype),
+                    ("mlp", "batch", None, "embed"))
+        if t > 1:
+            if cfg.n_shared_experts:
+                with jax.named_scope("shared_expert"):
+                    out_YRTD = out_YRTD + self._shared_partial_sums(x_BLD, t).reshape(
+                        out_YRTD.shape)
+            with jax.named_scope("combine"):
+                # the tensor ranks' one sum of the combined tokens and the shared expert's
+                # (an all-reduce, or a reduce-scatter under sequence parallelism, as the
+                # engines run it), in the activations' dtype
+                out_RTD = jnp.sum(out_YRTD, axis=0, dtype=x_BLD.dtype)
+        out_BLD = constrain(out_RTD.reshape(b, seq, d), ("batch", "residual_seq", "embed"))
+        if cfg.n_shared_experts and t == 1:
             with jax.named_scope("shared_expert"):
                 out_BLD = out_BLD + self.shared(x_BLD)
         return out_BLD
+
+    def _down_partial_sums(self, h_RXCF, t: int):
+        """The experts' down projection under tensor parallelism, as the t partial sums
+        each rank holds of it (Y: the tensor ranks; the hidden dimension F split as
+        (Y, F / Y), Y a batch dimension of the matmul, so that nothing sums them here).
+
+        Left to the partitioner, the row-parallel matmul's partial sums are reduced where
+        the matmul ends: an all-reduce of the slot buffer, experts_per_token x
+        capacity_factor times the tokens. Serving engines (vLLM's and SGLang's fused MoE)
+        reduce after the router-weighted combine, the tokens' own rows; the combine is
+        linear, so it runs on each rank's partial sums and one sum over Y follows.
+        (Megatron's all-to-all dispatcher with expert tensor parallelism reduce-scatters
+        the experts' outputs before the combine instead: docs/limits.md.)"""
+        g, n_x, cap, f = h_RXCF.shape
+        h_RXCYF = constrain(h_RXCF.reshape(g, n_x, cap, t, f // t),
+                            ("expert_batch", "experts", None, "mlp", None))
+        w = self.w_down
+        w_XYFD = w.split(1, t) if isinstance(w, QuantWeight) else split_dim(w[...], 1, t)
+        y_YRXCD = constrain(
+            project("gxcyf,xyfd->ygxcd", h_RXCYF, w_XYFD, precision=self.precision),
+            ("mlp", "expert_batch", "experts", None, "embed"))
+        return checkpoint_name(y_YRXCD, "mlpwo")
+
+    def _shared_partial_sums(self, x_BLD, t: int):
+        """The shared expert (a dense MLP) as the t partial sums of its row-parallel down
+        projection, added to the routed experts' before their one sum over the tensor
+        ranks (vLLM's and SGLang's DeepSeek MoE reduce them together)."""
+        mlp = self.shared
+        x_BLD = tensor_parallel_input(x_BLD, mlp.precision)
+        h_BLF = constrain(mlp_hidden(mlp, "bld,df->blf", x_BLD), ("batch", "seq", "mlp"))
+        b, seq, f = h_BLF.shape
+        h_BLYF = constrain(h_BLF.reshape(b, seq, t, f // t), ("batch", "seq", "mlp", None))
+        w = mlp.w_down
+        w_YFD = w.split(0, t) if isinstance(w, QuantWeight) else split_dim(w[...], 0, t)
+        with jax.named_scope("down_proj"):
+            y_YBLD = constrain(
+                project("blyf,yfd->ybld", h_BLYF, w_YFD, precision=mlp.precision),
+                ("mlp", "batch", "seq", "embed"))
+            return checkpoint_name(y_YBLD, "mlpwo")

@@ -17,6 +17,9 @@ batch's tokens, so its storage costs memory but almost no bandwidth.
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -63,3 +66,27 @@ class QuantWeight(nnx.Module):
 
     def __getitem__(self, index):
         return dequantize(self.q[index], self.scale[index], jnp.bfloat16)
+
+    def split(self, dim: int, parts: int) -> QuantArrays:
+        """The weight with dimension `dim` split into (parts, size / parts), its scale
+        alongside (a dimension the scale spans stays 1 in both halves)."""
+        return QuantArrays(split_dim(self.q[...], dim, parts), split_dim(self.scale[...], dim, parts))
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantArrays:
+    """A QuantWeight's (q, scale) as arrays (`QuantWeight.split`); `w[...]` dequantises."""
+
+    q: jax.Array
+    scale: jax.Array
+
+    def __getitem__(self, index):
+        return dequantize(self.q[index], self.scale[index], jnp.bfloat16)
+
+
+def split_dim(x, dim: int, parts: int):
+    """x with dimension `dim` split into (parts, size / parts); a size-1 dimension (where a
+    scale spans it) into (1, 1)."""
+    n = x.shape[dim]
+    halves = (1, 1) if n == 1 else (parts, n // parts)
+    return x.reshape(*x.shape[:dim], *halves, *x.shape[dim + 1:])

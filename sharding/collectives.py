@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from meshes import COLLECTIVE_KINDS, bus_factor
+from sharding.dataflow import users_through_views
 from sharding.hlo import (
     DTYPE_NAMES,
     ArrayShape,
@@ -155,14 +156,15 @@ def is_collective(opcode: str) -> bool:
 
 
 def _only_sliced(comp, inst: Instruction, n: int) -> bool:
-    """An all-reduce whose every user keeps 1/n of it with a dynamic-slice.
+    """An all-reduce whose every user keeps 1/n of it with a dynamic-slice (of the value
+    itself or a reshape of it).
 
     That is a reduce-scatter: the SPMD partitioner emits all-reduce + dynamic-slice and
     XLA's ReduceScatterCreator fuses them on TPU and GPU (the TPU compiler keeps them in a
     computation named `all-reduce-scatter`); XLA:CPU never does, so its post-partitioning
     HLO shows the pair. S (the input buffer) is the all-reduce's buffer either way.
     """
-    users = comp.users.get(inst.name, [])
+    users = users_through_views(comp, inst.name)
     if not users or n <= 1:
         return False
     arrays = inst.shapes

@@ -19,10 +19,13 @@ IN_PLACE_OPS = frozenset({"dynamic-update-slice", "scatter"})
 def is_view(inst, comp: Computation | None = None) -> bool:
     """A reshape or bitcast, or a transpose that only moves dimensions of size 1 (the
     leading dimension a vmap adds, one replica or stage per device): XLA makes it a
-    bitcast. Views move no data."""
+    bitcast; so is a reduction over dimensions of size 1 only (a sum over the tensor
+    ranks whose partial sums a device holds one of: XLA's algebraic simplifier makes it a
+    reshape). Views move no data."""
     if inst.opcode in VIEW_OPS:
         return True
-    if inst.opcode != "transpose" or comp is None or not inst.operands or not inst.shapes:
+    if inst.opcode not in ("transpose", "reduce") or comp is None or not inst.operands \
+            or not inst.shapes:
         return False
     src = comp.by_name.get(inst.operands[0])
     perm = inst.attr("dimensions")
@@ -30,6 +33,9 @@ def is_view(inst, comp: Computation | None = None) -> bool:
         return False
     dims = src.shapes[0].dims
     order = [int(d) for d in perm.strip("{}").split(",") if d.strip().isdigit()]
+    if inst.opcode == "reduce":
+        return len(inst.operands) == 2 and bool(order) and all(
+            d < len(dims) and dims[d] == 1 for d in order)
     if sorted(order) != list(range(len(dims))):
         return False  # not a permutation of the operand's dimensions (a damaged dump)
     kept = [d for d in order if dims[d] != 1]

@@ -66,7 +66,9 @@ def _tiny_moe(**kw):
 @pytest.mark.parametrize("par, routing", [
     ({"data": 2, "expert": 4}, {"capacity_factor": 1.0}),
     ({"expert": 2, "fsdp": 2, "tensor": 2}, {"capacity_factor": 1.25}),
-    ({"expert": 4, "tensor": 2}, {"dropless": True})])
+    ({"expert": 4, "tensor": 2}, {"dropless": True}),
+    ({"data": 2, "tensor": 4}, {"capacity_factor": 2.0, "n_shared_experts": 1,
+                                "n_kv_heads": 4})])
 def test_expert_parallel_train_step_matches_unsharded(cpu_devices, par, routing):
     cfg = _tiny_moe(**routing)
     (loss1, p1), (loss2, p2) = train_both_ways(cfg, par, seed=3, token_seed=1, seq_len=16,
@@ -74,7 +76,8 @@ def test_expert_parallel_train_step_matches_unsharded(cpu_devices, par, routing)
                                                compute="float32")
     assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
     w1 = np.asarray(p1["blocks"]["mlp"]["w_up"])
-    np.testing.assert_allclose(np.asarray(p2["blocks"]["mlp"]["w_up"]), w1, rtol=1e-4, atol=1e-6)
+    # (f32 sums in another order: the tensor ranks' partial sums; weights are ~0.1)
+    np.testing.assert_allclose(np.asarray(p2["blocks"]["mlp"]["w_up"]), w1, rtol=1e-4, atol=1e-5)
 
 
 def test_all_to_all_bytes_are_tokens_times_top_k_times_d_model(cpu_devices):
@@ -138,3 +141,31 @@ def test_minimal_remat_recomputes_the_experts_and_the_memory_model_agrees(cpu_de
     per_token = 2 * (d + cfg.n_heads * cfg.head_dim + 2 * kv + d) + 4 * cfg.n_experts
     key = f"saved activations (minimal remat, {cfg.n_layers} layers)"
     assert parts[key] == pytest.approx(cfg.n_layers * tokens * per_token)
+
+
+@pytest.mark.parametrize("weights, compute, shared", [
+    ("", "bfloat16", 0), ("int4", "bfloat16", 0), ("float8", "float8", 0), ("", "bfloat16", 1)])
+def test_tensor_parallel_experts_sum_the_combined_tokens_once(cpu_devices, weights, compute,
+                                                               shared):
+    # The experts' down projection is row-parallel under tensor parallelism; serving
+    # engines (vLLM's, SGLang's fused MoE) sum its partial sums over the tensor ranks after
+    # the router-weighted combine, with the shared expert's: one all-reduce of the tokens'
+    # rows (tokens x d_model in bf16) a layer. Summed where the matmul ends, it moved the
+    # slot buffer: here 4 experts x 8 slots for 8 tokens, 4x (2 choices x capacity
+    # factor 2), and the shared expert had an all-reduce of its own.
+    from models.inference import build_serve_program
+
+    cfg = _tiny_moe(capacity_factor=2.0, n_kv_heads=4, n_shared_experts=shared)
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"data": 2, "tensor": 4})
+    prog = build_serve_program(
+        cfg, mesh, sharding.default_rules(),
+        workload=models.Workload(kind="decode", seq_len=64, global_batch=16),
+        precision=models.Precision(params="bfloat16", weights=weights, compute=compute))
+    assert capacity(cfg, 8) * cfg.n_experts == 4 * 8
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system="h100:8")
+    moe = [c for c in rep.collectives if "/mlp/" in c.op_name and c.kind == "all-reduce"
+           and c.dtype != "float32"]  # (FP8's per-tensor amax: a scalar)
+    tokens = 16 // 2  # a device's: the batch over `data`
+    assert moe and all("mlp/combine" in c.op_name and c.mesh_axes == ("tensor",)
+                       and c.bytes == tokens * cfg.d_model * 2 for c in moe)
+    assert sum(c.count for c in moe) == cfg.n_layers

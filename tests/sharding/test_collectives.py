@@ -153,6 +153,39 @@ def test_tpu_fused_all_reduce_scatter_is_one_reduce_scatter():
     assert starts > 0 and len(gcols) >= starts
 
 
+def test_an_all_reduce_sliced_through_a_reshape_is_a_reduce_scatter():
+    # The SPMD partitioner's all-reduce + dynamic-slice is a reduce-scatter (XLA's
+    # ReduceScatterCreator fuses the pair on GPU and TPU) also when a reshape stands
+    # between them (a sum over the tensor ranks inside a pipeline stage's vmap, split over
+    # the positions by sequence parallelism); a user that keeps it whole leaves it an
+    # all-reduce.
+    def module(user):
+        return parse_hlo(f"""HloModule m, num_partitions=2
+
+%add (a: bf16[], b: bf16[]) -> bf16[] {{
+  %a = bf16[] parameter(0)
+  %b = bf16[] parameter(1)
+  ROOT %s = bf16[] add(%a, %b)
+}}
+
+ENTRY %main (x: bf16[1,128,64]) -> bf16[] {{
+  %x = bf16[1,128,64]{{2,1,0}} parameter(0)
+  %ar = bf16[1,128,64]{{2,1,0}} all-reduce(%x), channel_id=1, replica_groups={{{{0,1}}}}, use_global_device_ids=true, to_apply=%add
+  %r = bf16[1,1,128,64]{{3,2,1,0}} reshape(%ar)
+  %zero = s32[] constant(0)
+  {user}
+  ROOT %t = bf16[] constant(0)
+}}
+""")
+    sliced = "%half = bf16[1,1,64,64]{3,2,1,0} dynamic-slice(%r, %zero, %zero, %zero, " \
+             "%zero), dynamic_slice_sizes={1,1,64,64}"
+    whole = "%neg = bf16[1,1,128,64]{3,2,1,0} negate(%r)"
+    (rs,), _ = extract_collectives(module(sliced))
+    (ar,), _ = extract_collectives(module(whole))
+    assert (rs.kind, rs.bytes, rs.wire_bytes) == ("reduce-scatter", 128 * 64 * 2, 64 * 64 * 2)
+    assert ar.kind == "all-reduce"
+
+
 def test_pure_data_parallelism_all_reduces_exactly_the_gradients(cpu_devices):
     cfg = tiny()
     rep, _ = train_report(cfg, {"data": 8})

@@ -107,13 +107,17 @@ def test_adding_an_update_into_zeros_accumulates_in_place():
     assert c.hbm_bytes == 3 * 1024 * 1024 * 4 + 4  # and the s32 index
 
 
-def test_a_transpose_of_size_one_dimensions_is_a_view():
+def test_a_transpose_or_a_sum_of_size_one_dimensions_is_a_view():
     # Moving a size-1 dimension (the leading one a vmap adds per device) changes no byte's
     # place: XLA makes it a bitcast, no kernel. A real transpose reads and writes.
     x = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
     nbytes = 1024 * 1024 * 4
     assert cost_of(lambda x: jnp.transpose(x[None], (1, 0, 2)), x).hbm_bytes == 0
     assert cost_of(lambda x: x.T, x).hbm_bytes == 2 * nbytes
+    # and so is a sum over dimensions of size 1 (a device's one tensor rank's partial
+    # sums): XLA's simplifier makes it a reshape
+    assert cost_of(lambda x: jnp.sum(x[None], axis=0), x).hbm_bytes == 0
+    assert cost_of(lambda x: jnp.sum(x, axis=0), x).hbm_bytes == nbytes + 1024 * 4
 
 
 def test_matmul_flops_agree_across_compilers():
