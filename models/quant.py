@@ -70,7 +70,8 @@ class QuantWeight(nnx.Module):
     def split(self, dim: int, parts: int) -> QuantArrays:
         """The weight with dimension `dim` split into (parts, size / parts), its scale
         alongside (a dimension the scale spans stays 1 in both halves)."""
-        return QuantArrays(split_dim(self.q[...], dim, parts), split_dim(self.scale[...], dim, parts))
+        return QuantArrays(split_dim(self.q[...], dim, parts),
+                           split_dim(self.scale[...], dim, parts))
 
 
 @dataclasses.dataclass(frozen=True)
