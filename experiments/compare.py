@@ -48,8 +48,16 @@ class Entry:
     parallelism: dict = dataclasses.field(default_factory=dict)
     retimed_from: str = ""  # the system whose compile was re-timed ("" when compiled)
     note: str = ""  # how the config's sharding was fitted to the system, or found
+    overrides: dict = dataclasses.field(default_factory=dict)  # the config's, where applied
     # chips within a power budget and runs of N tokens (meshes.power.Energy.scale_out)
     scale_out: dict | None = None
+
+    @property
+    def label(self) -> str:
+        """The system's name, with the config's overrides applied to it."""
+        if not self.overrides:
+            return self.system
+        return f"{self.system} [{', '.join(f'{k}={v}' for k, v in self.overrides.items())}]"
 
     def _energy(self, figure: str) -> float | None:
         """A figure of the step's energy and cost (meshes/power.py), None where the system
@@ -191,20 +199,32 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
         sharding.ensure_cpu_devices(min(max(devices.values()), CPU_MAX_DEVICES))
     except ValueError:
         pass  # already started smaller (tests, notebooks): a system past it says so
+    own = raw.get("system", {})
+    overrides = {k: v for k, v in own.items() if k != "name"}
+    family = str(own.get("name", "")).split(":")[0]
     for name in systems:
         r = copy.deepcopy(raw)
-        r["system"] = {"name": name}
+        # the config's network overrides (nic_gbps, gpus_per_domain, ...) describe its own
+        # cluster: kept for systems of the same kind, and said to be left out of the others
+        same = name.split(":")[0] == family
+        applied = copy.deepcopy(overrides) if same else {}
+        r["system"] = {"name": name, **applied}
         n = devices[name]
         note = fit_to_devices(r, n)
+        if overrides and not same:
+            left = (f"the config's [system] {', '.join(sorted(overrides))} describe its "
+                    f"{family} cluster: not applied here")
+            note = f"{note}; {left}" if note else left
         if search is not None:
             r, note, why = _searched(r, name, n, search, calibration, on_result)
             if r is None:
-                out.append(Entry(name, "refused", why))
+                out.append(Entry(name, "refused", why, overrides=applied))
                 continue
         try:
             exp = config_mod.from_dict(r)
         except ConfigError as e:
-            out.append(Entry(name, "refused", str(e).splitlines()[0], note=note))
+            out.append(Entry(name, "refused", str(e).splitlines()[0], note=note,
+                             overrides=applied))
             continue
         if price_per_device_hour is not None:
             exp = dataclasses.replace(exp, cost=dataclasses.replace(
@@ -221,15 +241,17 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
                 dataclasses.replace(rep.inputs, name=exp.name, fit_advice=()),
                 system=exp.system, calibration=calibration, cost=exp.cost)
             out.append(Entry(name, "ok", report=report, parallelism=sizes, retimed_from=first,
-                             note=note))
+                             note=note, overrides=applied))
             continue
         try:
             report = runner.run(exp, backend="cpu", calibration=calibration)
         except ConfigError as e:
-            out.append(Entry(name, "refused", str(e).splitlines()[0], note=note))
+            out.append(Entry(name, "refused", str(e).splitlines()[0], note=note,
+                             overrides=applied))
             continue
         compiled[key] = (name, report)
-        out.append(Entry(name, "ok", report=report, parallelism=sizes, note=note))
+        out.append(Entry(name, "ok", report=report, parallelism=sizes, note=note,
+                         overrides=applied))
     return out
 
 
@@ -308,10 +330,10 @@ def format_compare(entries: Sequence[Entry]) -> str:
         return "-" if v is None else v
 
     def chip_of(e: Entry):
-        return get_system(e.system).chip
+        return get_system(e.system, **e.overrides).chip
 
     def per_device_links(e: Entry) -> str:
-        s = get_system(e.system)
+        s = get_system(e.system, **e.overrides)
         return ", ".join(f"{link.name} {link.bytes_per_s / 1e9:.0f}"
                          for link in s.links.values())
 
@@ -337,9 +359,9 @@ def format_compare(entries: Sequence[Entry]) -> str:
          else "yes"),
     ]
     table = [(what, [cell(e, fn) for e in entries]) for what, fn in rows]
-    lines = column_table([e.system for e in entries], table)
+    lines = column_table([e.label for e in entries], table)
     for e in entries:
-        lines.append(f"{e.system}: " + (e.report.bottleneck() if e.report else e.message)
+        lines.append(f"{e.label}: " + (e.report.bottleneck() if e.report else e.message)
                      + (f" [{e.note}]" if e.note else ""))
     lines.append("power: chips (idle to TDP by how busy the schedule keeps them), hosts, NICs "
                  "and NVLink switches, times the PUE (meshes/power.py); '-' where no public "

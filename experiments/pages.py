@@ -122,20 +122,20 @@ def compare_page(entries: Sequence[Entry], title: str = "compare") -> str:
     for name, cls, value, fmt, higher in bars:
         vals = [(e, value(e)) for e in ran]
         known = [(e, v) for e, v in vals if v is not None and v > 0]
-        missing = [e.system for e, v in vals if v is None or v <= 0]
+        missing = [e.label for e, v in vals if v is None or v <= 0]
         best = None
         fitting = [(e, v) for e, v in known if e.report.fits]
         if fitting:  # a system whose step does not fit is drawn, grey, and never the best
             pick = max if higher else min
             best = known.index(pick(fitting, key=lambda ev: ev[1]))
-        chart = bar_chart([(e.system if e.report.fits else f"{e.system} (no fit)", v,
+        chart = bar_chart([(e.label if e.report.fits else f"{e.label} (no fit)", v,
                             "#4c78a8" if e.report.fits else "#b0b0b0") for e, v in known],
                           fmt, cls=cls, best=best, width=720, left=190)
         note = (f'<p class="missing">No figure for {h.escape(", ".join(missing))}.</p>'
                 if missing else "")
         charts.append(f"<h2>{h.escape(name)}{'' if higher else ' (lower is better)'}</h2>"
                       f"{chart}{note}")
-    refused = "".join(f"<li>{h.escape(e.system)}: {h.escape(e.message)}</li>"
+    refused = "".join(f"<li>{h.escape(e.label)}: {h.escape(e.message)}</li>"
                       for e in entries if e.report is None)
     return page(f"compare {title}", f"""<h1>Compare: {h.escape(title)}</h1>
 <p>The same model and workload on {len(entries)} systems; {len(ran)} estimated. The best

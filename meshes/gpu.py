@@ -20,9 +20,12 @@ from meshes.links import (
     GB200_72GPU,
     H100_NVLS_ALL_REDUCE,
     H100_RING_BUSBW_CAP,
+    H100_NVLS_PEAK_BY_GPUS,
     NCCL_BASE_LATENCY_US,
+    NCCL_COLLNET_LATENCY_US,
     NCCL_HW_LATENCY_US,
-    NCCL_LL_MULTINODE_INTRA_LATENCY_FACTOR,
+    NCCL_NET_OVERHEAD_US,
+    NCCL_NVLS_LATENCY_US,
     NCCL_NVLS_TREE_LATENCY_US,
     NCCL_PROTOCOL_BANDWIDTH_SHARE,
     NCCL_PROTOCOLS,
@@ -122,7 +125,7 @@ NIC_EFFICIENCY = nic_efficiency_from(SCALE_OUT_RING_POINTS)
 def net_fixed_latency_s_default() -> float:
     """The fixed cost of a collective across the scale-out network, beyond NCCL's per-step
     constants: fitted so that the tiniest all-reduce on H100-class nodes matches the
-    measured ones (links.SCALE_OUT_ALPHA_POINTS; 13 us, within 14% of both)."""
+    measured ones (links.SCALE_OUT_ALPHA_POINTS; 15 us, within 14% of both)."""
     def model_s(nodes: int, per_node: int) -> float:
         s = GpuSystem(GPU_FAMILIES["h100"], nodes * per_node, net_fixed_latency_s=0.0)
         return s.collective_time_s("all-reduce", 8, [list(range(nodes * per_node))])
@@ -210,8 +213,13 @@ class GpuSystem(System):
         if n > 8 and large is not None and nbytes >= large.sizes_bytes[0]:
             curve = large
         busbw = curve(nbytes)
+        if kind == "all-reduce" and f.has_nvls and curve is H100_NVLS_ALL_REDUCE:
+            # the 8-GPU NVLS curve scaled to the group's GPUs, or the ring where it is faster
+            nvls = busbw * H100_NVLS_PEAK_BY_GPUS[min(n, 8)] / H100_NVLS_PEAK_BY_GPUS[8]
+            ring = min(busbw, f.ring_cap_bytes_per_s)
+            return (nvls, "nvls") if nvls >= ring else (ring, "ring")
         if kind == "all-reduce" and f.has_nvls:
-            return busbw, "nvls" if curve is H100_NVLS_ALL_REDUCE else "ring"
+            return busbw, "ring"
         return min(busbw, f.ring_cap_bytes_per_s), "ring"
 
     def _in_domain_time(
@@ -224,13 +232,19 @@ class GpuSystem(System):
             return nbytes / (link.bytes_per_s * link.efficiency), "p2p"
         busbw, algo = self._domain_busbw(kind, nbytes, n)
         t = nbytes * bus_factor(kind, n) / busbw
-        # Below the smallest measured size the curve keeps the 1 MB bandwidth; NCCL's LL
-        # ring latency is the floor a tiny collective cannot beat.
+        # Below the smallest measured size the curve keeps the 1 MB bandwidth; NCCL's
+        # latency is the floor a tiny collective cannot beat: its LL ring's, or an
+        # all-reduce's NVLS step where the switches reduce (flat in the GPU count: a
+        # 72-GPU ring's 142 steps cost more).
         steps = 2 * (n - 1) if kind == "all-reduce" else n - 1
         floor = 1e-6 * (NCCL_BASE_LATENCY_US[("ring", "LL")]
                         + steps * NCCL_HW_LATENCY_US["nvlink"][("ring", "LL")])
+        floor_algo = "ring (LL, latency-bound)"
+        if kind == "all-reduce" and self.family.has_nvls and n > 2 \
+                and NCCL_NVLS_LATENCY_US * 1e-6 < floor:
+            floor, floor_algo = NCCL_NVLS_LATENCY_US * 1e-6, "nvls (latency-bound)"
         if latency_floor and floor > t:
-            return floor, "ring (LL, latency-bound)"
+            return floor, floor_algo
         return t, algo
 
     def collective_timing(self, kind, nbytes, groups):
@@ -266,12 +280,22 @@ class GpuSystem(System):
         every pod sends what its members' groups need outside it at once, through
         `pod_gpus / oversubscription` NICs' worth of uplink. A ring or tree leaves a pod
         once per channel (one per NIC of each of its nodes the group uses); an all-to-all
-        sends each member's (n - k)/n across, k of its group in the pod. 1 when nothing is
-        oversubscribed or nothing crosses."""
+        sends each member's (n - k)/n across, k of its group in the pod; a send / receive
+        pair (a pipeline's stage transfer) or a broadcast moves its whole buffer through
+        each member's NIC. 1 when nothing is oversubscribed or nothing crosses."""
         if not self.pod_gpus or self.pod_oversubscription <= 1:
             return 1.0
         pod = self.pod_gpus
         load: dict[int, float] = {}  # pod -> uplink demand, in NICs at full rate
+        if kind == "collective-permute":  # (source, target) pairs; links are full duplex
+            sends: dict[int, int] = {}
+            receives: dict[int, int] = {}
+            for src, dst, *_ in groups:
+                if src // pod != dst // pod:
+                    sends[src // pod] = sends.get(src // pod, 0) + 1
+                    receives[dst // pod] = receives.get(dst // pod, 0) + 1
+            load = {p: max(sends.get(p, 0), receives.get(p, 0)) for p in {*sends, *receives}}
+            groups = ()
         for g in groups:
             in_pod: dict[int, int] = {}
             for i in g:
@@ -281,7 +305,10 @@ class GpuSystem(System):
             if kind == "all-to-all":
                 for p, k in in_pod.items():
                     load[p] = load.get(p, 0.0) + k * (len(g) - k) / len(g)
-            elif kind not in ("collective-permute", "collective-broadcast"):
+            elif kind == "collective-broadcast":
+                for p, k in in_pod.items():
+                    load[p] = load.get(p, 0.0) + k
+            else:
                 per_domain: dict[int, int] = {}
                 for i in g:
                     per_domain[self.domain_of(i)] = per_domain.get(self.domain_of(i), 0) + 1
@@ -351,7 +378,7 @@ class GpuSystem(System):
                 t = t_bw + _nccl_latency_s(kind, algo, proto, n, d, m)
                 if best is None or t < best[0]:
                     best = (t, algo, proto)
-        if kind == "all-reduce" and self.family.has_nvls and d > 2 and m_most > 1:
+        if kind == "all-reduce" and self.family.has_nvls and m_most > 1:
             # NVLSTree: NVLink SHARP reduces inside each domain, then every GPU runs a
             # double binary tree over its rail across domains, loading the NICs as the
             # tree does (2 S per domain from 4 domains on, what a ring moves); its latency
@@ -375,33 +402,40 @@ class GpuSystem(System):
 
 
 def _nccl_latency_s(kind: str, algo: str, proto: str, n: int, nodes: int, ppn: int) -> float:
-    """NCCL's latency model (tuning.cc) for n ranks on `nodes` domains of `ppn` GPUs."""
+    """NCCL's latency model (tuning.cc) for n ranks on `nodes` > 1 domains of `ppn` GPUs:
+    a ring's steps inside a domain at no less than the network proxy's overhead, its
+    steps between domains at the network's; a tree's levels (all-reduce only). One GPU a
+    domain exposes the network's latency whole: NCCL then charges the tree's."""
     base = NCCL_BASE_LATENCY_US[(algo, proto)]
     intra = NCCL_HW_LATENCY_US["nvlink"][(algo, proto)]
-    if proto == "LL":  # only called across domains (nodes > 1)
-        intra *= NCCL_LL_MULTINODE_INTRA_LATENCY_FACTOR
-    inter = NCCL_HW_LATENCY_US["net"][(algo, proto)]
+    inter = NCCL_HW_LATENCY_US["net"][("tree" if ppn == 1 else algo, proto)]
     if algo == "tree":
-        return 1e-6 * (base + 2 * ((ppn - 1) * intra + math.log2(nodes) * inter))
+        return 1e-6 * (base + 2 * ((ppn - 1) * intra + _log2i(nodes) * inter))
+    intra = max(intra, NCCL_NET_OVERHEAD_US * (3 if proto == "Simple" else 1))
     steps = 2 * (n - 1) if kind == "all-reduce" else n - 1
     inter_steps = 2 * (nodes - 1) if kind == "all-reduce" else nodes - 1
     return 1e-6 * (base + (steps - inter_steps) * intra + inter_steps * inter)
+
+
+def _log2i(n: int) -> int:
+    """floor(log2(n)), as NCCL's log2i."""
+    return n.bit_length() - 1
 
 
 def _nvls_tree_latency_s(nodes: int) -> float:
     """NCCL's NVLSTree latency (tuning.cc): one NVLS step plus the tree's depth across
     `nodes` domains, up and down."""
     lat = NCCL_NVLS_TREE_LATENCY_US
-    return 1e-6 * (lat["nvlink"] + 2 * math.floor(math.log2(nodes)) * lat["net"])
+    return 1e-6 * (lat["nvlink"] + 2 * _log2i(nodes) * lat["net"])
 
 
 def _collnet_latency_s(ppn: int) -> float:
-    """NCCL's CollNet latency (tuning.cc): base + 2 (ppn - 1) NVLink steps + one network
-    hop, with the tree's Simple-protocol constants."""
-    base = NCCL_BASE_LATENCY_US[("tree", "Simple")]
-    intra = NCCL_HW_LATENCY_US["nvlink"][("tree", "Simple")]
-    inter = NCCL_HW_LATENCY_US["net"][("tree", "Simple")]
-    return 1e-6 * (base + 2 * (ppn - 1) * intra + inter)
+    """NCCL's CollNet Direct latency (tuning.cc): one NVLink step each way and the local
+    ranks' serialisation, and one network hop to the switch that reduces."""
+    lat = NCCL_COLLNET_LATENCY_US
+    local = ppn - 1
+    return 1e-6 * (2 * (min(1, local) * lat["nvlink"] + local * lat["per_local_rank"])
+                   + lat["net"])
 
 
 def _distinct_shapes(groups, key):

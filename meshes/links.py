@@ -72,6 +72,10 @@ H100_NVLS_ALL_REDUCE = BusBandwidthCurve(
 # Ring (no NVLS) on the same node class levels off at 365-370 GB/s (NVIDIA/nccl#1455,
 # nccl-tests#212): all-gather, reduce-scatter and non-NVLS all-reduce use this cap.
 H100_RING_BUSBW_CAP = 367e9
+# NVLS all-reduce peak busbw by the number of GPUs of one H100 / H200 node in the group
+# (NVIDIA/nccl#1455, nccl-tests#212): the 8-GPU curve above reaches 480; fewer GPUs drive
+# fewer of the switches' ports, and 2 to 4 reach the ring's plateau.
+H100_NVLS_PEAK_BY_GPUS = {2: 370e9, 3: 370e9, 4: 370e9, 5: 420e9, 6: 440e9, 7: 460e9, 8: 480e9}
 # 4x GB200 in one NVL72 domain, Azure ND GB200 v6, NCCL 2.25.1, ring all-reduce.
 GB200_4GPU_RING = BusBandwidthCurve(
     (1e6, 16e6, 67e6, 1e9, 8e9),
@@ -138,22 +142,33 @@ TPU_ICI_EFFICIENCY = 0.95
 TPU_ICI_HOP_LATENCY_S = 1e-6
 
 
-# NCCL's own latency model (src/graph/tuning.cc, `baseLat` and `hwLat`, microseconds): a
-# base cost per algorithm and protocol plus a cost per ring step or tree level on each
-# hardware class. LL ("low latency") trades bandwidth (1/4 on a ring, 1/3.8 on a tree) for
-# latency; Simple runs at full bandwidth. NCCL picks the fastest for each size.
+# NCCL's own latency model (src/graph/tuning.cc `baseLat` and `hwLat`, microseconds; the
+# same in NCCL 2.23 to 2.28, the releases of the published runs): a base cost per algorithm
+# and protocol plus a cost per ring step or tree level on each hardware class. LL ("low
+# latency") trades bandwidth (1/2 on a ring, 1/3.8 on a tree) for latency; Simple runs at
+# full bandwidth. NCCL picks the fastest for each size.
 NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
-NCCL_BASE_LATENCY_US = {("ring", "LL"): 3.6, ("ring", "LL128"): 10.0, ("ring", "Simple"): 8.4,
-                        ("tree", "LL"): 4.4, ("tree", "LL128"): 4.4, ("tree", "Simple"): 0.0}
+NCCL_BASE_LATENCY_US = {("ring", "LL"): 6.6, ("ring", "LL128"): 14.0, ("ring", "Simple"): 8.4,
+                        ("tree", "LL"): 6.8, ("tree", "LL128"): 14.0, ("tree", "Simple"): 8.4}
 NCCL_HW_LATENCY_US = {
-    "nvlink": {("ring", "LL"): 0.47, ("ring", "LL128"): 1.9, ("ring", "Simple"): 3.4,
-               ("tree", "LL"): 0.52, ("tree", "LL128"): 1.2, ("tree", "Simple"): 28.0},
-    "net": {("ring", "LL"): 2.7, ("ring", "LL128"): 4.0, ("ring", "Simple"): 9.6,
-            ("tree", "LL"): 5.0, ("tree", "LL128"): 8.5, ("tree", "Simple"): 50.0},
+    "nvlink": {("ring", "LL"): 0.6, ("ring", "LL128"): 1.9, ("ring", "Simple"): 3.4,
+               ("tree", "LL"): 0.6, ("tree", "LL128"): 1.25, ("tree", "Simple"): 4.0},
+    "net": {("ring", "LL"): 2.7, ("ring", "LL128"): 4.0, ("ring", "Simple"): 14.0,
+            ("tree", "LL"): 5.0, ("tree", "LL128"): 8.5, ("tree", "Simple"): 14.0},
 }
-# When a collective spans nodes, NCCL charges LL's intra-node steps 1.8x their NVLink latency
-# (tuning.cc: `if (nNodes > 1 && p == NCCL_PROTO_LL) intraLat *= 1.8;`).
-NCCL_LL_MULTINODE_INTRA_LATENCY_FACTOR = 1.8
+# A ring across nodes launches every step through the network proxy: each of its steps
+# inside a node costs at least NCCL's net overhead (`getNetOverhead`: 1 us on Intel and Arm
+# hosts, 2 on AMD; three times that for Simple), `intraLat = max(intraLat, netOverhead)`.
+NCCL_NET_OVERHEAD_US = 1.0
+# NVLS (NVLink SHARP inside one NVLink domain) and NVLSTree (NVLS inside each domain, a tree
+# across them), Simple only, no base latency: hwLat NVLink 25 for both; network 14 for
+# NVLSTree's levels.
+NCCL_NVLS_LATENCY_US = 25.0
+NCCL_NVLS_TREE_LATENCY_US = {"nvlink": 25.0, "net": 14.0}
+# CollNet Direct (SHARP in the network switches): NVLink 3.7, network 31, and 0.4 us of
+# "arity serialization" for each local rank beyond the first:
+# 2 (min(1, ppn - 1) nvlink + (ppn - 1) 0.4) + net.
+NCCL_COLLNET_LATENCY_US = {"nvlink": 3.7, "net": 31.0, "per_local_rank": 0.4}
 # Share of the Simple protocol's bus bandwidth each protocol reaches (tuning.cc; ring LL:
 # half since NCCL 2.21, `busBw * .5`, a quarter across nodes before: LL's 8-byte stores
 # carry 4 bytes of data and a 4-byte flag).
@@ -172,8 +187,3 @@ def nccl_ll_max_bus_bytes_per_s(nodes: int) -> float:
     return NCCL_LL_MAX_BUS_BYTES_PER_S[2 if nodes <= 2 else 3]
 
 
-# NVLSTree (NCCL >= 2.18 on NVSwitch systems with NVLink SHARP, across nodes): its latency
-# is one NVLS step inside the domain plus a tree's depth across domains, up and down:
-# intra + 2 x floor(log2(nodes)) x inter, microseconds (tuning.cc, hwLat NVLSTree: NVLink
-# 23, network 14; baseLat 0).
-NCCL_NVLS_TREE_LATENCY_US = {"nvlink": 23.0, "net": 14.0}

@@ -47,7 +47,11 @@ def bar_chart(rows: Sequence[tuple[str, float, str]], fmt, *, cls: str = "",
               best: int | None = None, width: int = _W, left: int = 220) -> str:
     """Horizontal bars, one per (label, value, colour), labels left of them and values at
     their ends; `best`: the row to mark (class "best", red); each bar's tooltip is its
-    label and value."""
+    label and value. `left` grows to the longest label (about 7 px a character at 12 px
+    sans-serif), and the chart with it."""
+    longest = max((len(label) for label, _, _ in rows), default=0)
+    left = max(left, 16 + math.ceil(7 * longest))
+    width = max(width, left + 300)
     top = max((v for _, v, _ in rows), default=0) or 1.0
     h, gap = 22, 8
     parts = [f'<svg class="bars{" " + cls if cls else ""}" width="{width}" '

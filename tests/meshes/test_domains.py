@@ -22,12 +22,15 @@ def mlperf_gb200(nic_gbps=None):
 
 
 def ring_latency_s(proto: str, n: int, nodes: int) -> float:
-    """NCCL's ring latency for a reduce-scatter or all-gather (tuning.cc): base, n - nodes
-    NVLink steps, nodes - 1 network steps (LL's NVLink steps x 1.8 across nodes)."""
-    base = {"LL": 3.6, "LL128": 10.0, "Simple": 8.4}[proto]
-    nvlink = {"LL": 0.47 * 1.8, "LL128": 1.9, "Simple": 3.4}[proto]
-    net = {"LL": 2.7, "LL128": 4.0, "Simple": 9.6}[proto]
-    return 1e-6 * (base + (n - nodes) * nvlink + (nodes - 1) * net)
+    """NCCL's ring latency for a reduce-scatter or all-gather (tuning.cc, NCCL 2.23-2.28):
+    base, n - nodes NVLink steps (no less than the net overhead, 1 us, 3 for Simple, once
+    the ring leaves its node), nodes - 1 network steps (the tree's network latency when
+    there is one GPU a node: NCCL's "latencies fully exposed")."""
+    base = {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}[proto]
+    nvlink = {"LL": max(0.6, 1.0), "LL128": 1.9, "Simple": max(3.4, 3.0)}[proto]
+    net = {"LL": 2.7, "LL128": 4.0, "Simple": 14.0} if n > nodes else {
+        "LL": 5.0, "LL128": 8.5, "Simple": 14.0}
+    return 1e-6 * (base + (n - nodes) * nvlink + (nodes - 1) * net[proto])
 
 
 @pytest.mark.parametrize("kind", ["reduce-scatter", "all-gather"])

@@ -34,12 +34,14 @@ def test_in_domain_all_reduce_matches_measured_busbw():
     assert t == pytest.approx(1e9 * 2 * 7 / 8 / 466.4e9, rel=1e-6)
 
 
-def test_all_reduce_across_two_racks_is_a_tree_through_the_nics():
-    # 4 GPUs in each of 2 racks, S = 256 MB. On 2 domains NCCL's tree sends each byte across
+def test_all_reduce_across_two_racks_is_an_nvls_tree_through_the_nics():
+    # 4 GPUs in each of 2 racks, S = 256 MB. On 2 domains the tree sends each byte across
     # once: S over the 4 GPUs' NICs (50 GB/s x the measured per-NIC efficiency), pipelined
     # with the NVLink stage (S x 2 x 7/8 at the 4-GPU GB200 busbw, log-interpolated between
-    # 67 MB and 1 GB), the slower of the two. LL128 wins: 0.915 of that bandwidth, and
-    # NCCL's LL128 tree latency for 2 nodes of 4 (tuning.cc: 4.4 + 2 x (3 x 1.2 + 8.5) us).
+    # 67 MB and 1 GB), the slower of the two. NVLSTree (NVLink SHARP inside each rack, off
+    # only on one node: tuning.cc) moves it at Simple's full rate, where the plain tree's
+    # LL128 reaches 0.915 of it; its latency is one NVLS step and one tree level each way
+    # (tuning.cc, NCCL 2.23-2.28: 25 + 2 x 1 x 14 us).
     from meshes.gpu import NIC_EFFICIENCY
 
     s = get_system("gb200-nvl72:144")
@@ -47,10 +49,10 @@ def test_all_reduce_across_two_racks_is_a_tree_through_the_nics():
     f = math.log(S / 67e6) / math.log(1e9 / 67e6)
     nvlink = 550.7e9 + f * (646.9e9 - 550.7e9)
     bandwidth_s = max(S / (4 * 50e9 * NIC_EFFICIENCY), S * 2 * 7 / 8 / nvlink)
-    latency_s = 1e-6 * (4.4 + 2 * (3 * 1.2 + 8.5))
+    latency_s = 1e-6 * (25 + 2 * 1 * 14)
     t = s.collective_timing("all-reduce", S, [list(range(0, 4)) + list(range(72, 76))])
-    assert t.time_s == pytest.approx(bandwidth_s / 0.915 + latency_s + NET_FIXED, rel=1e-9)
-    assert t.link == "infiniband" and t.algorithm == "tree (LL128)"
+    assert t.time_s == pytest.approx(bandwidth_s + latency_s + NET_FIXED, rel=1e-9)
+    assert t.link == "infiniband" and t.algorithm == "nvls-tree (Simple)"
 
 
 def test_book_5_and_6_h100_all_gathers():
@@ -110,42 +112,45 @@ def test_small_collectives_choose_latency_optimal_algorithms():
     large = s.collective_timing("all-reduce", 4e9, [list(range(64))])
     assert "tree" in small.algorithm and "LL" in small.algorithm
     assert "Simple" in large.algorithm
-    # A 1 KB all-reduce inside a node is NCCL's LL ring latency: base 3.6 us plus
-    # 2 x (8 - 1) steps of 0.47 us on NVLink (tuning.cc).
+    # A 1 KB all-reduce inside a node is NCCL's LL ring latency: base 6.6 us plus
+    # 2 x (8 - 1) steps of 0.6 us on NVLink (tuning.cc), under NVLS's 25 us step.
     tiny = s.collective_timing("all-reduce", 1e3, [list(range(8))])
     assert tiny.algorithm.startswith("ring (LL")
-    assert tiny.time_s == pytest.approx(1e-6 * (3.6 + 2 * 7 * 0.47), rel=1e-9)
+    assert tiny.time_s == pytest.approx(1e-6 * (6.6 + 2 * 7 * 0.6), rel=1e-9)
+    # 72 GPUs of one rack: the ring's 142 steps (92 us) lose to the switches' reduction.
+    rack = get_system("gb200-nvl72:72").collective_timing("all-reduce", 1e3, [list(range(72))])
+    assert (rack.algorithm, rack.time_s) == ("nvls (latency-bound)", pytest.approx(25e-6))
 
 
 def test_nic_override_sets_the_scale_out_bandwidth():
     # One GPU in each of 2 HGX nodes, all-gather of 1 GB: no NVLink stage, S x 1/2 over the
     # NIC at its measured efficiency, plus NCCL's Simple ring latency for 2 ranks on 2 nodes
-    # (base 8.4 us, one network step of 9.6 us). GCP A3: 4 x 200 Gb/s per 8 GPUs = 100 Gb/s
-    # = 12.5 GB/s per GPU.
+    # (base 8.4 us, one network step: one GPU a node exposes it whole, 14 us, the tree's).
+    # GCP A3: 4 x 200 Gb/s per 8 GPUs = 100 Gb/s = 12.5 GB/s per GPU.
     from meshes.gpu import NIC_EFFICIENCY
 
     S = 1e9
     default = get_system("h100:16").collective_time_s("all-gather", S, [[0, 8]])
     a3 = get_system("h100:16", nic_gbps=100).collective_time_s("all-gather", S, [[0, 8]])
-    assert default == pytest.approx(S / 2 / (50e9 * NIC_EFFICIENCY) + 18e-6 + NET_FIXED,
+    assert default == pytest.approx(S / 2 / (50e9 * NIC_EFFICIENCY) + 22.4e-6 + NET_FIXED,
                                     rel=1e-9)
-    assert a3 == pytest.approx(S / 2 / (12.5e9 * NIC_EFFICIENCY) + 18e-6 + NET_FIXED,
+    assert a3 == pytest.approx(S / 2 / (12.5e9 * NIC_EFFICIENCY) + 22.4e-6 + NET_FIXED,
                                rel=1e-9)
 
 
 def test_sharp_halves_the_all_reduce_traffic_across_many_nodes():
     # One GPU in each of 8 nodes, 4 GB all-reduce: a ring sends 2 x 7/8 of S through each
     # NIC; in-network reduction sends S up and receives S down once (full duplex), plus
-    # NCCL's CollNet latency (base 0 + one network hop of 50 us, tree Simple constants).
+    # NCCL's CollNet Direct latency (one GPU a node: one network hop, 31 us).
     from meshes.gpu import NIC_EFFICIENCY
 
     S, group, nic = 4e9, list(range(0, 64, 8)), 50e9 * NIC_EFFICIENCY
     ring = get_system("h100:64").collective_timing("all-reduce", S, [group])
     sharp = get_system("h100:64", sharp=True).collective_timing("all-reduce", S, [group])
-    ring_latency = 1e-6 * (8.4 + 14 * 9.6)  # 2 x 7 network steps of a Simple ring
+    ring_latency = 1e-6 * (8.4 + 14 * 14.0)  # 2 x 7 network steps of a Simple ring
     assert ring.time_s == pytest.approx(S * 2 * 7 / 8 / nic + ring_latency + NET_FIXED,
                                         rel=1e-9)
-    assert sharp.time_s == pytest.approx(S / nic + 50e-6 + NET_FIXED, rel=1e-9)
+    assert sharp.time_s == pytest.approx(S / nic + 31e-6 + NET_FIXED, rel=1e-9)
     assert sharp.algorithm.startswith("sharp")
     # Other kinds are untouched by SHARP here.
     ag = [get_system("h100:64", sharp=s).collective_time_s("all-gather", S, [group])
@@ -215,18 +220,21 @@ def test_large_rings_use_rings_and_two_nodes_use_trees():
     assert get_system("h100:32").collective_timing("all-reduce", big, [list(range(32))]
                                                    ).algorithm.startswith("ring")
     assert get_system("h100:16").collective_timing("all-reduce", big, [list(range(16))]
-                                                   ).algorithm.startswith("tree")
-    # 5 nodes with 4 NICs each: the tree (measured ~150 GB/s) is not better than the ring
-    # (~190): the ring is chosen.
+                                                   ).algorithm.startswith("nvls-tree")
+    # 5 nodes with 4 NICs each: the plain tree (measured ~150 GB/s) is not better than the
+    # ring (~190) and is not chosen; NVLSTree's 2 S through each node's NICs ties with the
+    # ring's 2 x 39/40 S (its shorter latency makes up the 2.5%), at the ring's busbw.
     s = get_system("h100:40", nic_gbps=200)
-    assert s.collective_timing("all-reduce", 1e9, [list(range(40))]).algorithm.startswith("ring")
+    t = s.collective_timing("all-reduce", 1e9, [list(range(40))])
+    assert not t.algorithm.startswith("tree")
+    assert 1e9 * 2 * 39 / 40 / t.time_s == pytest.approx(190e9, rel=0.1)
 
 
 def test_thousands_of_gpus_reduce_over_nvls_trees_not_rings():
     # 248 nodes x 8 H200, 512 MiB: a flat ring pays 2(n-1) = 3966 dependent steps of NCCL's
     # per-step latency (> 10 ms); NVLSTree sends what the double binary tree loads a node's
     # NICs with (2 S: an inner node of one tree, a leaf of the other), plus one NVLS step
-    # (23 us) and 2 x floor(log2 248) = 14 tree levels of 14 us each.
+    # (25 us) and 2 x floor(log2 248) = 14 tree levels of 14 us each.
     from meshes.gpu import NIC_EFFICIENCY
 
     S, n = 512 * 2**20, 1984
@@ -234,7 +242,7 @@ def test_thousands_of_gpus_reduce_over_nvls_trees_not_rings():
     t = s.collective_timing("all-reduce", S, [list(range(n))])
     tree_s = S * 2 / (8 * 50e9 * NIC_EFFICIENCY)
     assert t.algorithm == "nvls-tree (Simple)"
-    assert t.time_s == pytest.approx(tree_s + 1e-6 * (23 + 14 * 14) + NET_FIXED, rel=1e-9)
+    assert t.time_s == pytest.approx(tree_s + 1e-6 * (25 + 14 * 14) + NET_FIXED, rel=1e-9)
     # A100s have no NVLink SHARP: no NVLSTree, whatever the size.
     a100 = get_system("a100:1984").collective_timing("all-reduce", S, [list(range(n))])
     assert not a100.algorithm.startswith("nvls")
