@@ -224,7 +224,8 @@ def render_html(r: Report, *, chip: Chip, compute_dtype: str = "bfloat16") -> st
     verdict = "" if r.fits else (f"<p class=\"nofit\"><b>Does not fit</b>: "
                                  f"{html.escape(r.bottleneck())}; times are as if it fit.</p>")
     return page(title, f"""<h1>{html.escape(title)} on {html.escape(r.system)}</h1>{verdict}
-<p>{r.num_devices} devices; HLO from {html.escape(r.compiler)}. Step
+<p>{r.num_devices} devices{f" ({html.escape(r.placement)})" if r.placement else ""}; HLO
+from {html.escape(r.compiler)}. Step
 {fmt_s(r.step_time_s)} (between {fmt_s(r.step_time_bounds_s[0])} with perfect overlap and
 {fmt_s(r.step_time_bounds_s[1])} with none). Bottleneck: {html.escape(r.bottleneck())}.</p>
 <h2>Where the step goes</h2>{step_plot(r)}

@@ -40,6 +40,8 @@ GEOMETRY = """() => {
     yticks: Array.from(svg.querySelectorAll('text.ytick')).map(t => t.textContent),
     frame: {x: frame.x, y: frame.y, w: frame.width, h: frame.height},
     roofLabel: svg.textContent,
+    barLabels: Array.from(document.querySelectorAll('svg.bars text.label')).map(t => ({
+      text: t.textContent, x: t.getBBox().x})),
   };
 }"""
 
@@ -50,7 +52,9 @@ def test_html_report_in_a_headless_browser(tmp_path, capsys, cpu_devices):
     # Two Llama-size layers: matmuls large enough to run near the roof, most of the step.
     text = TINY.replace('preset = "tiny"', 'preset = "tiny"\nd_model = 4096\nd_ff = 14336\n'
                         'n_heads = 32\nn_kv_heads = 8\nhead_dim = 128').replace(
-        "seq_len = 32", "seq_len = 2048")
+        "seq_len = 32", "seq_len = 2048").replace(
+        # two nodes of 4: collectives over InfiniBand too, the longest bar label
+        'name = "h100:8"', 'name = "h100:8"\ngpus_per_domain = 4')
     assert cli.main(["run", write(tmp_path, text), "--quiet", "--html", str(page_path)]) == 0
     capsys.readouterr()
     with sync_playwright() as p:
@@ -75,3 +79,8 @@ def test_html_report_in_a_headless_browser(tmp_path, capsys, cpu_devices):
     assert "roofs as the model times them" in g["roofLabel"] and "of the 989 peak" in \
         g["roofLabel"]
     assert (tmp_path / "report.png").stat().st_size > 10_000
+    # every bar's label drawn whole, inside its chart ("nvlink collectives (overlapped or
+    # not)" was cut at the left edge)
+    labels = g["barLabels"]
+    assert any("infiniband collectives" in b["text"] for b in labels)
+    assert all(b["x"] >= 0 for b in labels), labels
