@@ -32,6 +32,8 @@ def system_names() -> list[str]:
 OVERRIDES = {
     "nic_gbps": ("gpu", float, "scale-out bandwidth per GPU, Gb/s"),
     "sharp": ("gpu", bool, "in-network reduction on the scale-out fabric (IB SHARP)"),
+    "nvls": ("gpu", bool, "NVLink SHARP in NCCL's all-reduces (NCCL_NVLS_ENABLE; false: "
+                          "rings and trees only)"),
     "gpus_per_domain": ("gpu", int, "GPUs of each NVLink domain the job uses"),
     "allreduce_alpha_us": ("gpu", float, "the cluster's smallest all-reduce across 2 nodes "
                                           "(nccl-tests, 8 B), us"),
@@ -133,6 +135,7 @@ def _gpu_system(f: GpuFamily, name: str, size: str, overrides: dict) -> GpuSyste
     nic = overrides.get("nic_gbps")
     kw = dict(nic_bytes_per_s=nic * 1e9 / 8 if nic else None,
               sharp=bool(overrides.get("sharp", False)),
+              nvls=bool(overrides.get("nvls", True)),
               gpus_per_domain=domain if "gpus_per_domain" in overrides else None)
     fixed = None
     if "allreduce_alpha_us" in overrides:

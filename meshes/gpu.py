@@ -145,6 +145,8 @@ class GpuSystem(System):
         sharp: in-network reduction on the scale-out fabric (InfiniBand SHARP, NCCL's
             CollNet): an all-reduce across domains sends each byte to the switch once and
             receives the result once.
+        nvls: NVLink SHARP (NCCL's NVLS and NVLSTree) where the NVSwitches have it; False
+            as a job with NCCL_NVLS_ENABLE=0 runs (rings and trees only).
         gpus_per_domain: GPUs of each NVLink domain the job uses (MLPerf GB200 runs use 64
             of each NVL72 rack); the family's domain size by default.
         net_fixed_latency_s: the fixed cost of every collective across domains (NCCL's
@@ -159,6 +161,7 @@ class GpuSystem(System):
 
     def __init__(self, family: GpuFamily, num_devices: int, *,
                  nic_bytes_per_s: float | None = None, sharp: bool = False,
+                 nvls: bool = True,
                  gpus_per_domain: int | None = None, overrides: dict | None = None,
                  net_fixed_latency_s: float | None = None, pod_gpus: int | None = None,
                  pod_oversubscription: float = 1.0):
@@ -168,6 +171,7 @@ class GpuSystem(System):
         self.num_devices = num_devices
         self.domain_size = gpus_per_domain or family.domain_size
         self.sharp = sharp
+        self.nvls = nvls and family.has_nvls
         self.net_fixed_s = (net_fixed_latency_s_default() if net_fixed_latency_s is None
                             else net_fixed_latency_s)
         self.pod_gpus = pod_gpus
@@ -213,12 +217,12 @@ class GpuSystem(System):
         if n > 8 and large is not None and nbytes >= large.sizes_bytes[0]:
             curve = large
         busbw = curve(nbytes)
-        if kind == "all-reduce" and f.has_nvls and curve is H100_NVLS_ALL_REDUCE:
+        if kind == "all-reduce" and self.nvls and curve is H100_NVLS_ALL_REDUCE:
             # the 8-GPU NVLS curve scaled to the group's GPUs, or the ring where it is faster
             nvls = busbw * H100_NVLS_PEAK_BY_GPUS[min(n, 8)] / H100_NVLS_PEAK_BY_GPUS[8]
             ring = min(busbw, f.ring_cap_bytes_per_s)
             return (nvls, "nvls") if nvls >= ring else (ring, "ring")
-        if kind == "all-reduce" and f.has_nvls:
+        if kind == "all-reduce" and f.has_nvls and curve is not H100_NVLS_ALL_REDUCE:
             return busbw, "ring"
         return min(busbw, f.ring_cap_bytes_per_s), "ring"
 
@@ -240,7 +244,7 @@ class GpuSystem(System):
         floor = 1e-6 * (NCCL_BASE_LATENCY_US[("ring", "LL")]
                         + steps * NCCL_HW_LATENCY_US["nvlink"][("ring", "LL")])
         floor_algo = "ring (LL, latency-bound)"
-        if kind == "all-reduce" and self.family.has_nvls and n > 2 \
+        if kind == "all-reduce" and self.nvls and n > 2 \
                 and NCCL_NVLS_LATENCY_US * 1e-6 < floor:
             floor, floor_algo = NCCL_NVLS_LATENCY_US * 1e-6, "nvls (latency-bound)"
         if latency_floor and floor > t:
@@ -378,7 +382,7 @@ class GpuSystem(System):
                 t = t_bw + _nccl_latency_s(kind, algo, proto, n, d, m)
                 if best is None or t < best[0]:
                     best = (t, algo, proto)
-        if kind == "all-reduce" and self.family.has_nvls and m_most > 1:
+        if kind == "all-reduce" and self.nvls and m_most > 1:
             # NVLSTree: NVLink SHARP reduces inside each domain, then every GPU runs a
             # double binary tree over its rail across domains, loading the NICs as the
             # tree does (2 S per domain from 4 domains on, what a ring moves); its latency

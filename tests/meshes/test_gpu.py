@@ -349,3 +349,16 @@ def test_a_published_fabric_sets_its_pods():
     t = sp.collective_timing("all-reduce", 1e9, rings)
     assert t.time_s == get_system("b200:4096").collective_time_s("all-reduce", 1e9, rings)
     assert "across pods" in t.algorithm
+
+
+def test_nvls_off_runs_rings_and_trees_only():
+    # NCCL_NVLS_ENABLE=0 (`nvls = false`): an 8-GPU H100 all-reduce runs at the ring's
+    # plateau (367 GB/s), not NVLS's 479 at 8 GB, and across nodes there is no NVLSTree.
+    S = 8e9
+    on = get_system("h100:8").collective_timing("all-reduce", S, [list(range(8))])
+    off = get_system("h100:8", nvls=False).collective_timing("all-reduce", S, [list(range(8))])
+    assert on.algorithm == "nvls" and off.algorithm == "ring"
+    assert off.time_s == pytest.approx(S * 2 * 7 / 8 / 367e9, rel=1e-9)
+    two = get_system("h100:16", nvls=False).collective_timing("all-reduce", S, [list(range(16))])
+    assert "nvls" not in two.algorithm
+    assert get_system("h100:16", nvls=False).label.endswith("[nvls=False]")
