@@ -404,7 +404,12 @@ def to_toml(exp: Experiment, m: Measurement) -> str:
     from experiments.importer import _toml_value
 
     raw = exp.to_dict()
-    raw["system"] = {**raw["system"], "name": m.system}
+    # the config's [system] overrides (nic_gbps, ...) describe its own system: kept when
+    # that is the one measured, dropped on host-cpu:N (which takes none: its rates are
+    # this host's), and the file says which were dropped
+    own = {k: v for k, v in raw["system"].items() if k != "name"}
+    dropped = sorted(own) if m.system != m.asked_system else []
+    raw["system"] = {"name": m.system, **({} if dropped else own)}
     raw["model"] = {**raw["model"], "attention": m.attention}
     measured = {"step_time_s": float(f"{m.measured_step_time_s:.6g}"),
                 "source": f"shardscope measure on {m.host}, median of "
@@ -416,7 +421,10 @@ def to_toml(exp: Experiment, m: Measurement) -> str:
                 "backend_version": m.backend_version}
     lines = [f"# Measured by `shardscope measure` on {m.host} on {m.date}: {m.devices} "
              f"{m.backend.upper()} devices ({m.device_kind}), processes: {m.process_count}.",
-             f"# The config asked for {m.asked_system}.", f"name = {_toml_value(raw['name'])}"]
+             f"# The config asked for {m.asked_system}"
+             + (f" with {', '.join(f'{k} = {_toml_value(own[k])}' for k in dropped)}: left "
+                f"out here ({m.system} takes no [system] overrides)." if dropped else "."),
+             f"name = {_toml_value(raw['name'])}"]
     for table in ("model", "system", "parallelism", "workload", "precision", "train"):
         lines += ["", f"[{table}]"]
         lines += [f"{k} = {_toml_value(v)}" for k, v in raw[table].items()

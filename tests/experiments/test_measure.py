@@ -212,3 +212,30 @@ def test_the_profiled_gpu_compile_turns_command_buffers_off_with_an_option_xla_t
     assert lowered.compile(compiler_options=PROFILE_OPTIONS["gpu"])(jnp.ones((4, 4)))[0, 0] == 4
     with pytest.raises(Exception, match="not a valid enum value"):
         lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": "NO_SUCH"})
+
+
+def _measurement(exp, **fields) -> measure.Measurement:
+    """A Measurement of `exp` on 4 CPU devices without running it (no estimate)."""
+    values = dict(name=exp.name, asked_system=exp.system.name, system="host-cpu:4",
+                  backend="cpu", device_kind="cpu", backend_version="jaxlib 0", devices=4,
+                  process_count=1, step_times_s=(0.02, 0.01, 0.03), loss=None,
+                  peak_memory_bytes=None, estimate=None, profile=None, profile_dir="",
+                  host=socket.gethostname(), date="2026-12-04", jax_version="0")
+    return measure.Measurement(**{**values, **fields})
+
+
+def test_out_drops_system_overrides_host_cpu_does_not_take(tmp_path):
+    # a config for its own cluster (400 Gb/s NICs), measured on this host's CPU devices:
+    # host-cpu:4 takes no overrides, so the written file leaves nic_gbps out and says so
+    raw = config.load_raw("tiny-h100-dp-tp", SMALL[1::2])
+    raw["system"]["nic_gbps"] = 400
+    exp = config.from_dict(raw)
+    text = measure.to_toml(exp, _measurement(exp))
+    (tmp_path / "run.toml").write_text(text)
+    back = config.load(tmp_path / "run.toml")
+    assert back.system.name == "host-cpu:4" and back.measured.step_time_s == 0.02
+    assert "nic_gbps" in text.split("\nname = ")[0]  # only in the header's comment
+    # measured on the config's own system (an accelerator), its overrides are kept
+    same = measure.to_toml(exp, _measurement(exp, system="h100:4", backend="gpu",
+                                             device_kind="NVIDIA H100"))
+    assert "nic_gbps = 400" in same
