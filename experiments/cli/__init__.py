@@ -117,9 +117,11 @@ def build_parser() -> Parser:
         "measure.")
     c.add_argument("--out", required=True, metavar="CAL.toml",
                    help="the calibration file to write ([parameters], [provenance], "
-                        "[best_measured_mfu])")
+                        "[best_measured_mfu]); an existing file is kept unless --force")
     c.add_argument("--features", metavar="OUT.json",
                    help="also write each run's step decomposition (what the fit used)")
+    c.add_argument("--force", action="store_true",
+                   help="overwrite the files of --out and --features")
 
     se = command("search", "every sharding of a config's model on its system, compiled and "
                  "ranked", studies.cmd_search, "config", "axes", "store", "workers", "budget",

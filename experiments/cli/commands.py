@@ -8,6 +8,7 @@ from pathlib import Path
 from experiments.cli.output import (
     checked,
     format_columns,
+    kept,
     progress_sink,
     write_json,
     write_text,
@@ -68,9 +69,7 @@ def cmd_measure(args) -> int:
     from experiments import measure
 
     exp = config_mod.load(args.config, args.set or [])
-    if args.out and Path(args.out).exists() and not args.force:  # before the run, not after
-        raise ConfigError(f"--out {args.out!r} exists; choose another name or add --force to "
-                          f"overwrite it")
+    kept(args.out, args.force)  # before the run, not after
     for path, flag in ((args.out, "--out"), (args.json, "--json")):
         if path:
             checked(path, flag)  # a missing folder too, before the run
@@ -312,10 +311,7 @@ def emit(text: str, args) -> None:
     if not args.out:
         print(text, end="")
         return
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise ConfigError(f"--out {args.out!r} exists; choose another name or add --force to "
-                          f"overwrite it")
+    kept(args.out, args.force)
     write_text(args.out, text, flag="--out")
 
 

@@ -30,6 +30,14 @@ def checked(path: str, flag: str) -> Path:
     return out
 
 
+def kept(path: str | None, force: bool, flag: str = "--out") -> None:
+    """A file the user has is not overwritten: an error naming `flag` when `path` exists
+    and --force was not given (call it before a long run, not only when writing)."""
+    if path and Path(path).exists() and not force:
+        raise ConfigError(f"{flag} {path!r} exists; choose another name or add --force to "
+                          f"overwrite it")
+
+
 def write_json(path: str, data: dict, flag: str = "--json") -> None:
     checked(path, flag).write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
     print(f"\nwrote {path}")
