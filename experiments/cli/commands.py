@@ -7,6 +7,7 @@ from pathlib import Path
 
 from experiments.cli.output import (
     checked,
+    folder,
     format_columns,
     kept,
     progress_sink,
@@ -73,9 +74,8 @@ def cmd_measure(args) -> int:
     for path, flag in ((args.out, "--out"), (args.json, "--json")):
         if path:
             checked(path, flag)  # a missing folder too, before the run
-    if args.profile and Path(args.profile).exists() and not Path(args.profile).is_dir():
-        raise ConfigError(f"--profile {args.profile!r} is a file; --profile takes a folder "
-                          f"for the trace (a new or an existing one)")
+    if args.profile:
+        folder(args.profile, "--profile")  # made now: the trace is written after the steps
     procs = measure.start_processes(exp, coordinator=args.coordinator,
                                     num_processes=args.num_processes,
                                     process_id=args.process_id)
@@ -87,10 +87,10 @@ def cmd_measure(args) -> int:
         print(f"process {procs.index}: loss " + " ".join(f"{x:.4f}" for x in m.loss or ()))
         return 0
     print(m.format())
+    if args.out:  # first: the run's record for validate, kept whatever fails after it
+        write_text(args.out, measure.to_toml(exp, m), flag="--out")
     if args.json:
         write_json(args.json, m.to_dict())
-    if args.out:
-        write_text(args.out, measure.to_toml(exp, m), flag="--out")
     return 0
 
 

@@ -156,6 +156,14 @@ def test_measure_flag_mistakes_are_one_line(tmp_path, capsys):
     assert code == 2 and "does not exist" in err and "measured" not in out_
     code, out_, err = run_cli(["measure", "tiny-h100-dp-tp", "--profile", str(out)], capsys)
     assert code == 2 and "takes a folder" in err and "measured" not in out_
+    # a folder where --json wants a file, a trace folder under a file or where none can be
+    # made: said before the run too, in one line, not after it (or as a traceback)
+    for flags, says in ((["--json", str(tmp_path)], "is a folder"),
+                        (["--profile", str(out / "sub")], "cannot make the folder"),
+                        (["--profile", "/proc/no-such-folder"], "cannot make the folder")):
+        code, out_, err = run_cli(["measure", "tiny-h100-dp-tp", *flags], capsys)
+        assert code == 2 and says in err and err.count("\n") == 1, err
+        assert "measured" not in out_
 
 
 def test_calibrating_on_host_cpu_runs_alone_is_refused(measured, capsys):
@@ -239,3 +247,22 @@ def test_out_drops_system_overrides_host_cpu_does_not_take(tmp_path):
     same = measure.to_toml(exp, _measurement(exp, system="h100:4", backend="gpu",
                                              device_kind="NVIDIA H100"))
     assert "nic_gbps = 400" in same
+
+
+def test_out_is_written_first_and_kept_when_json_fails(tmp_path, monkeypatch, capsys):
+    # --out is the run's record (for validate and calibrate): written before --json, so a
+    # --json that cannot be written after the run (its folder gone meanwhile) loses nothing
+    exp = config.load("tiny-h100-dp-tp", SMALL[1::2])
+    gone = tmp_path / "gone"
+    gone.mkdir()
+
+    def run(*args, **kwargs):
+        gone.rmdir()
+        return _measurement(exp)
+
+    monkeypatch.setattr(measure, "measure", run)
+    code, out, err = run_cli(["measure", "tiny-h100-dp-tp", *SMALL, "--out",
+                              str(tmp_path / "run.toml"), "--json", str(gone / "m.json")],
+                             capsys)
+    assert code == 2 and err.count("\n") == 1 and "m.json" in err
+    assert config.load(tmp_path / "run.toml").measured.step_time_s == 0.02
