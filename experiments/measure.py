@@ -57,7 +57,7 @@ def start_processes(exp: Experiment, *, coordinator: str | None = None,
         raise ConfigError("multi-host measure needs all three of --coordinator HOST:PORT, "
                           "--num-processes N and --process-id I (or none, to let JAX read "
                           "SLURM's or the TPU pod's environment)")
-    launched = 0 if any(given) else _launched_processes()
+    launched, launcher = (0, "") if any(given) else _launched_processes()
     count = num_processes or 1
     # CPU devices of several processes talk over gloo (no effect on GPU and TPU devices)
     try:
@@ -80,23 +80,33 @@ def start_processes(exp: Experiment, *, coordinator: str | None = None,
                                    num_processes=num_processes, process_id=process_id)
     elif launched > 1:
         _local_cpu_devices(exp, launched)
-        jax.distributed.initialize()  # JAX reads the launcher's environment itself
+        try:
+            jax.distributed.initialize()  # JAX reads the launcher's environment itself
+        except (ValueError, RuntimeError) as e:  # the variable, without the rest of it
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(
+                f"{launcher} says this is one of {launched} processes, but JAX could not join "
+                f"them ({first}); start it under that launcher (srun, the TPU pod's workers), "
+                f"or unset {launcher.split('=')[0]} to measure in one process, or give "
+                f"--coordinator HOST:PORT --num-processes N --process-id I") from None
         count = launched
     else:
         _local_cpu_devices(exp, 1)
     return Processes(jax.process_count(), jax.process_index()) if count > 1 else Processes()
 
 
-def _launched_processes() -> int:
+def _launched_processes() -> tuple[int, str]:
     """How many processes a launcher started, from the environment JAX also reads: a SLURM
-    job's tasks, a Cloud TPU pod's workers, JAX_NUM_PROCESSES; 1 otherwise."""
+    job's tasks, a Cloud TPU pod's workers, JAX_NUM_PROCESSES; and the variable that says
+    so, as `NAME=value` (for the error when JAX cannot join them). (1, "") otherwise."""
     env = os.environ
-    for count in (env.get("JAX_NUM_PROCESSES"), env.get("SLURM_NTASKS"),
-                  str(len(env["TPU_WORKER_HOSTNAMES"].split(",")))
-                  if env.get("TPU_WORKER_HOSTNAMES") else None):
+    hosts = env.get("TPU_WORKER_HOSTNAMES")
+    for name, count in (("JAX_NUM_PROCESSES", env.get("JAX_NUM_PROCESSES")),
+                        ("SLURM_NTASKS", env.get("SLURM_NTASKS")),
+                        ("TPU_WORKER_HOSTNAMES", str(len(hosts.split(","))) if hosts else None)):
         if count and count.isdigit() and int(count) > 1:
-            return int(count)
-    return 1
+            return int(count), f"{name}={env[name]}"
+    return 1, ""
 
 
 def _local_cpu_devices(exp: Experiment, processes: int) -> None:

@@ -130,13 +130,33 @@ def test_accelerators_of_another_kind_are_refused():
 def test_processes_a_launcher_started_are_read_from_its_environment(monkeypatch):
     for key in ("JAX_NUM_PROCESSES", "SLURM_NTASKS", "TPU_WORKER_HOSTNAMES"):
         monkeypatch.delenv(key, raising=False)
-    assert measure._launched_processes() == 1
+    assert measure._launched_processes() == (1, "")
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host TPU VM
-    assert measure._launched_processes() == 1
-    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2,10.0.0.3,10.0.0.4,10.0.0.5")
-    assert measure._launched_processes() == 4
+    assert measure._launched_processes() == (1, "")
+    hosts = "10.0.0.2,10.0.0.3,10.0.0.4,10.0.0.5"
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", hosts)
+    assert measure._launched_processes() == (4, f"TPU_WORKER_HOSTNAMES={hosts}")
     monkeypatch.setenv("SLURM_NTASKS", "2")
-    assert measure._launched_processes() == 2
+    assert measure._launched_processes() == (2, "SLURM_NTASKS=2")
+
+
+def test_a_launcher_variable_outside_its_launcher_is_named(monkeypatch, capsys):
+    # SLURM_NTASKS=2 left in a shell outside srun: JAX finds no coordinator. The error
+    # names the variable that made measure think so, and the ways out, before any compile.
+    import jax
+
+    for key in ("JAX_NUM_PROCESSES", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+
+    def initialize(*args, **kwargs):  # what jax.distributed says without a coordinator
+        raise ValueError("coordinator_address should be defined.")
+
+    monkeypatch.setattr(jax.distributed, "initialize", initialize)
+    code, out, err = run_cli(["measure", "tiny-h100-dp-tp"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "SLURM_NTASKS=2" in err and "unset SLURM_NTASKS" in err and "--coordinator" in err
+    assert "coordinator_address should be defined" in err and "measured" not in out
 
 
 def test_measure_flag_mistakes_are_one_line(tmp_path, capsys):
