@@ -136,13 +136,17 @@ def present_kind() -> tuple[str, str]:
     return backend_of(d), getattr(d, "device_kind", d.platform)
 
 
-def system_for(exp: Experiment, kind: str, device_kind: str = ""):
+def system_for(exp: Experiment, kind: str, device_kind: str = "", *, cache: bool = True):
     """The system the measured run is estimated on: `host-cpu:N` on CPU devices (N: the
-    config's device count); on accelerators the config's own, which must be that kind."""
+    config's device count; `cache=False`: a benchmark it needs is not kept); on
+    accelerators the config's own, which must be that kind."""
     from meshes import GpuSystem, TpuSystem, get_system
+    from meshes.host import HostCpuSystem, host_rates
 
     if kind == "cpu":
-        return get_system(f"{HOST_CPU}:{exp.system.num_devices}")
+        n = exp.system.num_devices
+        return get_system(f"{HOST_CPU}:{n}") if cache else \
+            HostCpuSystem(n, host_rates(n, write_cache=False))
     want = ("tpu" if isinstance(exp.system, TpuSystem)
             else "gpu" if isinstance(exp.system, GpuSystem) else "cpu")
     if want != kind:
@@ -167,7 +171,13 @@ def measure(exp: Experiment, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAUL
     from sharding.compiler import compiler_name
 
     kind, device_kind = present_kind()
-    system = system_for(exp, kind, device_kind)
+    # Process 0 first: on CPU devices its system may benchmark the host (an empty cache),
+    # which the others must not do at the same time (each would time a share of its cores,
+    # and write that to the cache). They wait in `_agreed`, then read its figures.
+    system = system_for(exp, kind, device_kind) if processes.index == 0 else None
+    profiled = _agreed(processes, steps=steps, warmup=warmup, profile=profile_dir is not None)
+    if system is None:
+        system = system_for(exp, kind, device_kind, cache=False)
     run = dataclasses.replace(exp, system=system, model=as_run(exp.model))
     n = system.num_devices
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
@@ -184,7 +194,7 @@ def measure(exp: Experiment, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAUL
     args, _ = _steps(compiled, args, warmup, step.serving)
     args, timed = _steps(compiled, args, steps, step.serving)
     trace = None
-    if profile_dir is not None:
+    if profiled:  # on every process: the steps' collectives need all of them
         traced = compiled if kind not in PROFILE_OPTIONS else program.step.lower(
             *program.args).compile(compiler_options=PROFILE_OPTIONS[kind])
         if processes.index == 0:
@@ -207,6 +217,31 @@ def measure(exp: Experiment, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAUL
         profile_dir=profile_dir or "", attention=run.model.attention,
         asked_attention=exp.model.attention, host=socket.gethostname(),
         date=datetime.date.today().isoformat(), jax_version=jax.__version__)
+
+
+def _agreed(processes: Processes, *, steps: int, warmup: int, profile: bool) -> bool:
+    """Whether the profiled steps run. Every process must run the same steps, profiled ones
+    included (each step's collectives wait for all of them), so the processes compare
+    their --steps and --warmup (an error on every one of them when they differ) and follow
+    process 0's --profile: it takes the trace; the others run the steps untraced."""
+    if processes.count == 1:
+        return profile
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    mine = np.array([steps, warmup, int(profile)], dtype=np.int32)
+    every = np.asarray(multihost_utils.process_allgather(mine))  # [process, 3]
+    first = every[0]
+    for i, (s, w, _) in enumerate(every.tolist()):
+        if (s, w) != (first[0], first[1]):
+            raise ConfigError(f"process {i} runs --steps {s} --warmup {w}, process 0 --steps "
+                              f"{first[0]} --warmup {first[1]}: every process runs the same "
+                              f"steps (their collectives need all of them); give every "
+                              f"process the same --steps and --warmup")
+    if profile and not first[2]:
+        print(f"process {processes.index}: --profile is process 0's to give (it takes the "
+              f"trace); process 0 has none, so no step is profiled", file=sys.stderr)
+    return bool(first[2])
 
 
 def as_run(model):

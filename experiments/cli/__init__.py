@@ -85,7 +85,8 @@ def build_parser() -> Parser:
                     help="untimed steps first (default 2)")
     me.add_argument("--profile", metavar="DIR",
                     help="take a jax.profiler trace of --steps more steps into DIR (kept for "
-                         "TensorBoard / Perfetto) and measure device time by category")
+                         "TensorBoard / Perfetto) and measure device time by category; with "
+                         "several processes, process 0's (all of them run the steps)")
     me.add_argument("--coordinator", metavar="HOST:PORT",
                     help="multi-host: process 0's address (jax.distributed)")
     me.add_argument("--num-processes", type=positive_int, metavar="N",

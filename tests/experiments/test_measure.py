@@ -203,28 +203,85 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_two_processes_give_the_loss_of_one(measured, tmp_path, cache_home):
-    """Two processes on localhost, two CPU devices each, collectives over gloo: the same
-    loss as the four devices of one process."""
-    _, one = measured
+def _two_processes(tmp_path, flags: list[list[str]], **env) -> list[tuple[int, str, str]]:
+    """`measure` of the small config in two processes on localhost (two CPU devices each,
+    collectives over gloo), process i with flags[i]: (exit code, stdout, stderr) each."""
     coordinator = f"localhost:{_free_port()}"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", **env}
     procs = [subprocess.Popen(
         [sys.executable, "-m", "experiments.cli", "measure", "tiny-h100-dp-tp", *SMALL,
-         "--steps", "3", "--warmup", "1", "--quiet", "--coordinator", coordinator,
-         "--num-processes", "2", "--process-id", str(i)]
-        + (["--json", str(tmp_path / "m.json")] if i == 0 else []),
+         "--quiet", "--coordinator", coordinator, "--num-processes", "2", "--process-id",
+         str(i), *flags[i]],
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-2000:]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:  # one stuck in a collective the other never joins: a failure, not a hang
+        for p in procs:
+            p.kill()
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_loss_of_one_and_profile_together(measured, tmp_path):
+    """Two processes: the same loss as the four devices of one process. Only process 0 is
+    given --profile; the other runs the profiled steps too (their collectives need both).
+    The host's rates are benchmarked by process 0 alone, into an empty cache."""
+    _, one = measured
+    steps = ["--steps", "3", "--warmup", "1"]
+    cache = tmp_path / "cache"
+    outs = _two_processes(tmp_path, [[*steps, "--json", str(tmp_path / "m.json"), "--profile",
+                                      str(tmp_path / "trace")], steps],
+                          XDG_CACHE_HOME=str(cache))
+    for code, _, err in outs:
+        assert code == 0, err[-2000:]
     two = json.loads((tmp_path / "m.json").read_text())
     assert two["process_count"] == 2 and two["devices"] == 4
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    rows = {c["category"]: c for c in two["categories"]}
+    assert rows["matmul"]["measured_s"] > 0 and rows["all-reduce"]["measured_s"] > 0
+    assert list((tmp_path / "trace").glob("**/*.trace.json.gz"))
+    cached = json.loads((cache / "shardscope" / "host-cpu.json").read_text())
+    assert cached["rates"]["4"]["devices"] == 4
     # process 1 prints its loss and writes nothing
-    assert "process 1: loss" in outs[1][0]
+    assert "process 1: loss" in outs[1][1]
+
+
+@pytest.mark.slow
+def test_processes_that_would_run_different_steps_all_refuse(tmp_path, cache_home):
+    # --steps 2 on one and 1 on the other would leave process 0 waiting in a collective
+    # forever: both say why, in one line, before any step runs
+    outs = _two_processes(tmp_path, [["--steps", "2", "--warmup", "0"],
+                                     ["--steps", "1", "--warmup", "0"]])
+    for code, out, err in outs:
+        assert code == 2 and "process 1 runs --steps 1 --warmup 0" in err, err[-2000:]
+        assert "give every process the same --steps and --warmup" in err
+        assert "loss" not in out
+
+
+def test_a_process_beside_others_does_not_cache_the_host_benchmark(tmp_path, monkeypatch):
+    # processes other than 0 benchmark only where their host has no figure (another host
+    # than process 0's), at the same time as the others there: kept out of the cache
+    from meshes import host
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def benchmark(devices):
+        calls.append(devices)
+        return host.HostRates(matmul_flops_per_s={"float32": ((64, 1e10),)},
+                              memory_bytes_per_s=1e10, kernel_overhead_s=1e-6,
+                              memory_bytes=2**30, devices=devices, cores=2,
+                              host=socket.gethostname(),
+                              date="2026-12-04", jax_version="0")
+
+    monkeypatch.setattr(host, "benchmark", benchmark)
+    exp = config.load("tiny-h100-dp-tp", SMALL[1::2])
+    system = measure.system_for(exp, "cpu", cache=False)
+    assert system.name == "host-cpu:4" and calls == [4]
+    assert not host.cache_path().exists()
+    measure.system_for(exp, "cpu")  # process 0 (or one process alone) keeps its figure
+    assert calls == [4, 4] and host.cached_rates(4).devices == 4
 
 
 def test_the_profiled_gpu_compile_turns_command_buffers_off_with_an_option_xla_takes():
