@@ -57,7 +57,7 @@ def start_processes(exp: Experiment, *, coordinator: str | None = None,
         raise ConfigError("multi-host measure needs all three of --coordinator HOST:PORT, "
                           "--num-processes N and --process-id I (or none, to let JAX read "
                           "SLURM's or the TPU pod's environment)")
-    launched = 0 if any(given) else _launched_processes()
+    launched, launcher = (0, "") if any(given) else _launched_processes()
     count = num_processes or 1
     # CPU devices of several processes talk over gloo (no effect on GPU and TPU devices)
     try:
@@ -80,23 +80,33 @@ def start_processes(exp: Experiment, *, coordinator: str | None = None,
                                    num_processes=num_processes, process_id=process_id)
     elif launched > 1:
         _local_cpu_devices(exp, launched)
-        jax.distributed.initialize()  # JAX reads the launcher's environment itself
+        try:
+            jax.distributed.initialize()  # JAX reads the launcher's environment itself
+        except (ValueError, RuntimeError) as e:  # the variable, without the rest of it
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(
+                f"{launcher} says this is one of {launched} processes, but JAX could not join "
+                f"them ({first}); start it under that launcher (srun, the TPU pod's workers), "
+                f"or unset {launcher.split('=')[0]} to measure in one process, or give "
+                f"--coordinator HOST:PORT --num-processes N --process-id I") from None
         count = launched
     else:
         _local_cpu_devices(exp, 1)
     return Processes(jax.process_count(), jax.process_index()) if count > 1 else Processes()
 
 
-def _launched_processes() -> int:
+def _launched_processes() -> tuple[int, str]:
     """How many processes a launcher started, from the environment JAX also reads: a SLURM
-    job's tasks, a Cloud TPU pod's workers, JAX_NUM_PROCESSES; 1 otherwise."""
+    job's tasks, a Cloud TPU pod's workers, JAX_NUM_PROCESSES; and the variable that says
+    so, as `NAME=value` (for the error when JAX cannot join them). (1, "") otherwise."""
     env = os.environ
-    for count in (env.get("JAX_NUM_PROCESSES"), env.get("SLURM_NTASKS"),
-                  str(len(env["TPU_WORKER_HOSTNAMES"].split(",")))
-                  if env.get("TPU_WORKER_HOSTNAMES") else None):
+    hosts = env.get("TPU_WORKER_HOSTNAMES")
+    for name, count in (("JAX_NUM_PROCESSES", env.get("JAX_NUM_PROCESSES")),
+                        ("SLURM_NTASKS", env.get("SLURM_NTASKS")),
+                        ("TPU_WORKER_HOSTNAMES", str(len(hosts.split(","))) if hosts else None)):
         if count and count.isdigit() and int(count) > 1:
-            return int(count)
-    return 1
+            return int(count), f"{name}={env[name]}"
+    return 1, ""
 
 
 def _local_cpu_devices(exp: Experiment, processes: int) -> None:
@@ -126,13 +136,17 @@ def present_kind() -> tuple[str, str]:
     return backend_of(d), getattr(d, "device_kind", d.platform)
 
 
-def system_for(exp: Experiment, kind: str, device_kind: str = ""):
+def system_for(exp: Experiment, kind: str, device_kind: str = "", *, cache: bool = True):
     """The system the measured run is estimated on: `host-cpu:N` on CPU devices (N: the
-    config's device count); on accelerators the config's own, which must be that kind."""
+    config's device count; `cache=False`: a benchmark it needs is not kept); on
+    accelerators the config's own, which must be that kind."""
     from meshes import GpuSystem, TpuSystem, get_system
+    from meshes.host import HostCpuSystem, host_rates
 
     if kind == "cpu":
-        return get_system(f"{HOST_CPU}:{exp.system.num_devices}")
+        n = exp.system.num_devices
+        return get_system(f"{HOST_CPU}:{n}") if cache else \
+            HostCpuSystem(n, host_rates(n, write_cache=False))
     want = ("tpu" if isinstance(exp.system, TpuSystem)
             else "gpu" if isinstance(exp.system, GpuSystem) else "cpu")
     if want != kind:
@@ -157,7 +171,13 @@ def measure(exp: Experiment, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAUL
     from sharding.compiler import compiler_name
 
     kind, device_kind = present_kind()
-    system = system_for(exp, kind, device_kind)
+    # Process 0 first: on CPU devices its system may benchmark the host (an empty cache),
+    # which the others must not do at the same time (each would time a share of its cores,
+    # and write that to the cache). They wait in `_agreed`, then read its figures.
+    system = system_for(exp, kind, device_kind) if processes.index == 0 else None
+    profiled = _agreed(processes, steps=steps, warmup=warmup, profile=profile_dir is not None)
+    if system is None:
+        system = system_for(exp, kind, device_kind, cache=False)
     run = dataclasses.replace(exp, system=system, model=as_run(exp.model))
     n = system.num_devices
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
@@ -174,7 +194,7 @@ def measure(exp: Experiment, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAUL
     args, _ = _steps(compiled, args, warmup, step.serving)
     args, timed = _steps(compiled, args, steps, step.serving)
     trace = None
-    if profile_dir is not None:
+    if profiled:  # on every process: the steps' collectives need all of them
         traced = compiled if kind not in PROFILE_OPTIONS else program.step.lower(
             *program.args).compile(compiler_options=PROFILE_OPTIONS[kind])
         if processes.index == 0:
@@ -197,6 +217,31 @@ def measure(exp: Experiment, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAUL
         profile_dir=profile_dir or "", attention=run.model.attention,
         asked_attention=exp.model.attention, host=socket.gethostname(),
         date=datetime.date.today().isoformat(), jax_version=jax.__version__)
+
+
+def _agreed(processes: Processes, *, steps: int, warmup: int, profile: bool) -> bool:
+    """Whether the profiled steps run. Every process must run the same steps, profiled ones
+    included (each step's collectives wait for all of them), so the processes compare
+    their --steps and --warmup (an error on every one of them when they differ) and follow
+    process 0's --profile: it takes the trace; the others run the steps untraced."""
+    if processes.count == 1:
+        return profile
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    mine = np.array([steps, warmup, int(profile)], dtype=np.int32)
+    every = np.asarray(multihost_utils.process_allgather(mine))  # [process, 3]
+    first = every[0]
+    for i, (s, w, _) in enumerate(every.tolist()):
+        if (s, w) != (first[0], first[1]):
+            raise ConfigError(f"process {i} runs --steps {s} --warmup {w}, process 0 --steps "
+                              f"{first[0]} --warmup {first[1]}: every process runs the same "
+                              f"steps (their collectives need all of them); give every "
+                              f"process the same --steps and --warmup")
+    if profile and not first[2]:
+        print(f"process {processes.index}: --profile is process 0's to give (it takes the "
+              f"trace); process 0 has none, so no step is profiled", file=sys.stderr)
+    return bool(first[2])
 
 
 def as_run(model):
@@ -404,7 +449,12 @@ def to_toml(exp: Experiment, m: Measurement) -> str:
     from experiments.importer import _toml_value
 
     raw = exp.to_dict()
-    raw["system"] = {**raw["system"], "name": m.system}
+    # the config's [system] overrides (nic_gbps, ...) describe its own system: kept when
+    # that is the one measured, dropped on host-cpu:N (which takes none: its rates are
+    # this host's), and the file says which were dropped
+    own = {k: v for k, v in raw["system"].items() if k != "name"}
+    dropped = sorted(own) if m.system != m.asked_system else []
+    raw["system"] = {"name": m.system, **({} if dropped else own)}
     raw["model"] = {**raw["model"], "attention": m.attention}
     measured = {"step_time_s": float(f"{m.measured_step_time_s:.6g}"),
                 "source": f"shardscope measure on {m.host}, median of "
@@ -416,7 +466,10 @@ def to_toml(exp: Experiment, m: Measurement) -> str:
                 "backend_version": m.backend_version}
     lines = [f"# Measured by `shardscope measure` on {m.host} on {m.date}: {m.devices} "
              f"{m.backend.upper()} devices ({m.device_kind}), processes: {m.process_count}.",
-             f"# The config asked for {m.asked_system}.", f"name = {_toml_value(raw['name'])}"]
+             f"# The config asked for {m.asked_system}"
+             + (f" with {', '.join(f'{k} = {_toml_value(own[k])}' for k in dropped)}: left "
+                f"out here ({m.system} takes no [system] overrides)." if dropped else "."),
+             f"name = {_toml_value(raw['name'])}"]
     for table in ("model", "system", "parallelism", "workload", "precision", "train"):
         lines += ["", f"[{table}]"]
         lines += [f"{k} = {_toml_value(v)}" for k, v in raw[table].items()

@@ -105,7 +105,12 @@ def load_case(path: str | Path):
     """A validation config: an experiment that must carry a [measured] table."""
     from experiments import config
 
-    exp = config.load(path)
+    try:
+        exp = config.load(path)
+    except config.ConfigError as e:  # one file of a folder: say which
+        if str(path) in str(e):
+            raise
+        raise config.ConfigError(f"{path}: {e}") from None
     if exp.measured is None:
         raise config.ConfigError(f"{path}: no [measured] table; validation configs need "
                                  f"measured.step_time_s")

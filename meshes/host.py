@@ -111,12 +111,16 @@ def cached_rates(devices: int) -> HostRates | None:
         return None
 
 
-def host_rates(devices: int, *, refresh: bool = False) -> HostRates:
+def host_rates(devices: int, *, refresh: bool = False, write_cache: bool = True
+               ) -> HostRates:
     """This host's rates per device for `devices` fake devices: cached, or measured now
-    (and cached). Asks JAX for that many CPU devices first when its backend is not up."""
+    (and cached, unless `write_cache` is False: a process that shares the host with others
+    at work). Asks JAX for that many CPU devices first when its backend is not up."""
     rates = None if refresh else cached_rates(devices)
     if rates is None:
         rates = benchmark(devices)
+        if not write_cache:
+            return rates
         cache = read_cache() or {"host": rates.host, "rates": {}}
         cache["rates"][str(devices)] = rates.to_dict()
         try:
@@ -153,7 +157,8 @@ def benchmark(devices: int) -> HostRates:
             jax.config.update("jax_num_cpu_devices", devices)
     except RuntimeError:
         pass  # the backend is up already: its device count is what it is
-    device = jax.devices("cpu")[0]
+    # this process's own (with jax.distributed, jax.devices() holds the others' too)
+    device = jax.local_devices(backend="cpu")[0]
 
     def array(shape, dtype):
         return jax.device_put(jnp.ones(shape, dtype), device)

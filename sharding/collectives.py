@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from meshes import COLLECTIVE_KINDS, bus_factor
-from sharding.dataflow import users_through_views
+from sharding.dataflow import is_view, users_through_views
 from sharding.hlo import (
     DTYPE_NAMES,
     ArrayShape,
@@ -155,7 +155,7 @@ def is_collective(opcode: str) -> bool:
     return opcode.startswith(_COLLECTIVE_PREFIXES)
 
 
-def _only_sliced(comp, inst: Instruction, n: int) -> bool:
+def _only_sliced(comp, inst: Instruction, n: int, module=None) -> bool:
     """An all-reduce whose every user keeps 1/n of it with a dynamic-slice (of the value
     itself or a reshape of it).
 
@@ -163,21 +163,73 @@ def _only_sliced(comp, inst: Instruction, n: int) -> bool:
     XLA's ReduceScatterCreator fuses them on TPU and GPU (the TPU compiler keeps them in a
     computation named `all-reduce-scatter`); XLA:CPU never does, so its post-partitioning
     HLO shows the pair. S (the input buffer) is the all-reduce's buffer either way.
+
+    XLA:CPU's executed module (what `measure --profile` reads) combines several into one
+    tuple all-reduce, each element taken out by a get-tuple-element, and fuses the slices
+    (`_keeps_1_of_n`): the tuple is a reduce-scatter when the elements so kept hold most of
+    its bytes (the gradients beside a scalar loss their all-reduce carries along).
     """
-    users = users_through_views(comp, inst.name)
-    if not users or n <= 1:
+    if n <= 1:
         return False
     arrays = inst.shapes
-    if len(arrays) != 1:
-        return False
-    whole = arrays[0].num_elements
-    for u in users:
-        if u.opcode != "dynamic-slice":
+    if len(arrays) == 1:
+        return _keeps_1_of_n(module, comp, inst.name, arrays[0].num_elements, n)
+    kept = 0
+    for u in comp.users.get(inst.name, []):
+        index = u.attr("index")
+        if u.opcode != "get-tuple-element" or index is None or int(index) >= len(arrays):
             return False
-        out = u.shapes
-        if len(out) != 1 or out[0].num_elements * n != whole:
+        a = arrays[int(index)]
+        kept += a.nbytes if _keeps_1_of_n(module, comp, u.name, a.num_elements, n) else 0
+    return 2 * kept > sum(a.nbytes for a in arrays)
+
+
+def _keeps_1_of_n(module, comp, name: str, whole: int, n: int, depth: int = 0) -> bool:
+    """Every use of `name` (an array of `whole` elements) keeps 1/n of it: a dynamic-slice
+    of that size, through views and element-wise converts (XLA:CPU's `wrapped_convert`
+    fusions too), or the parameter of a fusion (with `module`) that is used so inside it."""
+    users = users_through_views(comp, name)
+    if not users or depth > 4:
+        return False
+    for u in users:
+        if u.opcode == "dynamic-slice":
+            ok = len(u.shapes) == 1 and u.shapes[0].num_elements * n == whole
+        elif u.opcode == "convert" or _converts_only(module, u):
+            ok = _keeps_1_of_n(module, comp, u.name, whole, n, depth + 1)
+        elif u.opcode == "fusion" and (fused := _fused(module, u)) is not None:
+            names = _views_of(comp, name)
+            params = {p.operands[0]: p.name for p in fused.instructions
+                      if p.opcode == "parameter" and p.operands}
+            ok = all(_keeps_1_of_n(module, fused, params.get(str(i), ""), whole, n,
+                                   depth + 1)
+                     for i, o in enumerate(u.operands) if o in names)
+        else:
+            ok = False
+        if not ok:
             return False
     return True
+
+
+def _fused(module, inst: Instruction):
+    """The computation a fusion calls (None without the module)."""
+    called = inst.called_computations() if module is not None else []
+    return module.computations.get(called[0][1]) if called else None
+
+
+def _converts_only(module, inst: Instruction) -> bool:
+    """A fusion of one operand that only converts it (and views it): element for element."""
+    fused = _fused(module, inst) if inst.opcode == "fusion" else None
+    return fused is not None and len(inst.operands) == 1 and all(
+        i.opcode in ("parameter", "convert", "bitcast", "reshape") for i in fused.instructions)
+
+
+def _views_of(comp, name: str) -> set[str]:
+    """`name` and the views of it (bitcasts, reshapes) its users see."""
+    out = {name}
+    for u in comp.users.get(name, []):
+        if is_view(u, comp):
+            out |= _views_of(comp, u.name)
+    return out
 
 
 def _folded_all_reduces(comp) -> set[str]:
@@ -261,7 +313,7 @@ def extract_collectives(
             n = 2 if kind == "collective-permute" else (len(groups[0]) if groups else 1)
             reported_kind = kind
             if kind == "all-reduce" and (comp.name.startswith("all-reduce-scatter")
-                                         or _only_sliced(comp, inst, n)):
+                                         or _only_sliced(comp, inst, n, module)):
                 reported_kind = "reduce-scatter"
             arrays = _buffer(kind, inst, async_start, n)
             compiled_dtype = ""

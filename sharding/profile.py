@@ -10,7 +10,8 @@ track per device ("/device:GPU:0", "/device:TPU:0"). Each instruction is put in 
 category the estimate times it in, from the executed program's own HLO text:
 
 - a collective (its kind as `sharding/collectives.py` reads it: an all-reduce whose
-  users keep a 1/n slice each is the reduce-scatter it stands for);
+  users keep a 1/n slice each is the reduce-scatter it stands for, a tuple all-reduce
+  of such gradients too);
 - `matmul`: a dot or convolution, a fusion that holds one, a library GEMM custom call;
 - `memory-bound`: every other kernel;
 - control flow (`while`, `conditional`, `call`) is not counted where the instructions it

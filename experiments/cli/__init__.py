@@ -85,7 +85,8 @@ def build_parser() -> Parser:
                     help="untimed steps first (default 2)")
     me.add_argument("--profile", metavar="DIR",
                     help="take a jax.profiler trace of --steps more steps into DIR (kept for "
-                         "TensorBoard / Perfetto) and measure device time by category")
+                         "TensorBoard / Perfetto) and measure device time by category; with "
+                         "several processes, process 0's (all of them run the steps)")
     me.add_argument("--coordinator", metavar="HOST:PORT",
                     help="multi-host: process 0's address (jax.distributed)")
     me.add_argument("--num-processes", type=positive_int, metavar="N",
@@ -117,9 +118,11 @@ def build_parser() -> Parser:
         "measure.")
     c.add_argument("--out", required=True, metavar="CAL.toml",
                    help="the calibration file to write ([parameters], [provenance], "
-                        "[best_measured_mfu])")
+                        "[best_measured_mfu]); an existing file is kept unless --force")
     c.add_argument("--features", metavar="OUT.json",
                    help="also write each run's step decomposition (what the fit used)")
+    c.add_argument("--force", action="store_true",
+                   help="overwrite the files of --out and --features")
 
     se = command("search", "every sharding of a config's model on its system, compiled and "
                  "ranked", studies.cmd_search, "config", "axes", "store", "workers", "budget",

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from experiments.cli.output import (
     checked,
+    folder,
     format_columns,
+    kept,
     progress_sink,
     write_json,
     write_text,
@@ -68,15 +70,12 @@ def cmd_measure(args) -> int:
     from experiments import measure
 
     exp = config_mod.load(args.config, args.set or [])
-    if args.out and Path(args.out).exists() and not args.force:  # before the run, not after
-        raise ConfigError(f"--out {args.out!r} exists; choose another name or add --force to "
-                          f"overwrite it")
+    kept(args.out, args.force)  # before the run, not after
     for path, flag in ((args.out, "--out"), (args.json, "--json")):
         if path:
             checked(path, flag)  # a missing folder too, before the run
-    if args.profile and Path(args.profile).exists() and not Path(args.profile).is_dir():
-        raise ConfigError(f"--profile {args.profile!r} is a file; --profile takes a folder "
-                          f"for the trace (a new or an existing one)")
+    if args.profile:
+        folder(args.profile, "--profile")  # made now: the trace is written after the steps
     procs = measure.start_processes(exp, coordinator=args.coordinator,
                                     num_processes=args.num_processes,
                                     process_id=args.process_id)
@@ -88,10 +87,10 @@ def cmd_measure(args) -> int:
         print(f"process {procs.index}: loss " + " ".join(f"{x:.4f}" for x in m.loss or ()))
         return 0
     print(m.format())
+    if args.out:  # first: the run's record for validate, kept whatever fails after it
+        write_text(args.out, measure.to_toml(exp, m), flag="--out")
     if args.json:
         write_json(args.json, m.to_dict())
-    if args.out:
-        write_text(args.out, measure.to_toml(exp, m), flag="--out")
     return 0
 
 
@@ -312,10 +311,7 @@ def emit(text: str, args) -> None:
     if not args.out:
         print(text, end="")
         return
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise ConfigError(f"--out {args.out!r} exists; choose another name or add --force to "
-                          f"overwrite it")
+    kept(args.out, args.force)
     write_text(args.out, text, flag="--out")
 
 

@@ -21,13 +21,48 @@ def _jsonable(o):
 
 
 def checked(path: str, flag: str) -> Path:
-    """The path a flag writes to; an error naming the flag when its folder is missing (call it
-    before a long run, not only when writing)."""
+    """The path a flag writes to; an error naming the flag when its folder is missing or is
+    a file, or the path is a folder (call it before a long run, not only when writing)."""
     out = Path(path)
+    if out.is_dir():
+        raise ConfigError(f"{flag} {path!r} is a folder; give a file's path, e.g. "
+                          f"{str(out / ('result' + _SUFFIXES.get(flag, '')))!r}")
     if out.parent and not out.parent.exists():
         raise ConfigError(f"{flag} {path!r}: folder {str(out.parent)!r} does not exist; create "
                           f"it or write elsewhere")
+    if not out.parent.is_dir():
+        raise ConfigError(f"{flag} {path!r}: {str(out.parent)!r} is a file, not a folder; "
+                          f"write elsewhere")
     return out
+
+
+_SUFFIXES = {"--json": ".json", "--features": ".json", "--html": ".html"}
+
+
+def folder(path: str, flag: str) -> Path:
+    """A folder a flag writes into (--profile's trace), made now, before a long run: an
+    error naming the flag when it is a file, lies under one, or cannot be made."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{flag} {path!r} is a file; {flag} takes a folder (a new or an "
+                          f"existing one)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path!r}: cannot make the folder ({e.strerror}); give a "
+                          f"folder you can write, e.g. {flag} trace") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path!r}: the folder is not writable; give one you can "
+                          f"write, e.g. {flag} trace")
+    return out
+
+
+def kept(path: str | None, force: bool, flag: str = "--out") -> None:
+    """A file the user has is not overwritten: an error naming `flag` when `path` exists
+    and --force was not given (call it before a long run, not only when writing)."""
+    if path and Path(path).exists() and not force:
+        raise ConfigError(f"{flag} {path!r} exists; choose another name or add --force to "
+                          f"overwrite it")
 
 
 def write_json(path: str, data: dict, flag: str = "--json") -> None:

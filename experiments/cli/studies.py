@@ -9,6 +9,8 @@ from pathlib import Path
 from experiments.cli.commands import calibration_of
 from experiments.cli.output import (
     SearchProgress,
+    checked,
+    kept,
     progress_sink,
     write_json,
     write_text,
@@ -43,9 +45,13 @@ def cmd_calibrate(args) -> int:
 
     from experiments import calibrate, validate
 
-    out = Path(args.out)
-    if not out.parent.exists():
-        raise ConfigError(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist")
+    # before the runs are compiled: a missing folder, or a file the user has (a fitted
+    # calibration is minutes of work, and meshes/calibration.toml the catalog's own)
+    out = checked(args.out, "--out")
+    kept(args.out, args.force)
+    if args.features:
+        checked(args.features, "--features")
+        kept(args.features, args.force, "--features")
     t0 = time.perf_counter()
     rows = validate.validate(args.dir, backend=args.backend, workers=args.workers)
     failed = [r for r in rows if r.status != "ok"]
@@ -67,7 +73,7 @@ def cmd_calibrate(args) -> int:
                                 best=calibrate.best_mfu(rows))
     print(calibrate.format_fit(result))
     if args.features:
-        Path(args.features).write_text(json.dumps(
+        checked(args.features, "--features").write_text(json.dumps(
             {"fitted_on": fitted_on, "cases": [{"name": n, "features": f, "measured_s": m}
                                                for n, f, m in cases]}, indent=1) + "\n")
         print(f"wrote {args.features}")
@@ -97,9 +103,7 @@ def cmd_search(args) -> int:
         from experiments import frameworks
 
         frameworks.check(exp, args.export, flag="search --export")
-        if args.out and Path(args.out).exists() and not args.force:
-            raise ConfigError(f"--out {args.out!r} exists; choose another name or add "
-                              f"--force to overwrite it")
+        kept(args.out, args.force)
     elif args.out:
         raise ConfigError("search --out writes the best config's settings: give --export "
                           "maxtext|megatron with it, or leave --out out")

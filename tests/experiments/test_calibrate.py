@@ -123,3 +123,30 @@ def test_a_parameter_one_run_informs_stays_uncalibrated_and_says_so(tmp_path):
     params = tomllib.loads(path.read_text())["parameters"]
     assert "tpu_matmul_scale" not in params and "gpu_bf16_matmul_efficiency" in params
     assert "uncalibrated here: " in load_calibration(str(path)).source
+
+
+def test_calibrate_keeps_an_existing_file_unless_forced(tmp_path, monkeypatch, capsys):
+    # A fitted calibration (or meshes/calibration.toml, the catalog's) is kept, as measure,
+    # search and emit keep theirs: refused before any run compiles; --force rewrites it.
+    from experiments import validate
+    from experiments.validate import Row
+    from tests.helpers import run_cli
+
+    rows = [Row(name=f"run{i}", path="", family="h100 bf16", measured_s=m, status="ok",
+                features=f) for i, (f, m) in enumerate(synthetic_cases())]
+    monkeypatch.setattr(validate, "validate", lambda *a, **k: rows)
+    out, features = tmp_path / "cal.toml", tmp_path / "features.json"
+    for existing, flag in ((out, "--out"), (features, "--features")):
+        existing.write_text("mine\n")
+        code, _, err = run_cli(["calibrate", "runs", "--out", str(out), "--features",
+                                str(features)], capsys)
+        assert code == 2 and err.count("\n") == 1
+        assert f"{flag} {str(existing)!r} exists" in err and "--force" in err
+        assert existing.read_text() == "mine\n"
+        existing.unlink()
+    out.write_text("mine\n")
+    features.write_text("mine\n")
+    code, _, err = run_cli(["calibrate", "runs", "--out", str(out), "--features",
+                            str(features), "--force"], capsys)
+    assert code == 0, err
+    assert "[parameters]" in out.read_text() and json.loads(features.read_text())["cases"]

@@ -130,13 +130,33 @@ def test_accelerators_of_another_kind_are_refused():
 def test_processes_a_launcher_started_are_read_from_its_environment(monkeypatch):
     for key in ("JAX_NUM_PROCESSES", "SLURM_NTASKS", "TPU_WORKER_HOSTNAMES"):
         monkeypatch.delenv(key, raising=False)
-    assert measure._launched_processes() == 1
+    assert measure._launched_processes() == (1, "")
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host TPU VM
-    assert measure._launched_processes() == 1
-    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2,10.0.0.3,10.0.0.4,10.0.0.5")
-    assert measure._launched_processes() == 4
+    assert measure._launched_processes() == (1, "")
+    hosts = "10.0.0.2,10.0.0.3,10.0.0.4,10.0.0.5"
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", hosts)
+    assert measure._launched_processes() == (4, f"TPU_WORKER_HOSTNAMES={hosts}")
     monkeypatch.setenv("SLURM_NTASKS", "2")
-    assert measure._launched_processes() == 2
+    assert measure._launched_processes() == (2, "SLURM_NTASKS=2")
+
+
+def test_a_launcher_variable_outside_its_launcher_is_named(monkeypatch, capsys):
+    # SLURM_NTASKS=2 left in a shell outside srun: JAX finds no coordinator. The error
+    # names the variable that made measure think so, and the ways out, before any compile.
+    import jax
+
+    for key in ("JAX_NUM_PROCESSES", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+
+    def initialize(*args, **kwargs):  # what jax.distributed says without a coordinator
+        raise ValueError("coordinator_address should be defined.")
+
+    monkeypatch.setattr(jax.distributed, "initialize", initialize)
+    code, out, err = run_cli(["measure", "tiny-h100-dp-tp"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "SLURM_NTASKS=2" in err and "unset SLURM_NTASKS" in err and "--coordinator" in err
+    assert "coordinator_address should be defined" in err and "measured" not in out
 
 
 def test_measure_flag_mistakes_are_one_line(tmp_path, capsys):
@@ -156,6 +176,14 @@ def test_measure_flag_mistakes_are_one_line(tmp_path, capsys):
     assert code == 2 and "does not exist" in err and "measured" not in out_
     code, out_, err = run_cli(["measure", "tiny-h100-dp-tp", "--profile", str(out)], capsys)
     assert code == 2 and "takes a folder" in err and "measured" not in out_
+    # a folder where --json wants a file, a trace folder under a file or where none can be
+    # made: said before the run too, in one line, not after it (or as a traceback)
+    for flags, says in ((["--json", str(tmp_path)], "is a folder"),
+                        (["--profile", str(out / "sub")], "cannot make the folder"),
+                        (["--profile", "/proc/no-such-folder"], "cannot make the folder")):
+        code, out_, err = run_cli(["measure", "tiny-h100-dp-tp", *flags], capsys)
+        assert code == 2 and says in err and err.count("\n") == 1, err
+        assert "measured" not in out_
 
 
 def test_calibrating_on_host_cpu_runs_alone_is_refused(measured, capsys):
@@ -175,28 +203,85 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_two_processes_give_the_loss_of_one(measured, tmp_path, cache_home):
-    """Two processes on localhost, two CPU devices each, collectives over gloo: the same
-    loss as the four devices of one process."""
-    _, one = measured
+def _two_processes(tmp_path, flags: list[list[str]], **env) -> list[tuple[int, str, str]]:
+    """`measure` of the small config in two processes on localhost (two CPU devices each,
+    collectives over gloo), process i with flags[i]: (exit code, stdout, stderr) each."""
     coordinator = f"localhost:{_free_port()}"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", **env}
     procs = [subprocess.Popen(
         [sys.executable, "-m", "experiments.cli", "measure", "tiny-h100-dp-tp", *SMALL,
-         "--steps", "3", "--warmup", "1", "--quiet", "--coordinator", coordinator,
-         "--num-processes", "2", "--process-id", str(i)]
-        + (["--json", str(tmp_path / "m.json")] if i == 0 else []),
+         "--quiet", "--coordinator", coordinator, "--num-processes", "2", "--process-id",
+         str(i), *flags[i]],
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-2000:]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:  # one stuck in a collective the other never joins: a failure, not a hang
+        for p in procs:
+            p.kill()
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_loss_of_one_and_profile_together(measured, tmp_path):
+    """Two processes: the same loss as the four devices of one process. Only process 0 is
+    given --profile; the other runs the profiled steps too (their collectives need both).
+    The host's rates are benchmarked by process 0 alone, into an empty cache."""
+    _, one = measured
+    steps = ["--steps", "3", "--warmup", "1"]
+    cache = tmp_path / "cache"
+    outs = _two_processes(tmp_path, [[*steps, "--json", str(tmp_path / "m.json"), "--profile",
+                                      str(tmp_path / "trace")], steps],
+                          XDG_CACHE_HOME=str(cache))
+    for code, _, err in outs:
+        assert code == 0, err[-2000:]
     two = json.loads((tmp_path / "m.json").read_text())
     assert two["process_count"] == 2 and two["devices"] == 4
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    rows = {c["category"]: c for c in two["categories"]}
+    assert rows["matmul"]["measured_s"] > 0 and rows["all-reduce"]["measured_s"] > 0
+    assert list((tmp_path / "trace").glob("**/*.trace.json.gz"))
+    cached = json.loads((cache / "shardscope" / "host-cpu.json").read_text())
+    assert cached["rates"]["4"]["devices"] == 4
     # process 1 prints its loss and writes nothing
-    assert "process 1: loss" in outs[1][0]
+    assert "process 1: loss" in outs[1][1]
+
+
+@pytest.mark.slow
+def test_processes_that_would_run_different_steps_all_refuse(tmp_path, cache_home):
+    # --steps 2 on one and 1 on the other would leave process 0 waiting in a collective
+    # forever: both say why, in one line, before any step runs
+    outs = _two_processes(tmp_path, [["--steps", "2", "--warmup", "0"],
+                                     ["--steps", "1", "--warmup", "0"]])
+    for code, out, err in outs:
+        assert code == 2 and "process 1 runs --steps 1 --warmup 0" in err, err[-2000:]
+        assert "give every process the same --steps and --warmup" in err
+        assert "loss" not in out
+
+
+def test_a_process_beside_others_does_not_cache_the_host_benchmark(tmp_path, monkeypatch):
+    # processes other than 0 benchmark only where their host has no figure (another host
+    # than process 0's), at the same time as the others there: kept out of the cache
+    from meshes import host
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def benchmark(devices):
+        calls.append(devices)
+        return host.HostRates(matmul_flops_per_s={"float32": ((64, 1e10),)},
+                              memory_bytes_per_s=1e10, kernel_overhead_s=1e-6,
+                              memory_bytes=2**30, devices=devices, cores=2,
+                              host=socket.gethostname(),
+                              date="2026-12-04", jax_version="0")
+
+    monkeypatch.setattr(host, "benchmark", benchmark)
+    exp = config.load("tiny-h100-dp-tp", SMALL[1::2])
+    system = measure.system_for(exp, "cpu", cache=False)
+    assert system.name == "host-cpu:4" and calls == [4]
+    assert not host.cache_path().exists()
+    measure.system_for(exp, "cpu")  # process 0 (or one process alone) keeps its figure
+    assert calls == [4, 4] and host.cached_rates(4).devices == 4
 
 
 def test_the_profiled_gpu_compile_turns_command_buffers_off_with_an_option_xla_takes():
@@ -212,3 +297,49 @@ def test_the_profiled_gpu_compile_turns_command_buffers_off_with_an_option_xla_t
     assert lowered.compile(compiler_options=PROFILE_OPTIONS["gpu"])(jnp.ones((4, 4)))[0, 0] == 4
     with pytest.raises(Exception, match="not a valid enum value"):
         lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": "NO_SUCH"})
+
+
+def _measurement(exp, **fields) -> measure.Measurement:
+    """A Measurement of `exp` on 4 CPU devices without running it (no estimate)."""
+    values = dict(name=exp.name, asked_system=exp.system.name, system="host-cpu:4",
+                  backend="cpu", device_kind="cpu", backend_version="jaxlib 0", devices=4,
+                  process_count=1, step_times_s=(0.02, 0.01, 0.03), loss=None,
+                  peak_memory_bytes=None, estimate=None, profile=None, profile_dir="",
+                  host=socket.gethostname(), date="2026-12-04", jax_version="0")
+    return measure.Measurement(**{**values, **fields})
+
+
+def test_out_drops_system_overrides_host_cpu_does_not_take(tmp_path):
+    # a config for its own cluster (400 Gb/s NICs), measured on this host's CPU devices:
+    # host-cpu:4 takes no overrides, so the written file leaves nic_gbps out and says so
+    raw = config.load_raw("tiny-h100-dp-tp", SMALL[1::2])
+    raw["system"]["nic_gbps"] = 400
+    exp = config.from_dict(raw)
+    text = measure.to_toml(exp, _measurement(exp))
+    (tmp_path / "run.toml").write_text(text)
+    back = config.load(tmp_path / "run.toml")
+    assert back.system.name == "host-cpu:4" and back.measured.step_time_s == 0.02
+    assert "nic_gbps" in text.split("\nname = ")[0]  # only in the header's comment
+    # measured on the config's own system (an accelerator), its overrides are kept
+    same = measure.to_toml(exp, _measurement(exp, system="h100:4", backend="gpu",
+                                             device_kind="NVIDIA H100"))
+    assert "nic_gbps = 400" in same
+
+
+def test_out_is_written_first_and_kept_when_json_fails(tmp_path, monkeypatch, capsys):
+    # --out is the run's record (for validate and calibrate): written before --json, so a
+    # --json that cannot be written after the run (its folder gone meanwhile) loses nothing
+    exp = config.load("tiny-h100-dp-tp", SMALL[1::2])
+    gone = tmp_path / "gone"
+    gone.mkdir()
+
+    def run(*args, **kwargs):
+        gone.rmdir()
+        return _measurement(exp)
+
+    monkeypatch.setattr(measure, "measure", run)
+    code, out, err = run_cli(["measure", "tiny-h100-dp-tp", *SMALL, "--out",
+                              str(tmp_path / "run.toml"), "--json", str(gone / "m.json")],
+                             capsys)
+    assert code == 2 and err.count("\n") == 1 and "m.json" in err
+    assert config.load(tmp_path / "run.toml").measured.step_time_s == 0.02

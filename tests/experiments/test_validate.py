@@ -82,6 +82,21 @@ def test_validate_needs_measured_tables(tmp_path, capsys):
     assert code == 2 and "not found" in err
 
 
+@pytest.mark.parametrize("measured, says", [
+    ("step_time_s = 0.002\nsource = 'a log'\nstep_tme = 1", "step_tme"),
+    ("step_time_s = 0\nsource = 'a log'", "step_time_s"),
+])
+def test_a_bad_file_in_a_folder_of_runs_is_named(tmp_path, capsys, measured, says):
+    # one mistake among many runs: the error names the key and the file that holds it
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    write(cases, f"{TINY}\n[measured]\nstep_time_s = 0.002\nsource = 'a log'\n", "good.toml")
+    bad = write(cases, f"{TINY}\n[measured]\n{measured}\n", "bad.toml")
+    code, _, err = run_cli(["validate", str(cases)], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert says in err and bad in err and "good.toml" not in err
+
+
 def test_bundled_validation_set_loads_and_names_its_sources():
     from experiments import config
     from experiments.validate import VALIDATION_DIR, find_cases

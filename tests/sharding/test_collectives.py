@@ -186,6 +186,71 @@ ENTRY %main (x: bf16[1,128,64]) -> bf16[] {{
     assert ar.kind == "all-reduce"
 
 
+# XLA:CPU's executed module (what `measure --profile` times): the FSDP gradients' all-reduces
+# combined into one tuple all-reduce with the loss, each element taken out by a
+# get-tuple-element, and each gradient's 1/n slice fused into its user: a dynamic-slice
+# inside a fusion, or behind a fusion that only converts it to bf16.
+TUPLE_HLO = """HloModule m, num_partitions=2
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%slice_half (p0: f32[16], p1: s32[]) -> f32[8] {
+  %p0 = f32[16]{0} parameter(0)
+  %p1 = s32[] parameter(1)
+  ROOT %ds = f32[8]{0} dynamic-slice(%p0, %p1), dynamic_slice_sizes={8}
+}
+
+%wrapped_convert_computation (q0: f32[8,16]) -> bf16[8,16] {
+  %q0 = f32[8,16]{1,0} parameter(0)
+  ROOT %c = bf16[8,16]{1,0} convert(%q0)
+}
+
+%slice_rows (r0: s32[], r1: bf16[8,16]) -> bf16[4,16] {
+  %r0 = s32[] parameter(0)
+  %r1 = bf16[8,16]{1,0} parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %ds2 = bf16[4,16]{1,0} dynamic-slice(%r1, %r0, %zero), dynamic_slice_sizes={4,16}
+}
+
+ENTRY %main (w: f32[8,16], b: f32[16], loss: f32[], i: s32[]) -> (bf16[4,16], f32[8], f32[]) {
+  %w = f32[8,16]{1,0} parameter(0)
+  %b = f32[16]{0} parameter(1)
+  %loss = f32[] parameter(2)
+  %i = s32[] parameter(3)
+  %ar = (f32[8,16]{1,0}, f32[16]{0}, f32[]) all-reduce(%w, %b, %loss), channel_id=1, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=%add
+  %g0 = f32[8,16]{1,0} get-tuple-element(%ar), index=0
+  %g1 = f32[16]{0} get-tuple-element(%ar), index=1
+  %g2 = f32[] get-tuple-element(%ar), index=2
+  %wrapped_convert = bf16[8,16]{1,0} fusion(%g0), kind=kLoop, calls=%wrapped_convert_computation
+  %rows = bf16[4,16]{1,0} fusion(%i, %wrapped_convert), kind=kLoop, calls=%slice_rows
+  %half = f32[8]{0} fusion(%g1, %i), kind=kLoop, calls=%slice_half
+  %mean = f32[] negate(%g2)
+  ROOT %t = (bf16[4,16]{1,0}, f32[8]{0}, f32[]) tuple(%rows, %half, %mean)
+}
+"""
+
+
+def test_a_tuple_all_reduce_whose_gradients_are_kept_in_halves_is_a_reduce_scatter():
+    from sharding.profile import categories_of
+
+    (rs,), _ = extract_collectives(parse_hlo(TUPLE_HLO))
+    # the weight's 8 x 16 and the bias's 16 f32 are each kept in halves (through the convert
+    # and inside the fusions); the scalar loss rides along whole, 4 of the 580 bytes
+    assert (rs.kind, rs.bytes, rs.group_size) == ("reduce-scatter", (8 * 16 + 16 + 1) * 4, 2)
+    # the profile files the executed instruction under the estimate's kind
+    assert categories_of(parse_hlo(TUPLE_HLO))["ar"] == "reduce-scatter"
+    # a user that keeps the weight whole: most of the bytes are all-reduced, and so is it
+    whole = TUPLE_HLO.replace("%rows = bf16[4,16]{1,0} fusion(%i, %wrapped_convert), "
+                              "kind=kLoop, calls=%slice_rows",
+                              "%rows = bf16[8,16]{1,0} negate(%wrapped_convert)")
+    (ar,), _ = extract_collectives(parse_hlo(whole))
+    assert ar.kind == "all-reduce"
+
+
 def test_pure_data_parallelism_all_reduces_exactly_the_gradients(cpu_devices):
     cfg = tiny()
     rep, _ = train_report(cfg, {"data": 8})
