@@ -158,7 +158,8 @@ def estimate(inputs: AnalysisInputs, *, system: System,
     if gpu:
         collectives = gpu_frameworks.collectives_as_run(collectives, system, ids,
                                                         inputs.mesh_shape, inputs.axis_names,
-                                                        inputs.bucket_size)
+                                                        inputs.bucket_size,
+                                                        inputs.gradient_buckets)
     output_scale = gpu_frameworks.output_layer_scale(inputs.pipeline) if gpu else 1.0
     overlapped = gpu_frameworks.overlapped_stage_transfers(collectives, inputs.pipeline) \
         if gpu and inputs.overlap_p2p_comm else {}
@@ -322,6 +323,7 @@ def analyze(
     overlap_param_gather: bool = False,
     bucket_size: int = 0,
     overlap_p2p_comm: bool = False,
+    gradient_buckets: bool = False,
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -370,6 +372,12 @@ def analyze(
             beside other microbatches' compute but in its warm-up and flush
             (sharding/gpu_frameworks.py). Off here, the program as compiled; on in an
             experiment config by default, as Megatron runs interleaved pipelines.
+        gradient_buckets: on GPU systems, the program is a Megatron-style training step:
+            a weight gradient's sum over `data` (and `sequence`, Megatron's DP x CP group)
+            smaller than a gradient bucket rides in one (its bytes' share of the bucket's
+            collective; sharding/gpu_frameworks.py). Off here, the collectives as compiled
+            whatever the mesh axes are called; the experiment runner sets it for a training
+            step.
     """
     system = get_system(system) if isinstance(system, str) else system
     backend = backend_of(mesh.devices.flat[0])
@@ -399,7 +407,7 @@ def analyze(
         fit_advice=tuple(fit_advice), timings={**(timings or {}), **c.timings},
         tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather, bucket_size=bucket_size,
-        overlap_p2p_comm=overlap_p2p_comm)
+        overlap_p2p_comm=overlap_p2p_comm, gradient_buckets=gradient_buckets)
     if system is None:
         return untimed(inputs)
     return estimate(inputs, system=system, calibration=calibration, cost=cost)

@@ -202,3 +202,35 @@ def test_analyze_plain_shard_map_function(cpu_devices):
     for kind, (nbytes, axes) in expect.items():
         assert (got[kind].bytes, got[kind].mesh_axes, got[kind].count) == (nbytes, axes, 6), kind
     assert got["all-reduce"].wire_bytes == pytest.approx(local)  # 2 * S * (2-1)/2
+
+
+def test_a_gpu_estimate_does_not_depend_on_what_the_mesh_axes_are_called(cpu_devices):
+    # A data-parallel training step of two small weights on 8 H100s: its gradient sums over
+    # the data axis are timed as the program runs them whether that axis is called "data"
+    # or "dp" (Megatron's gradient buckets are a framework's behaviour, applied only where
+    # the caller says the program is one: gradient_buckets=True, as the experiment runner).
+    def step_report(data_axis, **kwargs):
+        mesh = jax.make_mesh((2, 4), (data_axis, "tensor"), devices=cpu_devices,
+                             axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        w = {"up": jax.ShapeDtypeStruct((256, 512), jnp.bfloat16,
+                                        sharding=NamedSharding(mesh, P(None, "tensor"))),
+             "down": jax.ShapeDtypeStruct((512, 256), jnp.bfloat16,
+                                          sharding=NamedSharding(mesh, P("tensor")))}
+        x = jax.ShapeDtypeStruct((64, 256), jnp.bfloat16,
+                                 sharding=NamedSharding(mesh, P(data_axis)))
+
+        def loss(w, x):
+            return jnp.sum((jax.nn.gelu(x @ w["up"]) @ w["down"]).astype(jnp.float32) ** 2)
+
+        return sharding.analyze(jax.grad(loss), w, x, mesh=mesh, system=H100, **kwargs)
+
+    data, dp = step_report("data"), step_report("dp")
+    sums = [c for c in data.collectives if c.mesh_axes == ("data",)]
+    assert len(sums) == 2  # one gradient sum per weight
+    assert [c.time_s for c in data.collectives] == [c.time_s for c in dp.collectives]
+    assert data.step_time_s == dp.step_time_s
+    bucketed = step_report("data", gradient_buckets=True)
+    assert all(c.algorithm.endswith("in buckets") for c in bucketed.collectives
+               if c.mesh_axes == ("data",))
+    assert sum(c.time_s for c in bucketed.collectives if c.mesh_axes == ("data",)) < \
+        sum(c.time_s for c in sums)
