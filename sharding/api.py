@@ -242,7 +242,7 @@ def untimed(inputs: AnalysisInputs) -> Report:
         compiler_note=inputs.compiler_note, extrapolated_from=inputs.extrapolated_from,
         collectives=list(plan.collectives), compute=nothing,
         memory=inputs.memory or Memory(components=(), source="HLO text only"),
-        hbm_capacity_bytes=math.inf, peak_flops_per_device=0.0,
+        hbm_capacity_bytes=None, peak_flops_per_device=0.0,
         timings=dict(inputs.timings), unknown_ops=plan.unknown_ops,
         warnings=(*inputs.warnings, *_promotion_note(list(plan.collectives)), *plan.notes),
         inputs=dataclasses.replace(inputs, plan=plan),

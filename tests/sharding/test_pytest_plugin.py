@@ -46,7 +46,7 @@ def test_fake_devices_and_meshes(fake_mesh):
 def test_untimed_report(fake_mesh, collectives):
     mesh = fake_mesh(data=2, tensor=4)
     report = collectives(*program(mesh, stray=True), mesh=mesh)
-    assert not report.timed and report.step_time_s == 0
+    assert not report.timed and report.step_time_s is None
     # w's tensor shards gathered: 64 x 128 f32 per device
     assert [(c.kind, c.mesh_axes, c.bytes) for c in report.collectives] == [
         ("all-gather", ("tensor",), 64 * 128 * 4)]

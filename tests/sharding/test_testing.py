@@ -37,10 +37,18 @@ def test_without_a_system_the_report_counts_and_does_not_time(report):
     assert sorted((c.kind, c.mesh_axes, c.bytes, c.count) for c in report.collectives) == [
         ("all-gather", ("tensor",), 64 * 128 * 4, 1), ("all-reduce", ("data",), 128 * 4, 1)]
     assert all(c.time_s == 0 and c.link == "" for c in report.collectives)
-    d = report.to_dict()
-    assert d["step_time_s"] == 0 and d["mfu"] is None and d["fits"] is None
+    # No times, no HBM to fit in: None throughout (not 0.0, True or inf), and strict JSON
+    assert (report.step_time_s, report.comm_s, report.compute_s, report.exposed_comm_s,
+            report.fits, report.hbm_capacity_bytes) == (None,) * 6
+    d = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    for key in ("step_time_s", "step_time_bounds_s", "compute_s", "comm_s", "exposed_comm_s",
+                "mfu", "fits", "hbm_capacity_bytes", "slowest_link"):
+        assert d[key] is None, key
+    assert d["by_kind"] == {"all-gather": 64 * 128 * 4, "all-reduce": 128 * 4}
     assert d["bottleneck"] == "untimed: no system given"
-    assert "untimed: no system given" in report.format_table()
+    table = report.format_table()
+    assert "untimed: no system given" in table and " us" not in table
+    assert table.count("untimed") == 1 + len(report.rows()) + 1 + len(report.by_operation())
     assert sharding.reanalyze(report.inputs, system="h100:8").collectives[0].time_s > 0
 
 
