@@ -127,6 +127,43 @@ def test_fixtures_assertions_and_snapshots(pytester):
         "all-gather over tensor": {"count": 1, "bytes": 32768}}
 
 
+CLASHING_IDS = """
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+
+@pytest.mark.parametrize("spec", ["a/b", "a_b"])
+def test_mm(fake_mesh, collectives, collectives_snapshot, spec):
+    mesh = fake_mesh(data=2, tensor=4)
+    x = jax.ShapeDtypeStruct((16, 64), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    collectives_snapshot(collectives(jnp.tanh, x, mesh=mesh))
+"""
+
+
+def test_two_tests_whose_snapshot_names_clash_are_told_apart(pytester):
+    # Ids "a/b" and "a_b" both sanitise to __snapshots__/test_mm[a_b].json: the file
+    # records the real id, so the second test fails instead of passing against the first's
+    # snapshot, in the session that wrote it (also when rewriting) and in a later one.
+    pytester.makepyfile(test_clash=CLASHING_IDS)
+    clash = "*__snapshots__/test_mm[[]a_b[]].json is the snapshot of both " \
+            "test_clash.py::test_mm[[]a/b[]] and test_clash.py::test_mm[[]a_b[]]*"
+    for flags in ((), ("--shardscope-update",)):
+        run = pytester.runpytest_subprocess("-rA", "-p", "no:cacheprovider", *flags,
+                                            timeout=300)
+        assert outcomes(run) == {"test_mm[a/b]": "passed", "test_mm[a_b]": "failed"}, \
+            run.stdout.str()
+        run.stdout.fnmatch_lines([clash])
+    stored = json.loads((pytester.path / "__snapshots__" / "test_mm[a_b].json").read_text())
+    assert stored["test"] == "test_clash.py::test_mm[a/b]"
+    alone = pytester.runpytest_subprocess("-rA", "-p", "no:cacheprovider",
+                                          "test_clash.py::test_mm[a_b]", timeout=300)
+    assert outcomes(alone) == {"test_mm[a_b]": "failed"}, alone.stdout.str()
+    alone.stdout.fnmatch_lines(["*is the snapshot of test_clash.py::test_mm[[]a/b[]], not of "
+                                "test_clash.py::test_mm[[]a_b[]]*"])
+
+
 def test_fake_devices_option_beats_the_ini(pytester):
     pytester.makeini("[pytest]\nshardscope_fake_devices = 2\n")
     pytester.makepyfile(test_count="""
