@@ -241,6 +241,24 @@ def snapshot_changes(old: dict, new: dict) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _snapshot_problem(snap) -> str | None:
+    """What makes JSON not a snapshot (snapshot_text's shape), or None: a hand edit or a
+    merge may leave valid JSON of another shape."""
+    if not isinstance(snap, dict):
+        return f"a JSON {type(snap).__name__}, not an object"
+    rows = snap.get("collectives")
+    if not isinstance(rows, dict):
+        return "its 'collectives' is not an object of rows"
+    for what, row in rows.items():
+        if not isinstance(row, dict) or any(
+                isinstance(row.get(k), bool) or not isinstance(row.get(k), int)
+                for k in ("count", "bytes")):
+            return f"row {what!r} is not {{\"count\": int, \"bytes\": int}}"
+    if not isinstance(snap.get("test", ""), str):
+        return "its 'test' is not a test's name"
+    return None
+
+
 def check_snapshot(report: Report, *, path: pathlib.Path, test: str, update: bool) -> str:
     """Compare the report with the snapshot at `path`: "same", or "written" when it was
     absent, or "updated" when `update` rewrote a different one.
@@ -263,6 +281,9 @@ def check_snapshot(report: Report, *, path: pathlib.Path, test: str, update: boo
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AssertionError(f"{path}: not a collectives snapshot ({e}); "
                              f"--shardscope-update rewrites it") from None
+    if (problem := _snapshot_problem(old)) is not None:
+        raise AssertionError(f"{path}: not a collectives snapshot ({problem}); "
+                             f"--shardscope-update rewrites it")
     if old.get("test", test) != test:
         raise AssertionError(f"{path} is the snapshot of {old['test']}, not of {test}: two "
                              f"tests beside each other share the name; pass name= to one, or "

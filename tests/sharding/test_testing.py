@@ -12,7 +12,13 @@ from jax.sharding import PartitionSpec as P
 
 import sharding
 from sharding.hlo_source import stack_frames
-from sharding.testing import cpu_mesh, snapshot, snapshot_changes, snapshot_text
+from sharding.testing import (
+    check_snapshot,
+    cpu_mesh,
+    snapshot,
+    snapshot_changes,
+    snapshot_text,
+)
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +125,27 @@ def test_snapshots_read_one_collective_a_line_and_diff_by_kind_over_axes(report)
         ("vanished", "all-to-all over tensor", "x2 64 B", "-"),
     ]
     assert snapshot_changes(snap, snap) == []
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("[]", "a JSON list, not an object"),
+    ('{"test": "t.py::test", "collectives": []}', "its 'collectives' is not an object"),
+    ('{"collectives": {"all-reduce over data": {"count": 1}}}',
+     "row 'all-reduce over data' is not"),
+    ('{"collectives": {"all-reduce over data": 3}}', "row 'all-reduce over data' is not"),
+    ("{}", "its 'collectives' is not an object"),
+    ("not json", "Expecting value"),
+])
+def test_a_file_that_is_not_a_snapshot_is_one_line_saying_how_to_rewrite_it(
+        report, tmp_path, text, problem):
+    path = tmp_path / "snap.json"
+    path.write_text(text)
+    with pytest.raises(AssertionError) as e:
+        check_snapshot(report, path=path, test="t.py::test", update=False)
+    message = str(e.value)
+    assert message.startswith(f"{path}: not a collectives snapshot (") and problem in message
+    assert message.endswith("; --shardscope-update rewrites it") and "\n" not in message
+    assert check_snapshot(report, path=path, test="t.py::test", update=True) == "updated"
 
 
 def test_cpu_mesh_keeps_the_axis_order_and_says_how_to_fake_more(cpu_devices):
