@@ -112,9 +112,11 @@ def _buffer(kind: str, inst: Instruction, async_start: bool, n: int) -> list[Arr
     else:
         out = inst.shapes
     if kind == "reduce-scatter":
-        # S is the input buffer: the scattered output times the group size.
-        return [ArrayShape(a.dtype, (a.dims[0] * n, *a.dims[1:]) if a.dims else (n,))
-                for a in out]
+        # S is the input buffer: the scattered output times the group size along the
+        # scattered dimension (`dimensions={d}`)
+        d = int((inst.attr("dimensions") or "0").strip("{} ") or 0)
+        return [ArrayShape(a.dtype, (*a.dims[:d], a.dims[d] * n, *a.dims[d + 1:])
+                           if len(a.dims) > d else (n,)) for a in out]
     return out
 
 

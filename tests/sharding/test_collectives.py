@@ -398,3 +398,20 @@ def test_one_member_groups_and_self_sends_move_nothing():
     cols, unknown = extract_collectives(parse_hlo(ONE_MEMBER))
     # only the permute in which devices 0 and 1 swap their 16 f32
     assert [(c.name, c.bytes) for c in cols] == [("ring", 16 * F32)] and not unknown
+
+
+def test_a_reduce_scatter_over_its_second_dimension_has_its_input_shape(cpu_devices):
+    # psum_scatter of a (128, 256) f32 per device over 4 devices along dimension 1: the
+    # input buffer (the bytes' shape) is (128, 256), each device keeping (128, 64).
+    mesh = jax.make_mesh((2, 4), ("data", "tensor"), devices=cpu_devices,
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def body(x):
+        return jax.lax.psum_scatter(x, "tensor", scatter_dimension=1, tiled=True)
+
+    f = shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data", "tensor"),
+                  check_vma=False)
+    x = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    (c,) = sharding.analyze(f, x, mesh=mesh, system=None).collectives
+    assert (c.kind, c.mesh_axes, c.shape, c.bytes) == (
+        "reduce-scatter", ("tensor",), (128, 256), 128 * 256 * F32)
