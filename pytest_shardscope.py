@@ -143,6 +143,7 @@ def fake_mesh():
     from sharding.testing import cpu_mesh
 
     def make(**axis_sizes: int):
+        __tracebackhide__ = True  # the test's line and the error, not this fixture's source
         return cpu_mesh(axis_sizes, fix="run pytest with --fake-devices {n} (or ini "
                                         "shardscope_fake_devices = {n})")
 

@@ -58,6 +58,24 @@ def _time_collectives(
     return out
 
 
+def _system_of(system: str | System | None) -> System | None:
+    """A system given by name, as itself, or None (untimed); one line for anything else."""
+    if system is None or isinstance(system, System):
+        return system
+    if isinstance(system, str):
+        return get_system(system)
+    raise TypeError(f"system={system!r}: give a system name like 'h100:8' (`shardscope "
+                    f"systems` lists them), a meshes.System, or None for the collectives' "
+                    f"bytes and counts without times")
+
+
+def _check_mesh(mesh) -> None:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh={mesh!r} is not a jax.sharding.Mesh; build one over the "
+                        f"devices, e.g. jax.make_mesh((2, 4), ('data', 'tensor')), or "
+                        f"sharding.make_mesh(system, {{'data': 2, 'tensor': 4}})")
+
+
 def _check_group_ids(collectives: list[Collective], n: int) -> None:
     """Every replica group names partitions the program has (a damaged dump may not)."""
     for c in collectives:
@@ -258,7 +276,7 @@ def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
     compile."""
     if system is None:
         raise ValueError("reanalyze needs the system to time the program on")
-    system = get_system(system) if isinstance(system, str) else system
+    system = _system_of(system)
     n = math.prod(inputs.mesh_shape)
     if system.num_devices != n:
         raise ValueError(f"{system.name} has {system.num_devices} devices; the stored program "
@@ -276,9 +294,10 @@ def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
                     calibration=calibration, cost=cost)
 
 
-def analyze_module(module: HloModule, *, system: System, mesh_shape: Sequence[int] = (),
+def analyze_module(module: HloModule, *, system: System | None, mesh_shape: Sequence[int] = (),
                    axis_names: Sequence[str] = (), **kwargs) -> Report:
-    """Report for a parsed per-device module on `system`: `analyze_plan` of its plan."""
+    """Report for a parsed per-device module on `system` (None: untimed): `analyze_plan` of
+    its plan."""
     t0 = time.perf_counter()
     plan = build_plan(module, mesh_shape=mesh_shape, axis_names=axis_names)
     timings = dict(kwargs.pop("timings", None) or {})
@@ -287,14 +306,17 @@ def analyze_module(module: HloModule, *, system: System, mesh_shape: Sequence[in
                         timings=timings, **kwargs)
 
 
-def analyze_plan(plan: Plan, *, system: System, calibration: Calibration | None = None,
+def analyze_plan(plan: Plan, *, system: System | None, calibration: Calibration | None = None,
                  cost: Cost | None = None, device_ids: Sequence[int] | None = None,
                  memory: Memory | None = None, **fields) -> Report:
-    """Report for a read per-device program (sharding/plan.py) on `system`: `estimate` of
-    the record of `plan` with the other `AnalysisInputs` fields given by keyword
-    (mesh_shape, axis_names, compiler, compute_dtype, model_flops_per_step, ...)."""
+    """Report for a read per-device program (sharding/plan.py) on `system` (None:
+    `untimed`): `estimate` of the record of `plan` with the other `AnalysisInputs` fields
+    given by keyword (mesh_shape, axis_names, compiler, compute_dtype, model_flops_per_step,
+    ...)."""
     inputs = AnalysisInputs(plan=plan, memory=memory, device_ids=tuple(device_ids or ()),
                             **fields)
+    if system is None:
+        return untimed(inputs)
     return estimate(inputs, system=system, calibration=calibration, cost=cost)
 
 
@@ -379,7 +401,8 @@ def analyze(
             whatever the mesh axes are called; the experiment runner sets it for a training
             step.
     """
-    system = get_system(system) if isinstance(system, str) else system
+    system = _system_of(system)
+    _check_mesh(mesh)
     backend = backend_of(mesh.devices.flat[0])
     compiler = compiler or compiler_name(backend, system)
     stage(f"lowering and compiling with {compiler.split(' (')[0]} for {mesh.devices.size} "
@@ -416,14 +439,16 @@ def analyze(
 def analyze_hlo(
     hlo_text: str,
     *,
-    system: str | System,
+    system: str | System | None,
     mesh_shape: Sequence[int] = (),
     axis_names: Sequence[str] = (),
     name: str = "",
     calibration: Calibration | None = None,
 ) -> Report:
-    """Report for any HLO dump; give the mesh shape and axis names to map groups to axes."""
-    system = get_system(system) if isinstance(system, str) else system
+    """Report for any HLO dump; give the mesh shape and axis names to map groups to axes.
+    `system`: a name, a `meshes.System`, or None for the collectives' bytes and counts
+    without times (`untimed`), as `analyze`."""
+    system = _system_of(system)
     t0 = time.perf_counter()
     module = parse_hlo(hlo_text)
     timings = {"parse_s": time.perf_counter() - t0}

@@ -321,7 +321,13 @@ def parse_hlo(text: str) -> HloModule:
 
     Raises:
         HloParseError: with the line number of the first line that cannot be read.
+        TypeError: `text` is not a str (the bytes of a file, a path).
     """
+    if not isinstance(text, str):
+        kind = type(text).__name__
+        raise TypeError(f"the HLO text is of type {kind}, not str; give the dump's text: "
+                        f"data.decode() of its bytes, gzip.decompress(data).decode() of a "
+                        f".gz, pathlib.Path(path).read_text() of a file")
     lines = text.splitlines()
     module_name, header, num_partitions = "", "", 1
     computations: dict[str, Computation] = {}

@@ -107,16 +107,17 @@ def assert_collectives(report: Report, *, max_count: int | Mapping[str, int] | N
             / kind over mesh axes (a dict, e.g. {"all-reduce over data": 2}).
         max_bytes: bytes per step at most (each collective's buffer times its count), the
             same ways.
-        forbid: kinds or kinds over mesh axes that must not appear at all.
+        forbid: kinds or kinds over mesh axes that must not appear at all (None: none).
 
     Raises:
         AssertionError: a table of each broken limit's collectives, with their op names
             and source lines.
         ValueError: an unknown kind or mesh axis, or a limit that is not a number.
+        TypeError: `forbid` is not a kind, a list of them or None.
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this function's
     names = tuple(report.inputs.axis_names) if report.inputs is not None else ()
-    forbid = [forbid] if isinstance(forbid, str) else list(forbid)
+    forbid = _forbidden(forbid)
     rules: list[tuple[str, list[Collective]]] = []
     for s in [selector(f, names) for f in forbid]:
         found = [c for c in report.collectives if s.matches(c)]
@@ -133,6 +134,19 @@ def assert_collectives(report: Report, *, max_count: int | Mapping[str, int] | N
                 rules.append((f"{what} {scope}: {total:,} {unit}, at most {limit:,}", found))
     if rules:
         raise AssertionError(_failure_table(report, rules))
+
+
+def _forbidden(forbid) -> list[str]:
+    """`forbid` as a list of selectors' texts: a kind, a list of them, or None as () (as
+    max_count and max_bytes take None for no limit)."""
+    if forbid is None:
+        return []
+    if isinstance(forbid, str):
+        return [forbid]
+    if not isinstance(forbid, Iterable) or isinstance(forbid, Mapping):
+        raise TypeError(f"forbid={forbid!r}: give a kind or kind over mesh axes, or a list of "
+                        f"them, e.g. forbid=['all-gather over tensor']")
+    return list(forbid)
 
 
 def _failure_table(report: Report, rules: list[tuple[str, list[Collective]]]) -> str:
@@ -177,6 +191,7 @@ def cpu_mesh(axis_sizes: Mapping[str, int], *, fix: str = "") -> Mesh:
         ValueError: no axes, a size below 1, or more devices than JAX has (`fix`: how to
             fake more, with `{n}` for the count needed).
     """
+    __tracebackhide__ = True  # a test that asks too much sees its own line and this error
     if not axis_sizes:
         raise ValueError("a mesh needs at least one axis, e.g. data=2, tensor=4")
     bad = next(((a, s) for a, s in axis_sizes.items()

@@ -174,10 +174,18 @@ def test_fake_devices_option_beats_the_ini(pytester):
             assert len(jax.devices("cpu")) == 4
             with pytest.raises(ValueError, match="--fake-devices 8 "):
                 fake_mesh(data=2, tensor=4)
+
+        def test_eight_devices(fake_mesh):
+            fake_mesh(data=2, tensor=4)
     """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fake-devices", "4",
                                            timeout=300)
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=1, failed=1)
+    # A mesh larger than faked: the test's line and the error, not the fixture's source
+    result.stdout.fnmatch_lines([">*fake_mesh(data=2, tensor=4)",
+                                 "E*ValueError: mesh data=2 x tensor=4 needs 8 devices but "
+                                 "JAX has 4 fake CPU devices; run pytest with --fake-devices 8*"])
+    assert "def make(" not in result.stdout.str() and "cpu_mesh(" not in result.stdout.str()
 
 
 def test_a_conftest_that_started_jax_is_one_clear_error(pytester):
