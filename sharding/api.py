@@ -76,6 +76,20 @@ def _check_mesh(mesh) -> None:
                         f"sharding.make_mesh(system, {{'data': 2, 'tensor': 4}})")
 
 
+def _check_mesh_axes(mesh_shape: Sequence[int], axis_names: Sequence[str]) -> None:
+    """One distinct, non-empty name per mesh axis (the groups' axes are read by them)."""
+    shape, names = tuple(mesh_shape), tuple(axis_names)
+    if len(shape) != len(names):
+        raise ValueError(f"mesh_shape={shape} has {len(shape)} axes but axis_names={names} "
+                         f"names {len(names)}; give one name per axis, e.g. "
+                         f"mesh_shape=(2, 4), axis_names=('data', 'tensor')")
+    bad = next((a for a in names if not isinstance(a, str) or not a.strip()
+                or names.count(a) > 1), None)
+    if bad is not None:
+        raise ValueError(f"axis_names={names}: {bad!r} is not a distinct mesh axis name; "
+                         f"name each axis once, e.g. axis_names=('data', 'tensor')")
+
+
 def _check_group_ids(collectives: list[Collective], n: int) -> None:
     """Every replica group names partitions the program has (a damaged dump may not)."""
     for c in collectives:
@@ -298,6 +312,7 @@ def analyze_module(module: HloModule, *, system: System | None, mesh_shape: Sequ
                    axis_names: Sequence[str] = (), **kwargs) -> Report:
     """Report for a parsed per-device module on `system` (None: untimed): `analyze_plan` of
     its plan."""
+    _check_mesh_axes(mesh_shape, axis_names)
     t0 = time.perf_counter()
     plan = build_plan(module, mesh_shape=mesh_shape, axis_names=axis_names)
     timings = dict(kwargs.pop("timings", None) or {})

@@ -277,6 +277,20 @@ def test_bad_arguments_are_one_line_naming_them_and_the_fix(cpu_devices):
     assert len(jax.devices("cpu")) == 8
 
 
+@pytest.mark.parametrize("shape, names, message", [
+    ((2, 4), ("data",), "mesh_shape=(2, 4) has 2 axes but axis_names=('data',) names 1; give "
+                        "one name per axis"),
+    ((2, 8), ("data", "data"), "axis_names=('data', 'data'): 'data' is not a distinct mesh "
+                               "axis name"),
+    ((2, 8), ("", "tensor"), "axis_names=('', 'tensor'): '' is not a distinct mesh axis"),
+])
+def test_a_dumps_mesh_names_each_axis_once(shape, names, message):
+    text = (DATA / "collectives.gpu-h100.hlo").read_text()
+    with pytest.raises(ValueError) as e:
+        sharding.analyze_hlo(text, system="h100:16", mesh_shape=shape, axis_names=names)
+    assert str(e.value).startswith(message)
+
+
 def test_a_dump_without_a_system_is_its_collectives_untimed():
     # As analyze without a system: bytes, counts and mesh axes, no times and no verdict.
     text = (DATA / "collectives.gpu-h100.hlo").read_text()
