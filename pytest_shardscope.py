@@ -143,6 +143,7 @@ def fake_mesh():
     from sharding.testing import cpu_mesh
 
     def make(**axis_sizes: int):
+        __tracebackhide__ = True  # the test's line and the error, not this fixture's source
         return cpu_mesh(axis_sizes, fix="run pytest with --fake-devices {n} (or ini "
                                         "shardscope_fake_devices = {n})")
 
@@ -173,16 +174,25 @@ def collectives_snapshot(request: pytest.FixtureRequest):
 
     update = request.config.getoption("shardscope_update")
     test = ".".join(request.node.nodeid.split("::")[1:])
+    # snapshot file -> the test that wrote or checked it this session: two whose names
+    # sanitise to one file clash even where the file's own record cannot tell (rewriting)
+    owners = request.config.stash[_STATE].setdefault("snapshots", {})
     calls = []
 
     def check(report, *, name: str = "") -> None:
         __tracebackhide__ = True
         calls.append(name)
-        stem = name or (test if len(calls) == 1 else f"{test}.{len(calls)}")
-        stem = re.sub(r"[^\w.\-\[\]]", "_", stem)
+        raw = name or (test if len(calls) == 1 else f"{test}.{len(calls)}")
+        stem = re.sub(r"[^\w.\-\[\]]", "_", raw)
         path = request.path.parent / "__snapshots__" / f"{stem}.json"
-        status = check_snapshot(report, path=path, test=f"{request.path.name}::{stem}",
-                                update=update)
+        # the file records the real name, not its sanitised stem ("a/b" and "a_b" share one
+        # file, and the check that a file is this test's must tell them apart)
+        owner = f"{request.path.name}::{raw}"
+        other = owners.setdefault(path, owner)
+        if other != owner:
+            raise AssertionError(f"{path} is the snapshot of both {other} and {owner}: their "
+                                 f"names map to one file; pass name= to one")
+        status = check_snapshot(report, path=path, test=owner, update=update)
         if status != "same":
             here = request.config.invocation_params.dir
             shown = path.relative_to(here) if path.is_relative_to(here) else path

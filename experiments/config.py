@@ -307,7 +307,7 @@ def from_dict(raw: Mapping[str, Any]) -> Experiment:
     overrides = {k: v for k, v in raw["system"].items() if k != "name"}
     try:
         system = get_system(raw["system"]["name"], **overrides)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:  # TypeError: a name that is not a string
         raise ConfigError(f"{'[system]' if overrides else 'system.name'}: {e}") from None
     tables = {name: _typed(name, raw.get(name, {}), cls) for name, cls in _TABLES.items()}
     if tables["parallelism"].rules not in RULE_PRESETS:

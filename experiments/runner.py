@@ -134,7 +134,7 @@ def analyze_step(exp: Experiment, step: Step, mesh, *, memory: sharding.Memory |
         cost=exp.cost, tp_comm_overlap=exp.parallelism.tp_comm_overlap,
         overlap_grad_reduce=exp.train.overlap_grad_reduce and not step.serving,
         overlap_param_gather=exp.train.overlap_param_gather and not step.serving,
-        bucket_size=exp.train.bucket_size,
+        bucket_size=exp.train.bucket_size, gradient_buckets=not step.serving,
         overlap_p2p_comm=exp.parallelism.overlap_p2p_comm and not step.serving, **kwargs)
 
 

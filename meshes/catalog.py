@@ -77,8 +77,11 @@ def get_system(name: str, **overrides) -> System:
     Raises:
         ValueError: unknown family, a size the family cannot have, or a bad override.
     """
-    family, sep, size = name.partition(":")
     valid = ", ".join([*system_names(), f"{HOST_FAMILY}:N"])
+    if not isinstance(name, str):
+        raise TypeError(f"system name {name!r} is not a string; give <family>:<size>, e.g. "
+                        f"{valid}")
+    family, sep, size = name.partition(":")
     if not sep or not size:
         raise ValueError(f"system {name!r} needs the form <family>:<size>; e.g. {valid}")
     if family in GPU_FAMILIES:

@@ -44,6 +44,8 @@ class AnalysisInputs:
         bucket_size: GPU systems: parameters per gradient bucket; 0: Megatron's default.
         overlap_p2p_comm: GPU systems: an interleaved pipeline's stage transfers beside
             other microbatches' compute, but in its warm-up and flush (Megatron's).
+        gradient_buckets: GPU systems: small data-parallel gradient sums ride in Megatron's
+            gradient buckets (a framework's training step, not any function).
         timings: the stages already timed (build, lower, compile, parse, read).
         plan: the program as read; re-timing from it skips reading the HLO.
     """
@@ -70,6 +72,7 @@ class AnalysisInputs:
     overlap_param_gather: bool = False
     bucket_size: int = 0
     overlap_p2p_comm: bool = False
+    gradient_buckets: bool = False
     timings: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
     plan: Plan | None = None
 
@@ -98,5 +101,7 @@ class AnalysisInputs:
             notes=tuple(m.get("notes", ())),
             reserved=tuple((w, b) for w, b in m.get("reserved", ())))
         known = {f.name for f in dataclasses.fields(cls)}
+        # a record stored before the field was the experiment runner's, which bucketed
+        d = {"gradient_buckets": True, **d}
         return cls(hlo_text=hlo_text, memory=memory, plan=plan,
                    **{k: v for k, v in d.items() if k != "memory" and k in known})

@@ -58,6 +58,38 @@ def _time_collectives(
     return out
 
 
+def _system_of(system: str | System | None) -> System | None:
+    """A system given by name, as itself, or None (untimed); one line for anything else."""
+    if system is None or isinstance(system, System):
+        return system
+    if isinstance(system, str):
+        return get_system(system)
+    raise TypeError(f"system={system!r}: give a system name like 'h100:8' (`shardscope "
+                    f"systems` lists them), a meshes.System, or None for the collectives' "
+                    f"bytes and counts without times")
+
+
+def _check_mesh(mesh) -> None:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh={mesh!r} is not a jax.sharding.Mesh; build one over the "
+                        f"devices, e.g. jax.make_mesh((2, 4), ('data', 'tensor')), or "
+                        f"sharding.make_mesh(system, {{'data': 2, 'tensor': 4}})")
+
+
+def _check_mesh_axes(mesh_shape: Sequence[int], axis_names: Sequence[str]) -> None:
+    """One distinct, non-empty name per mesh axis (the groups' axes are read by them)."""
+    shape, names = tuple(mesh_shape), tuple(axis_names)
+    if len(shape) != len(names):
+        raise ValueError(f"mesh_shape={shape} has {len(shape)} axes but axis_names={names} "
+                         f"names {len(names)}; give one name per axis, e.g. "
+                         f"mesh_shape=(2, 4), axis_names=('data', 'tensor')")
+    bad = next((a for a in names if not isinstance(a, str) or not a.strip()
+                or names.count(a) > 1), None)
+    if bad is not None:
+        raise ValueError(f"axis_names={names}: {bad!r} is not a distinct mesh axis name; "
+                         f"name each axis once, e.g. axis_names=('data', 'tensor')")
+
+
 def _check_group_ids(collectives: list[Collective], n: int) -> None:
     """Every replica group names partitions the program has (a damaged dump may not)."""
     for c in collectives:
@@ -158,7 +190,8 @@ def estimate(inputs: AnalysisInputs, *, system: System,
     if gpu:
         collectives = gpu_frameworks.collectives_as_run(collectives, system, ids,
                                                         inputs.mesh_shape, inputs.axis_names,
-                                                        inputs.bucket_size)
+                                                        inputs.bucket_size,
+                                                        inputs.gradient_buckets)
     output_scale = gpu_frameworks.output_layer_scale(inputs.pipeline) if gpu else 1.0
     overlapped = gpu_frameworks.overlapped_stage_transfers(collectives, inputs.pipeline) \
         if gpu and inputs.overlap_p2p_comm else {}
@@ -241,7 +274,7 @@ def untimed(inputs: AnalysisInputs) -> Report:
         compiler_note=inputs.compiler_note, extrapolated_from=inputs.extrapolated_from,
         collectives=list(plan.collectives), compute=nothing,
         memory=inputs.memory or Memory(components=(), source="HLO text only"),
-        hbm_capacity_bytes=math.inf, peak_flops_per_device=0.0,
+        hbm_capacity_bytes=None, peak_flops_per_device=0.0,
         timings=dict(inputs.timings), unknown_ops=plan.unknown_ops,
         warnings=(*inputs.warnings, *_promotion_note(list(plan.collectives)), *plan.notes),
         inputs=dataclasses.replace(inputs, plan=plan),
@@ -257,7 +290,7 @@ def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
     compile."""
     if system is None:
         raise ValueError("reanalyze needs the system to time the program on")
-    system = get_system(system) if isinstance(system, str) else system
+    system = _system_of(system)
     n = math.prod(inputs.mesh_shape)
     if system.num_devices != n:
         raise ValueError(f"{system.name} has {system.num_devices} devices; the stored program "
@@ -275,9 +308,11 @@ def reanalyze(inputs: AnalysisInputs, *, system: str | System | None = None,
                     calibration=calibration, cost=cost)
 
 
-def analyze_module(module: HloModule, *, system: System, mesh_shape: Sequence[int] = (),
+def analyze_module(module: HloModule, *, system: System | None, mesh_shape: Sequence[int] = (),
                    axis_names: Sequence[str] = (), **kwargs) -> Report:
-    """Report for a parsed per-device module on `system`: `analyze_plan` of its plan."""
+    """Report for a parsed per-device module on `system` (None: untimed): `analyze_plan` of
+    its plan."""
+    _check_mesh_axes(mesh_shape, axis_names)
     t0 = time.perf_counter()
     plan = build_plan(module, mesh_shape=mesh_shape, axis_names=axis_names)
     timings = dict(kwargs.pop("timings", None) or {})
@@ -286,14 +321,17 @@ def analyze_module(module: HloModule, *, system: System, mesh_shape: Sequence[in
                         timings=timings, **kwargs)
 
 
-def analyze_plan(plan: Plan, *, system: System, calibration: Calibration | None = None,
+def analyze_plan(plan: Plan, *, system: System | None, calibration: Calibration | None = None,
                  cost: Cost | None = None, device_ids: Sequence[int] | None = None,
                  memory: Memory | None = None, **fields) -> Report:
-    """Report for a read per-device program (sharding/plan.py) on `system`: `estimate` of
-    the record of `plan` with the other `AnalysisInputs` fields given by keyword
-    (mesh_shape, axis_names, compiler, compute_dtype, model_flops_per_step, ...)."""
+    """Report for a read per-device program (sharding/plan.py) on `system` (None:
+    `untimed`): `estimate` of the record of `plan` with the other `AnalysisInputs` fields
+    given by keyword (mesh_shape, axis_names, compiler, compute_dtype, model_flops_per_step,
+    ...)."""
     inputs = AnalysisInputs(plan=plan, memory=memory, device_ids=tuple(device_ids or ()),
                             **fields)
+    if system is None:
+        return untimed(inputs)
     return estimate(inputs, system=system, calibration=calibration, cost=cost)
 
 
@@ -322,6 +360,7 @@ def analyze(
     overlap_param_gather: bool = False,
     bucket_size: int = 0,
     overlap_p2p_comm: bool = False,
+    gradient_buckets: bool = False,
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -370,8 +409,15 @@ def analyze(
             beside other microbatches' compute but in its warm-up and flush
             (sharding/gpu_frameworks.py). Off here, the program as compiled; on in an
             experiment config by default, as Megatron runs interleaved pipelines.
+        gradient_buckets: on GPU systems, the program is a Megatron-style training step:
+            a weight gradient's sum over `data` (and `sequence`, Megatron's DP x CP group)
+            smaller than a gradient bucket rides in one (its bytes' share of the bucket's
+            collective; sharding/gpu_frameworks.py). Off here, the collectives as compiled
+            whatever the mesh axes are called; the experiment runner sets it for a training
+            step.
     """
-    system = get_system(system) if isinstance(system, str) else system
+    system = _system_of(system)
+    _check_mesh(mesh)
     backend = backend_of(mesh.devices.flat[0])
     compiler = compiler or compiler_name(backend, system)
     stage(f"lowering and compiling with {compiler.split(' (')[0]} for {mesh.devices.size} "
@@ -399,7 +445,7 @@ def analyze(
         fit_advice=tuple(fit_advice), timings={**(timings or {}), **c.timings},
         tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather, bucket_size=bucket_size,
-        overlap_p2p_comm=overlap_p2p_comm)
+        overlap_p2p_comm=overlap_p2p_comm, gradient_buckets=gradient_buckets)
     if system is None:
         return untimed(inputs)
     return estimate(inputs, system=system, calibration=calibration, cost=cost)
@@ -408,14 +454,16 @@ def analyze(
 def analyze_hlo(
     hlo_text: str,
     *,
-    system: str | System,
+    system: str | System | None,
     mesh_shape: Sequence[int] = (),
     axis_names: Sequence[str] = (),
     name: str = "",
     calibration: Calibration | None = None,
 ) -> Report:
-    """Report for any HLO dump; give the mesh shape and axis names to map groups to axes."""
-    system = get_system(system) if isinstance(system, str) else system
+    """Report for any HLO dump; give the mesh shape and axis names to map groups to axes.
+    `system`: a name, a `meshes.System`, or None for the collectives' bytes and counts
+    without times (`untimed`), as `analyze`."""
+    system = _system_of(system)
     t0 = time.perf_counter()
     module = parse_hlo(hlo_text)
     timings = {"parse_s": time.perf_counter() - t0}

@@ -7,8 +7,10 @@ the program asked for (a bf16 reduction that XLA:CPU promoted to f32 still count
 `wire_bytes` is what one device sends: S (n-1)/n, 2 S (n-1)/n for all-reduce, S for a
 permute or broadcast.
 
-Async pairs are counted once, at `-start`. An all-reduce inside a TPU computation named
-`all-reduce-scatter*` is the TPU compiler's fused reduce-scatter and is reported as one.
+Async pairs are counted once, at `-start`. A collective that moves nothing (each replica
+group one device, as over a mesh axis of size 1) is not one. An all-reduce inside a TPU
+computation named `all-reduce-scatter*` is the TPU compiler's fused reduce-scatter and is
+reported as one.
 """
 
 from __future__ import annotations
@@ -110,9 +112,11 @@ def _buffer(kind: str, inst: Instruction, async_start: bool, n: int) -> list[Arr
     else:
         out = inst.shapes
     if kind == "reduce-scatter":
-        # S is the input buffer: the scattered output times the group size.
-        return [ArrayShape(a.dtype, (a.dims[0] * n, *a.dims[1:]) if a.dims else (n,))
-                for a in out]
+        # S is the input buffer: the scattered output times the group size along the
+        # scattered dimension (`dimensions={d}`)
+        d = int((inst.attr("dimensions") or "0").strip("{} ") or 0)
+        return [ArrayShape(a.dtype, (*a.dims[:d], a.dims[d] * n, *a.dims[d + 1:])
+                           if len(a.dims) > d else (n,)) for a in out]
     return out
 
 
@@ -270,6 +274,16 @@ def _merge_groups(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
     return sorted(merged.values())
 
 
+def _moves_nothing(kind: str, groups: list[list[int]]) -> bool:
+    """A collective whose every replica group has one member (over a mesh axis of size 1),
+    or a permute that sends each device's buffer to itself: no device receives anything
+    from another (XLA's simplifiers remove such all-reduces and all-gathers; the CPU
+    backend's post-partitioning HLO still has them)."""
+    if kind == "collective-permute":
+        return all(src == dst for src, dst in groups)
+    return all(len(g) <= 1 for g in groups)
+
+
 def _caller_op_name(module: HloModule, comp_name: str) -> str:
     """A collective the compiler moved into a fusion often loses its metadata; the fusion
     that calls it keeps the model operation."""
@@ -310,6 +324,8 @@ def extract_collectives(
             while kind == "all-reduce" and inner.operands and inner.operands[0] in folded:
                 inner = comp.by_name[inner.operands[0]]
                 groups = _merge_groups(groups, _groups(kind, inner, module.num_partitions))
+            if _moves_nothing(kind, groups):
+                continue
             n = 2 if kind == "collective-permute" else (len(groups[0]) if groups else 1)
             reported_kind = kind
             if kind == "all-reduce" and (comp.name.startswith("all-reduce-scatter")

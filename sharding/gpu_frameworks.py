@@ -4,8 +4,10 @@ program as compiled):
 
 - an FP8 scale's amax is reduced over the tensor-parallel group only (TE scales each GPU's
   own tensor), where the GSPMD program all-reduces it over every shard;
-- a weight gradient smaller than Megatron's bucket is summed inside one (its share of a
-  bucket's collective, not a collective's latency of its own);
+- with `gradient_buckets` (the caller's word that the program is such a framework's
+  training step: the experiment runner's), a weight gradient smaller than Megatron's
+  bucket is summed inside one (its share of a bucket's collective, not a collective's
+  latency of its own);
 - an FP8 weight is cast once per step in a pipeline, not at every tick;
 - with `tp_comm_overlap`, TE's userbuffers run each sequence-parallel all-gather /
   reduce-scatter under the GEMM it feeds or follows (the schedule: sharding/schedule.py);
@@ -42,10 +44,16 @@ DATA_PARALLEL = frozenset({"data", "sequence"})  # Megatron's DP x CP group
 
 def collectives_as_run(collectives: list[Collective], system: System,
                        device_ids: Sequence[int], mesh_shape: Sequence[int],
-                       axis_names: Sequence[str], bucket_size: int = 0) -> list[Collective]:
-    """The timed collectives with the amax and gradient-bucket rules applied
-    (`bucket_size`: parameters per gradient bucket, 0 for Megatron's default)."""
+                       axis_names: Sequence[str], bucket_size: int = 0,
+                       gradient_buckets: bool = False) -> list[Collective]:
+    """The timed collectives with the amax rule applied, and the gradient-bucket rule with
+    `gradient_buckets` (`bucket_size`: parameters per gradient bucket, 0 for Megatron's
+    default). The bucket rule reads the data-parallel axes by name (DATA_PARALLEL), which
+    only a framework's own step promises: a user's function is timed as compiled, whatever
+    its axes are called."""
     collectives = _scaled_per_device(collectives, system, device_ids, mesh_shape, axis_names)
+    if not gradient_buckets:
+        return collectives
     return in_gradient_buckets(collectives, system, device_ids, bucket_size)
 
 

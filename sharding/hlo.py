@@ -214,7 +214,7 @@ class HloModule:
     name: str
     computations: dict[str, Computation]
     entry: str
-    num_partitions: int
+    num_partitions: int  # the devices it runs on: partitions, or a replica-mode dump's replicas
     header: str
 
     @property
@@ -296,12 +296,38 @@ def operation_of(op_name: str) -> str:
 # The module parser.
 
 
+def _devices(header: str) -> int:
+    """The devices a module runs on: its partitions (SPMD), or its replicas in a
+    replica-mode dump (PyTorch/XLA DDP, an older jax.pmap: replica_count=N and no
+    num_partitions), whose replica groups then name replicas.
+
+    Raises:
+        HloParseError: both above one (a multi-replica SPMD program), which this does not
+            read.
+    """
+    found = {key: int(m.group(1)) if (m := re.search(rf"\b{key}=(\d+)", header)) else 1
+             for key in ("num_partitions", "replica_count")}
+    partitions, replicas = found["num_partitions"], found["replica_count"]
+    if partitions > 1 and replicas > 1:
+        raise HloParseError(f"the module runs {replicas} replicas of {partitions} partitions "
+                            f"(replica_count={replicas}, num_partitions={partitions}); only "
+                            f"one of them above 1 is read: dump the program with SPMD "
+                            f"partitioning alone (jax.jit over a mesh of all the devices)")
+    return max(partitions, replicas)
+
+
 def parse_hlo(text: str) -> HloModule:
     """Parse HLO module text.
 
     Raises:
         HloParseError: with the line number of the first line that cannot be read.
+        TypeError: `text` is not a str (the bytes of a file, a path).
     """
+    if not isinstance(text, str):
+        kind = type(text).__name__
+        raise TypeError(f"the HLO text is of type {kind}, not str; give the dump's text: "
+                        f"data.decode() of its bytes, gzip.decompress(data).decode() of a "
+                        f".gz, pathlib.Path(path).read_text() of a file")
     lines = text.splitlines()
     module_name, header, num_partitions = "", "", 1
     computations: dict[str, Computation] = {}
@@ -323,8 +349,7 @@ def parse_hlo(text: str) -> HloModule:
             if line.startswith("HloModule"):
                 header = line
                 module_name = line.split()[1].rstrip(",")
-                m = re.search(r"num_partitions=(\d+)", line)
-                num_partitions = int(m.group(1)) if m else 1
+                num_partitions = _devices(line)
                 continue
             if line.rstrip().endswith("{") and (line.startswith("%") or line.startswith("ENTRY")
                                                 or _HEADER.match(line)):

@@ -221,7 +221,7 @@ def render_html(r: Report, *, chip: Chip, compute_dtype: str = "bfloat16") -> st
     )
     summary = html.escape(r.format_table().split("\n\n")[-1])
     title = r.name or "report"
-    verdict = "" if r.fits else (f"<p class=\"nofit\"><b>Does not fit</b>: "
+    verdict = "" if r.fits is not False else (f"<p class=\"nofit\"><b>Does not fit</b>: "
                                  f"{html.escape(r.bottleneck())}; times are as if it fit.</p>")
     return page(title, f"""<h1>{html.escape(title)} on {html.escape(r.system)}</h1>{verdict}
 <p>{r.num_devices} devices{f" ({html.escape(r.placement)})" if r.placement else ""}; HLO

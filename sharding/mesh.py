@@ -21,8 +21,16 @@ def ensure_cpu_devices(n: int) -> None:
     """Ask for `n` fake CPU devices; must run before JAX starts its CPU backend.
 
     Raises:
-        ValueError: the backend is already up with fewer devices.
+        TypeError: `n` is not a whole number.
+        ValueError: `n` below 1 or above CPU_MAX_DEVICES, or the backend is already up with
+            fewer devices.
     """
+    if isinstance(n, bool) or not isinstance(n, int | np.integer):
+        raise TypeError(f"ensure_cpu_devices({n!r}): give the number of fake CPU devices as "
+                        f"an int, e.g. ensure_cpu_devices(8)")
+    if n < 1:  # 0 would leave JAX's CPU backend without devices for the whole process
+        raise ValueError(f"ensure_cpu_devices({n}): give at least 1 fake CPU device, e.g. "
+                         f"ensure_cpu_devices(8)")
     if n > CPU_MAX_DEVICES:
         raise ValueError(
             f"{n} devices: XLA:CPU handles at most {CPU_MAX_DEVICES} fake devices in one "

@@ -24,9 +24,10 @@ from sharding.hlo import HloModule
 from sharding.schedule import Graph, schedule_graph
 
 # Bumped whenever a Plan's fields or their meaning change, how its work is read from the HLO
-# too (3: a stage's vmapped weight slice, reductions' combiners, fused gradient sums): a
-# stored plan of another format is rebuilt from its HLO instead.
-PLAN_FORMAT = 3
+# too (3: a stage's vmapped weight slice, reductions' combiners, fused gradient sums; 4:
+# collectives over one-member groups dropped): a stored plan of another format is rebuilt
+# from its HLO instead.
+PLAN_FORMAT = 4
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,7 +113,7 @@ class Report:
     collectives: list[Collective]
     compute: ComputeCost
     memory: Memory
-    hbm_capacity_bytes: float
+    hbm_capacity_bytes: float | None  # None: no system (untimed), so no HBM to fit in
     peak_flops_per_device: float
     model_flops_per_step: float | None = None
     # The chip's peak for each format the matmuls ran in, and bf16's (meshes/chips.py).
@@ -154,18 +154,21 @@ class Report:
         """False for a report on no system (sharding.api.untimed): bytes and counts only."""
         return bool(self.system)
 
+    # The times below are None on an untimed report: nothing was timed, which 0.0 would hide.
     @property
-    def compute_s(self) -> float:
-        return self.compute.compute_s
+    def compute_s(self) -> float | None:
+        return self.compute.compute_s if self.timed else None
 
     @property
-    def comm_s(self) -> float:
-        return sum(c.total_time_s for c in self.collectives)
+    def comm_s(self) -> float | None:
+        return sum(c.total_time_s for c in self.collectives) if self.timed else None
 
     @property
-    def step_time_s(self) -> float:
+    def step_time_s(self) -> float | None:
         """The simulated schedule's step (sharding.schedule) held within its bounds, or
         compute + comm without one."""
+        if not self.timed:
+            return None
         return step_time(self.scheduled_step_s, self.compute_s, self.collectives,
                          self.host_transfer_s)
 
@@ -173,7 +176,9 @@ class Report:
     def pipeline_bubble_s(self) -> float | None:
         """Idle stage time: the bubble's share of the compiled ticks, which compute it
         (models/pipeline.py), applied to the compute time."""
-        return None if self.pipeline is None else self.pipeline["bubble"] * self.compute_s
+        if self.pipeline is None or not self.timed:
+            return None
+        return self.pipeline["bubble"] * self.compute_s
 
     @property
     def host_transfer_s(self) -> float:
@@ -181,20 +186,22 @@ class Report:
         return host_transfer_time(self.host_transfer_bytes, self.host_bytes_per_s)
 
     @property
-    def exposed_comm_s(self) -> float:
+    def exposed_comm_s(self) -> float | None:
         """Communication the schedule could not hide behind compute."""
-        return max(0.0, self.step_time_s - self.compute_s)
+        return max(0.0, self.step_time_s - self.compute_s) if self.timed else None
 
     @property
-    def step_time_bounds_s(self) -> tuple[float, float]:
+    def step_time_bounds_s(self) -> tuple[float, float] | None:
         """Perfect overlap (compute, every link and the host link busy at once) and none at
         all."""
+        if not self.timed:
+            return None
         return step_time_bounds(self.compute_s, self.collectives, self.host_transfer_s)
 
     # --- throughput ----------------------------------------------------------------
     @property
     def tokens_per_s(self) -> float | None:
-        if not self.tokens_per_step or self.step_time_s <= 0:
+        if not self.timed or not self.tokens_per_step or self.step_time_s <= 0:
             return None
         return self.tokens_per_step / self.step_time_s
 
@@ -218,7 +225,7 @@ class Report:
     @property
     def mfu(self) -> float | None:
         """Model FLOPs (the HLO's matmul FLOPs without a count) per second over the peak."""
-        if self.step_time_s <= 0:
+        if not self.timed or self.step_time_s <= 0:
             return None
         return self._flops() / (self.step_time_s * self.num_devices * self.peak_flops_per_device)
 
@@ -240,7 +247,7 @@ class Report:
         return {d: f / total for d, f in self.compute.flops_by_dtype.items() if f and total}
 
     def _mfu_at(self, shares: dict[str, float]) -> float | None:
-        if self.step_time_s <= 0 or not self.peak_flops_by_dtype:
+        if not self.timed or self.step_time_s <= 0 or not self.peak_flops_by_dtype:
             return None
         at_peak_s = self._flops() * sum(s / self.peak_flops_by_dtype[d] for d, s in shares.items())
         return at_peak_s / (self.step_time_s * self.num_devices)
@@ -255,7 +262,11 @@ class Report:
         return self.memory.total_bytes
 
     @property
-    def fits(self) -> bool:
+    def fits(self) -> bool | None:
+        """Whether the step fits in HBM; None without a verdict: no system (no HBM to fit
+        in) or no memory figures (a bare HLO dump)."""
+        if not self.timed or not self.memory.known or self.hbm_capacity_bytes is None:
+            return None
         return self.memory_per_device_bytes <= self.hbm_capacity_bytes
 
     # --- breakdowns ----------------------------------------------------------------
@@ -312,7 +323,7 @@ class Report:
     def bottleneck(self) -> str:
         """The narrowest pipe, in words: HBM capacity when the step does not fit, else what
         limits its time."""
-        if not self.fits:
+        if self.fits is False:
             return (f"HBM capacity: needs {fmt_bytes(self.memory_per_device_bytes)} per "
                     f"device, has {fmt_bytes(self.hbm_capacity_bytes)}")
         return self.time_bottleneck()
@@ -370,6 +381,8 @@ class Report:
                 f"{top['kind']} over {axes} ({top['algorithm']})")
 
     def slowest_link(self) -> str | None:
+        if not self.timed:  # no links: nothing was placed on the system's network
+            return None
         links = self.by_link()
         return max(links, key=lambda k: links[k]["time_s"]) if links else None
 
@@ -419,8 +432,9 @@ class Report:
     def to_dict(self, *, groups: bool = True) -> dict:
         """JSON-ready. groups=False keeps each collective's first replica group only (with
         `group_count`): at thousands of devices the groups are most of the file."""
-        lo, hi = self.step_time_bounds_s
+        bounds = self.step_time_bounds_s
         e = self.energy
+        cost, timed = self.compute, self.timed  # an untimed report costs no work
         return {
             "name": self.name,
             "system": self.system,
@@ -430,7 +444,7 @@ class Report:
             "compiler_note": self.compiler_note,
             "extrapolated_from": self.extrapolated_from or None,
             "step_time_s": self.step_time_s,
-            "step_time_bounds_s": [lo, hi],
+            "step_time_bounds_s": None if bounds is None else list(bounds),
             "tokens_per_s": self.tokens_per_s,
             "tokens_per_s_per_device": self.tokens_per_s_per_device,
             "tokens_per_s_per_user": self.tokens_per_s_per_user,
@@ -440,18 +454,18 @@ class Report:
             "mfu_format": self.mfu_format,
             "matmul_flops_by_format": self.matmul_flops_by_format,
             "compute_s": self.compute_s,
-            "matmul_s": self.compute.matmul_s,
-            "memory_bound_s": self.compute.memory_bound_s,
+            "matmul_s": cost.matmul_s if timed else None,
+            "memory_bound_s": cost.memory_bound_s if timed else None,
             "comm_s": self.comm_s,
             "exposed_comm_s": self.exposed_comm_s,
-            "flops_per_device": self.compute.flops,
-            "matmul_flops_per_device": self.compute.matmul_flops,
+            "flops_per_device": cost.flops if timed else None,
+            "matmul_flops_per_device": cost.matmul_flops if timed else None,
             "model_flops_per_step": self.model_flops_per_step,
             "memory_per_device_bytes": self.memory_per_device_bytes,
             "memory": self.memory.to_dict(),
             "hbm_capacity_bytes": self.hbm_capacity_bytes,
-            "hbm_bytes": self.compute.hbm_bytes,
-            "fits": self.fits if self.memory.known and self.timed else None,
+            "hbm_bytes": cost.hbm_bytes if timed else None,
+            "fits": self.fits,
             "power_w": e.power_w if e else None,
             "energy_per_step_j": e.energy_per_step_j if e else None,
             "joules_per_token": e.joules_per_token if e else None,
@@ -470,7 +484,8 @@ class Report:
             "warnings": list(self.warnings),
             "suspect_mfu": self.suspect_mfu(),
             "host_transfer_bytes": self.host_transfer_bytes,
-            "host_transfer_s": self.host_transfer_s if self.host_bytes_per_s else None,
+            "host_transfer_s": self.host_transfer_s if self.host_bytes_per_s and self.timed
+            else None,
             "calibration": {**self.calibration.values(), "source": self.calibration.source},
             "unknown_ops": list(self.unknown_ops),
             "pipeline": None if self.pipeline is None else {

@@ -107,16 +107,17 @@ def assert_collectives(report: Report, *, max_count: int | Mapping[str, int] | N
             / kind over mesh axes (a dict, e.g. {"all-reduce over data": 2}).
         max_bytes: bytes per step at most (each collective's buffer times its count), the
             same ways.
-        forbid: kinds or kinds over mesh axes that must not appear at all.
+        forbid: kinds or kinds over mesh axes that must not appear at all (None: none).
 
     Raises:
         AssertionError: a table of each broken limit's collectives, with their op names
             and source lines.
         ValueError: an unknown kind or mesh axis, or a limit that is not a number.
+        TypeError: `forbid` is not a kind, a list of them or None.
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this function's
     names = tuple(report.inputs.axis_names) if report.inputs is not None else ()
-    forbid = [forbid] if isinstance(forbid, str) else list(forbid)
+    forbid = _forbidden(forbid)
     rules: list[tuple[str, list[Collective]]] = []
     for s in [selector(f, names) for f in forbid]:
         found = [c for c in report.collectives if s.matches(c)]
@@ -133,6 +134,19 @@ def assert_collectives(report: Report, *, max_count: int | Mapping[str, int] | N
                 rules.append((f"{what} {scope}: {total:,} {unit}, at most {limit:,}", found))
     if rules:
         raise AssertionError(_failure_table(report, rules))
+
+
+def _forbidden(forbid) -> list[str]:
+    """`forbid` as a list of selectors' texts: a kind, a list of them, or None as () (as
+    max_count and max_bytes take None for no limit)."""
+    if forbid is None:
+        return []
+    if isinstance(forbid, str):
+        return [forbid]
+    if not isinstance(forbid, Iterable) or isinstance(forbid, Mapping):
+        raise TypeError(f"forbid={forbid!r}: give a kind or kind over mesh axes, or a list of "
+                        f"them, e.g. forbid=['all-gather over tensor']")
+    return list(forbid)
 
 
 def _failure_table(report: Report, rules: list[tuple[str, list[Collective]]]) -> str:
@@ -177,6 +191,7 @@ def cpu_mesh(axis_sizes: Mapping[str, int], *, fix: str = "") -> Mesh:
         ValueError: no axes, a size below 1, or more devices than JAX has (`fix`: how to
             fake more, with `{n}` for the count needed).
     """
+    __tracebackhide__ = True  # a test that asks too much sees its own line and this error
     if not axis_sizes:
         raise ValueError("a mesh needs at least one axis, e.g. data=2, tensor=4")
     bad = next(((a, s) for a, s in axis_sizes.items()
@@ -241,6 +256,24 @@ def snapshot_changes(old: dict, new: dict) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _snapshot_problem(snap) -> str | None:
+    """What makes JSON not a snapshot (snapshot_text's shape), or None: a hand edit or a
+    merge may leave valid JSON of another shape."""
+    if not isinstance(snap, dict):
+        return f"a JSON {type(snap).__name__}, not an object"
+    rows = snap.get("collectives")
+    if not isinstance(rows, dict):
+        return "its 'collectives' is not an object of rows"
+    for what, row in rows.items():
+        if not isinstance(row, dict) or any(
+                isinstance(row.get(k), bool) or not isinstance(row.get(k), int)
+                for k in ("count", "bytes")):
+            return f"row {what!r} is not {{\"count\": int, \"bytes\": int}}"
+    if not isinstance(snap.get("test", ""), str):
+        return "its 'test' is not a test's name"
+    return None
+
+
 def check_snapshot(report: Report, *, path: pathlib.Path, test: str, update: bool) -> str:
     """Compare the report with the snapshot at `path`: "same", or "written" when it was
     absent, or "updated" when `update` rewrote a different one.
@@ -263,6 +296,9 @@ def check_snapshot(report: Report, *, path: pathlib.Path, test: str, update: boo
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AssertionError(f"{path}: not a collectives snapshot ({e}); "
                              f"--shardscope-update rewrites it") from None
+    if (problem := _snapshot_problem(old)) is not None:
+        raise AssertionError(f"{path}: not a collectives snapshot ({problem}); "
+                             f"--shardscope-update rewrites it")
     if old.get("test", test) != test:
         raise AssertionError(f"{path} is the snapshot of {old['test']}, not of {test}: two "
                              f"tests beside each other share the name; pass name= to one, or "

@@ -42,7 +42,7 @@ def format_side_by_side(reports: list[tuple[str, Report]]) -> str:
         row("collective bytes", lambda r: fmt_bytes(sum(r.by_kind().values()))),
         row("MFU", lambda r: "-" if r.mfu is None else f"{r.mfu:.1%}"),
         row("memory/device", lambda r: fmt_bytes(r.memory_per_device_bytes)
-            + ("" if r.fits else " (no fit)")),
+            + (" (no fit)" if r.fits is False else "")),
     ]
     lines = column_table([label for label, _ in reports], rows)
     for label, r in reports:
@@ -76,7 +76,7 @@ def _collective_lines(r: Report) -> list[str]:
     system = r.system or "no system"
     lines.append(f"{title}on {system} ({r.num_devices} devices{placed}), HLO from "
                  f"{r.compiler}")
-    if not r.fits:
+    if r.fits is False:
         lines.append(f"DOES NOT FIT: needs {fmt_bytes(r.memory_per_device_bytes)} of HBM per "
                      f"device, has {fmt_bytes(r.hbm_capacity_bytes)}; the times below are "
                      f"as if it fit")
@@ -85,6 +85,10 @@ def _collective_lines(r: Report) -> list[str]:
     if r.extrapolated_from:
         lines.append(f"extrapolated: {r.extrapolated_from}")
     lines.append("")
+
+    def time_cell(t: float) -> str:  # an untimed report has no times, not zero ones
+        return fmt_s(t) if r.timed else "untimed"
+
     rows = r.rows()
     algo_w = max([len("algorithm"), *(len(g["algorithm"]) for g in rows)]) + 2
     axes_w = max([len("mesh axes"), *(len(",".join(g["mesh_axes"])) for g in rows)]) + 2
@@ -98,13 +102,13 @@ def _collective_lines(r: Report) -> list[str]:
         lines.append(
             f"{g['kind']:<20}{','.join(g['mesh_axes']) or '-':<{axes_w}}{g['link']:<{link_w}}"
             f"{g['algorithm']:<{algo_w}}{fmt_bytes(g['bytes']):>12}{g['count']:>8}"
-            f"{fmt_s(g['time_s']):>12}"
+            f"{time_cell(g['time_s']):>12}"
         )
     if not r.collectives:
         lines.append("(no collectives)")
     lines.append("-" * len(header))
     lines.append(f"{'total':<{lead}}{fmt_bytes(sum(r.by_kind().values())):>12}"
-                 f"{sum(c.count for c in r.collectives):>8}{fmt_s(r.comm_s):>12}")
+                 f"{sum(c.count for c in r.collectives):>8}{time_cell(r.comm_s):>12}")
     ops = r.by_operation()[:6]
     if ops:
         lines.append("")
@@ -114,7 +118,7 @@ def _collective_lines(r: Report) -> list[str]:
         what_w = max(map(len, whats)) + 2
         for o, what in zip(ops, whats, strict=True):
             lines.append(f"  {o['operation']:<{op_w}}{what:<{what_w}}"
-                         f"{fmt_bytes(o['bytes']):>12}{fmt_s(o['time_s']):>12}")
+                         f"{fmt_bytes(o['bytes']):>12}{time_cell(o['time_s']):>12}")
     return lines
 
 
@@ -194,7 +198,7 @@ def _summary_lines(r: Report) -> list[str]:
                      f"of compute)")
         if r.pipeline.get("as_run"):
             lines.append(f"               as Megatron runs it: {r.pipeline['as_run']}")
-    if_fit = "" if r.fits else "  -- if it fit"
+    if_fit = "  -- if it fit" if r.fits is False else ""
     lines.append(f"step time      {fmt_s(r.step_time_s)}  (bounds {fmt_s(lo)} .. {fmt_s(hi)})"
                  f"{if_fit}")
     if r.tokens_per_s is not None:
@@ -235,7 +239,7 @@ def _summary_lines(r: Report) -> list[str]:
         lines.append(f"  to fit: {advice}")
     lines.extend(_energy_lines(r))
     lines.append(f"bottleneck     {r.bottleneck()}")
-    if not r.fits:
+    if r.fits is False:
         lines.append(f"               if it fit: {r.time_bottleneck()}")
     lines.append(f"calibration    {r.calibration.source}")
     slow = r.slowest_link()

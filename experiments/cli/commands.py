@@ -140,17 +140,12 @@ def cmd_inspect(args) -> int:
     import sharding
 
     path = Path(args.hlo)
+    if path.is_dir():
+        raise ConfigError(_dump_folder(args.hlo, path))
     if not path.is_file():
         raise ConfigError(f"HLO file {args.hlo!r} not found; give a text dump such as XLA's "
                           f"*after_optimizations.txt (or a .gz of one)")
-    mesh_shape, axis_names = (), ()
-    if args.mesh:
-        pairs = [p.split("=") for p in args.mesh.split(",")]
-        if any(len(p) != 2 or not p[1].isdigit() for p in pairs):
-            raise ConfigError(f"--mesh {args.mesh!r}: expected name=size,... e.g. "
-                              f"--mesh data=2,fsdp=4,tensor=2")
-        axis_names = tuple(p[0] for p in pairs)
-        mesh_shape = tuple(int(p[1]) for p in pairs)
+    axis_names, mesh_shape = _mesh_flag(args.mesh) if args.mesh else ((), ())
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":  # gzip: a compressed dump reads as its text
         import gzip
@@ -177,6 +172,37 @@ def cmd_inspect(args) -> int:
     if args.json:
         write_json(args.json, report.to_dict(groups=args.groups))
     return 0
+
+
+def _mesh_flag(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """`--mesh data=2, tensor=4`: the axis names and sizes, spaces around them dropped."""
+    pairs = [[x.strip() for x in p.split("=")] for p in text.split(",")]
+    if any(len(p) != 2 or not p[0] or not p[1].isdigit() for p in pairs):
+        raise ConfigError(f"--mesh {text!r}: expected name=size,... e.g. "
+                          f"--mesh data=2,fsdp=4,tensor=2")
+    names = [p[0] for p in pairs]
+    twice = next((a for a in names if names.count(a) > 1), None)
+    if twice is not None:
+        raise ConfigError(f"--mesh {text!r}: axis {twice!r} is given twice; name each mesh "
+                          f"axis once, e.g. --mesh data=2,tensor=4")
+    return tuple(names), tuple(int(p[1]) for p in pairs)
+
+
+# The modules of an --xla_dump_to folder that inspect reads: after SPMD partitioning (the
+# program's dtypes) and the final one.
+_DUMP_FILES = ("*after_spmd-partitioning*.txt", "*after_optimizations.txt")
+
+
+def _dump_folder(given: str, path: Path) -> str:
+    """Why a folder is not a dump, and which of its files are (an --xla_dump_to folder)."""
+    found = [f for pattern in _DUMP_FILES for f in sorted(path.glob(pattern))]
+    if not found:
+        return (f"HLO file {given!r} is a folder with no {' or '.join(_DUMP_FILES)} in it; "
+                f"give a text dump such as XLA's *after_optimizations.txt (or a .gz of one)")
+    shown = ", ".join(str(f) for f in found[:4]) + (
+        f" and {len(found) - 4} more" if len(found) > 4 else "")
+    return (f"HLO file {given!r} is a folder (an --xla_dump_to dump?); give one of its HLO "
+            f"texts, after SPMD partitioning (the program's dtypes) or the final one: {shown}")
 
 
 def cmd_systems(args) -> int:

@@ -88,6 +88,44 @@ def test_inspect_any_hlo_dump(capsys):
     assert "collective-permute" in out and "tensor" in out
 
 
+def test_inspect_mesh_spaces_are_dropped_and_bad_names_refused(tmp_path, capsys):
+    hlo = str(DATA / "collectives.gpu-h100.hlo")
+    out_json = tmp_path / "i.json"
+    code, _, err = run_cli(["inspect", hlo, "--system", "h100:16", "--mesh",
+                            "data=2, fsdp = 4,tensor=2", "--json", str(out_json)], capsys)
+    assert code == 0, err
+    axes = {a for c in json.loads(out_json.read_text())["collectives"] for a in c["mesh_axes"]}
+    assert axes == {"data", "fsdp", "tensor"}
+    for mesh, message in [
+            ("tensor=2,tensor=8", "--mesh 'tensor=2,tensor=8': axis 'tensor' is given twice; "
+                                  "name each mesh axis once, e.g. --mesh data=2,tensor=4"),
+            ("=2,tensor=8", "--mesh '=2,tensor=8': expected name=size,... e.g. --mesh")]:
+        code, _, err = run_cli(["inspect", hlo, "--system", "h100:16", "--mesh", mesh], capsys)
+        assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_inspect_of_a_dump_folder_names_the_files_to_give(tmp_path, capsys):
+    # An --xla_dump_to folder: the module after SPMD partitioning and the final one are
+    # named (not the buffer assignment beside them), in one line.
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    names = ["m.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt",
+             "m.cpu_after_optimizations.txt", "m.cpu_after_optimizations-buffer-assignment.txt",
+             "m.ir-no-opt.ll"]
+    for name in names:
+        (dump / name).write_text("")
+    code, _, err = run_cli(["inspect", str(dump), "--system", "h100:8"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert f"HLO file {str(dump)!r} is a folder (an --xla_dump_to dump?); give one of its " \
+           f"HLO texts, after SPMD partitioning (the program's dtypes) or the final one: " \
+           f"{dump / names[0]}, {dump / names[1]}\n" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = run_cli(["inspect", str(empty), "--system", "h100:8"], capsys)
+    assert code == 2 and "is a folder with no *after_spmd-partitioning*.txt or " \
+                         "*after_optimizations.txt in it" in err
+
+
 def test_inspect_reads_a_gzipped_dump_and_names_a_damaged_one(tmp_path, capsys):
     code, out, err = run_cli(["inspect", str(DATA / "llama3-8b-4layers.gpu-h200.hlo.gz"),
                               "--system", "h200:1"], capsys)

@@ -26,6 +26,8 @@ BAD = {
                     "that divides both 2 and the 8 devices: 1, 2"),
     "system": (TINY.replace('"h100:8"', '"h900:8"'),
                "unknown system family 'h900' in 'h900:8'; did you mean h200:8? valid: a100:8"),
+    "system type": (TINY.replace('"h100:8"', '8'),
+                    "system.name: system name 8 is not a string; give <family>:<size>, e.g."),
     "preset": (TINY.replace('"tiny"', '"llama5"'), "model.preset='llama5' is unknown; valid:"),
     "dtype": (TINY + '[precision]\ncompute = "fp16"\n',
               "precision.compute='fp16' is not one of 'bfloat16'"),

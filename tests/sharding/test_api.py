@@ -202,3 +202,105 @@ def test_analyze_plain_shard_map_function(cpu_devices):
     for kind, (nbytes, axes) in expect.items():
         assert (got[kind].bytes, got[kind].mesh_axes, got[kind].count) == (nbytes, axes, 6), kind
     assert got["all-reduce"].wire_bytes == pytest.approx(local)  # 2 * S * (2-1)/2
+
+
+def test_a_gpu_estimate_does_not_depend_on_what_the_mesh_axes_are_called(cpu_devices):
+    # A data-parallel training step of two small weights on 8 H100s: its gradient sums over
+    # the data axis are timed as the program runs them whether that axis is called "data"
+    # or "dp" (Megatron's gradient buckets are a framework's behaviour, applied only where
+    # the caller says the program is one: gradient_buckets=True, as the experiment runner).
+    def step_report(data_axis, **kwargs):
+        mesh = jax.make_mesh((2, 4), (data_axis, "tensor"), devices=cpu_devices,
+                             axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        w = {"up": jax.ShapeDtypeStruct((256, 512), jnp.bfloat16,
+                                        sharding=NamedSharding(mesh, P(None, "tensor"))),
+             "down": jax.ShapeDtypeStruct((512, 256), jnp.bfloat16,
+                                          sharding=NamedSharding(mesh, P("tensor")))}
+        x = jax.ShapeDtypeStruct((64, 256), jnp.bfloat16,
+                                 sharding=NamedSharding(mesh, P(data_axis)))
+
+        def loss(w, x):
+            return jnp.sum((jax.nn.gelu(x @ w["up"]) @ w["down"]).astype(jnp.float32) ** 2)
+
+        return sharding.analyze(jax.grad(loss), w, x, mesh=mesh, system=H100, **kwargs)
+
+    data, dp = step_report("data"), step_report("dp")
+    sums = [c for c in data.collectives if c.mesh_axes == ("data",)]
+    assert len(sums) == 2  # one gradient sum per weight
+    assert [c.time_s for c in data.collectives] == [c.time_s for c in dp.collectives]
+    assert data.step_time_s == dp.step_time_s
+    bucketed = step_report("data", gradient_buckets=True)
+    assert all(c.algorithm.endswith("in buckets") for c in bucketed.collectives
+               if c.mesh_axes == ("data",))
+    assert sum(c.time_s for c in bucketed.collectives if c.mesh_axes == ("data",)) < \
+        sum(c.time_s for c in sums)
+
+
+def _bad_input_cases():
+    mesh = jax.make_mesh((2, 4), ("data", "tensor"), devices=jax.devices("cpu"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    x = jax.ShapeDtypeStruct((16, 64), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    text = (DATA / "collectives.gpu-h100.hlo").read_text()
+    untimed = sharding.analyze(jnp.tanh, x, mesh=mesh, system=None)
+    return {
+        "mesh=None": (lambda: sharding.analyze(jnp.tanh, x, mesh=None, system=H100),
+                      TypeError, "mesh=None is not a jax.sharding.Mesh; build one"),
+        "mesh dict": (lambda: sharding.analyze(jnp.tanh, x, mesh={"data": 2}, system=H100),
+                      TypeError, "mesh={'data': 2} is not a jax.sharding.Mesh"),
+        "mesh text": (lambda: sharding.analyze(jnp.tanh, x, mesh="data=2,tensor=4",
+                                               system=H100),
+                      TypeError, "mesh='data=2,tensor=4' is not a jax.sharding.Mesh"),
+        "system int": (lambda: sharding.analyze_hlo(text, system=16), TypeError,
+                       "system=16: give a system name like 'h100:8'"),
+        "hlo bytes": (lambda: sharding.analyze_hlo(text.encode(), system="h100:16"),
+                      TypeError, "the HLO text is of type bytes, not str; give the dump's"),
+        "system name None": (lambda: meshes.get_system(None), TypeError,
+                             "system name None is not a string; give <family>:<size>, e.g."),
+        "0 devices": (lambda: sharding.ensure_cpu_devices(0), ValueError,
+                      "ensure_cpu_devices(0): give at least 1 fake CPU device"),
+        "-2 devices": (lambda: sharding.ensure_cpu_devices(-2), ValueError,
+                       "ensure_cpu_devices(-2): give at least 1"),
+        "'8' devices": (lambda: sharding.ensure_cpu_devices("8"), TypeError,
+                        "ensure_cpu_devices('8'): give the number of fake CPU devices as an "
+                        "int"),
+        "forbid 3": (lambda: sharding.assert_collectives(untimed, forbid=3), TypeError,
+                     "forbid=3: give a kind or kind over mesh axes, or a list of them"),
+    }
+
+
+def test_bad_arguments_are_one_line_naming_them_and_the_fix(cpu_devices):
+    for case, (call, error, message) in _bad_input_cases().items():
+        with pytest.raises(error) as e:
+            call()
+        assert str(e.value).startswith(message), case
+        assert "\n" not in str(e.value), case
+    assert len(jax.devices("cpu")) == 8
+
+
+@pytest.mark.parametrize("shape, names, message", [
+    ((2, 4), ("data",), "mesh_shape=(2, 4) has 2 axes but axis_names=('data',) names 1; give "
+                        "one name per axis"),
+    ((2, 8), ("data", "data"), "axis_names=('data', 'data'): 'data' is not a distinct mesh "
+                               "axis name"),
+    ((2, 8), ("", "tensor"), "axis_names=('', 'tensor'): '' is not a distinct mesh axis"),
+])
+def test_a_dumps_mesh_names_each_axis_once(shape, names, message):
+    text = (DATA / "collectives.gpu-h100.hlo").read_text()
+    with pytest.raises(ValueError) as e:
+        sharding.analyze_hlo(text, system="h100:16", mesh_shape=shape, axis_names=names)
+    assert str(e.value).startswith(message)
+
+
+def test_a_dump_without_a_system_is_its_collectives_untimed():
+    # As analyze without a system: bytes, counts and mesh axes, no times and no verdict.
+    text = (DATA / "collectives.gpu-h100.hlo").read_text()
+    rep = sharding.analyze_hlo(text, system=None, mesh_shape=(2, 4, 2),
+                               axis_names=("data", "fsdp", "tensor"))
+    timed = sharding.analyze_hlo(text, system="h100:16", mesh_shape=(2, 4, 2),
+                                 axis_names=("data", "fsdp", "tensor"))
+    assert not rep.timed and rep.step_time_s is None and rep.fits is None
+    # the fixture's five kinds, each once in a scan of 3 (tests/sharding/test_collectives.py)
+    assert rep.by_kind() == timed.by_kind() and [c.count for c in rep.collectives] == [3] * 5
+    assert {c.mesh_axes for c in rep.collectives} == {("data",), ("fsdp",), ("tensor",)}
+    assert timed.fits is None  # a bare dump: no memory figures, no verdict
+    sharding.assert_collectives(rep, forbid=None)  # None forbids nothing, as max_count=None

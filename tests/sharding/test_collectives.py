@@ -417,3 +417,66 @@ def test_a_gradient_summed_over_two_axes_is_one_all_reduce(cpu_devices):
                          for c in grads)
     # every parameter's f32 gradient, once
     assert sum(c.bytes * c.count for c in grads) == prog.param_bytes_per_device
+
+
+def test_a_collective_over_a_size_1_mesh_axis_is_not_counted(cpu_devices):
+    # pmean and all_gather over `data` of size 1 group each device with itself: nothing
+    # moves (XLA's simplifiers remove them), so only the psum over `tensor` is counted.
+    mesh = jax.make_mesh((1, 8), ("data", "tensor"), devices=cpu_devices,
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def body(x):
+        x = jax.lax.pmean(x, "data")
+        x = jax.lax.all_gather(x, "data", tiled=True)
+        return jax.lax.psum(x, "tensor")
+
+    f = shard_map(body, mesh=mesh, in_specs=P("data", "tensor"), out_specs=P("data", "tensor"),
+                  check_vma=False)
+    x = jax.ShapeDtypeStruct((256, 1024), jnp.float32,
+                             sharding=NamedSharding(mesh, P("data", "tensor")))
+    rep = sharding.analyze(f, x, mesh=mesh, system=None)
+    # the psum's buffer: 256 x (1024 / 8) f32 per device
+    assert [(c.kind, c.mesh_axes, c.bytes) for c in rep.collectives] == [
+        ("all-reduce", ("tensor",), 256 * 128 * F32)]
+    sharding.assert_collectives(rep, max_count={"all-reduce over data": 0,
+                                                "all-gather": 0})
+
+
+ONE_MEMBER = """HloModule one, num_partitions=4
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: f32[16]) -> f32[16] {
+  %p = f32[16]{0} parameter(0)
+  %ar = f32[16]{0} all-reduce(%p), replica_groups={{0},{1},{2},{3}}, to_apply=%add
+  %self = f32[16]{0} collective-permute(%ar), source_target_pairs={{0,0},{1,1},{2,2},{3,3}}
+  ROOT %ring = f32[16]{0} collective-permute(%self), source_target_pairs={{0,1},{1,0},{2,2},{3,3}}
+}
+"""
+
+
+def test_one_member_groups_and_self_sends_move_nothing():
+    cols, unknown = extract_collectives(parse_hlo(ONE_MEMBER))
+    # only the permute in which devices 0 and 1 swap their 16 f32
+    assert [(c.name, c.bytes) for c in cols] == [("ring", 16 * F32)] and not unknown
+
+
+def test_a_reduce_scatter_over_its_second_dimension_has_its_input_shape(cpu_devices):
+    # psum_scatter of a (128, 256) f32 per device over 4 devices along dimension 1: the
+    # input buffer (the bytes' shape) is (128, 256), each device keeping (128, 64).
+    mesh = jax.make_mesh((2, 4), ("data", "tensor"), devices=cpu_devices,
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def body(x):
+        return jax.lax.psum_scatter(x, "tensor", scatter_dimension=1, tiled=True)
+
+    f = shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data", "tensor"),
+                  check_vma=False)
+    x = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    (c,) = sharding.analyze(f, x, mesh=mesh, system=None).collectives
+    assert (c.kind, c.mesh_axes, c.shape, c.bytes) == (
+        "reduce-scatter", ("tensor",), (128, 256), 128 * 256 * F32)

@@ -131,3 +131,38 @@ def test_a_real_h200_module_its_matmul_flops_derived():
     tile = 2 * 512 * 512 * 128 * 4 * 32
     attention = layers * 36 * tile * (2 + 2 + 5)
     assert flops == weights + head + attention
+
+
+REPLICAS = """HloModule ddp_step, entry_computation_layout={(f32[1024]{0})->f32[1024]{0}}, \
+replica_count=8
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(f32[] %a, f32[] %b)
+}
+
+ENTRY %main (p0: f32[1024]) -> f32[1024] {
+  %p0 = f32[1024]{0} parameter(0)
+  ROOT %ar = f32[1024]{0} all-reduce(%p0), channel_id=1, replica_groups={}, to_apply=%add
+}
+"""
+
+
+def test_a_replica_mode_dump_runs_on_its_replicas():
+    # PyTorch/XLA DDP and older pmap dumps have replica_count=8 and no num_partitions: 8
+    # devices, the empty replica groups all 8 of them, the all-reduce of 1024 f32 timed on
+    # the 8 H100s as any all-reduce over them.
+    import meshes
+    import sharding
+
+    assert parse_hlo(REPLICAS).num_partitions == 8
+    rep = sharding.analyze_hlo(REPLICAS, system="h100:8")
+    (c,) = rep.collectives
+    assert (rep.num_devices, c.group_size, c.bytes) == (8, 8, 1024 * 4)
+    h100 = meshes.get_system("h100:8")
+    assert c.time_s == h100.collective_timing("all-reduce", 4096, [list(range(8))]).time_s > 0
+    both = REPLICAS.replace("replica_count=8", "replica_count=2, num_partitions=4")
+    with pytest.raises(HloParseError, match=r"runs 2 replicas of 4 partitions .*dump the "
+                                            r"program with SPMD partitioning alone"):
+        parse_hlo(both)

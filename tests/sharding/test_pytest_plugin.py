@@ -46,7 +46,7 @@ def test_fake_devices_and_meshes(fake_mesh):
 def test_untimed_report(fake_mesh, collectives):
     mesh = fake_mesh(data=2, tensor=4)
     report = collectives(*program(mesh, stray=True), mesh=mesh)
-    assert not report.timed and report.step_time_s == 0
+    assert not report.timed and report.step_time_s is None
     # w's tensor shards gathered: 64 x 128 f32 per device
     assert [(c.kind, c.mesh_axes, c.bytes) for c in report.collectives] == [
         ("all-gather", ("tensor",), 64 * 128 * 4)]
@@ -127,6 +127,43 @@ def test_fixtures_assertions_and_snapshots(pytester):
         "all-gather over tensor": {"count": 1, "bytes": 32768}}
 
 
+CLASHING_IDS = """
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+
+@pytest.mark.parametrize("spec", ["a/b", "a_b"])
+def test_mm(fake_mesh, collectives, collectives_snapshot, spec):
+    mesh = fake_mesh(data=2, tensor=4)
+    x = jax.ShapeDtypeStruct((16, 64), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    collectives_snapshot(collectives(jnp.tanh, x, mesh=mesh))
+"""
+
+
+def test_two_tests_whose_snapshot_names_clash_are_told_apart(pytester):
+    # Ids "a/b" and "a_b" both sanitise to __snapshots__/test_mm[a_b].json: the file
+    # records the real id, so the second test fails instead of passing against the first's
+    # snapshot, in the session that wrote it (also when rewriting) and in a later one.
+    pytester.makepyfile(test_clash=CLASHING_IDS)
+    clash = "*__snapshots__/test_mm[[]a_b[]].json is the snapshot of both " \
+            "test_clash.py::test_mm[[]a/b[]] and test_clash.py::test_mm[[]a_b[]]*"
+    for flags in ((), ("--shardscope-update",)):
+        run = pytester.runpytest_subprocess("-rA", "-p", "no:cacheprovider", *flags,
+                                            timeout=300)
+        assert outcomes(run) == {"test_mm[a/b]": "passed", "test_mm[a_b]": "failed"}, \
+            run.stdout.str()
+        run.stdout.fnmatch_lines([clash])
+    stored = json.loads((pytester.path / "__snapshots__" / "test_mm[a_b].json").read_text())
+    assert stored["test"] == "test_clash.py::test_mm[a/b]"
+    alone = pytester.runpytest_subprocess("-rA", "-p", "no:cacheprovider",
+                                          "test_clash.py::test_mm[a_b]", timeout=300)
+    assert outcomes(alone) == {"test_mm[a_b]": "failed"}, alone.stdout.str()
+    alone.stdout.fnmatch_lines(["*is the snapshot of test_clash.py::test_mm[[]a/b[]], not of "
+                                "test_clash.py::test_mm[[]a_b[]]*"])
+
+
 def test_fake_devices_option_beats_the_ini(pytester):
     pytester.makeini("[pytest]\nshardscope_fake_devices = 2\n")
     pytester.makepyfile(test_count="""
@@ -137,10 +174,18 @@ def test_fake_devices_option_beats_the_ini(pytester):
             assert len(jax.devices("cpu")) == 4
             with pytest.raises(ValueError, match="--fake-devices 8 "):
                 fake_mesh(data=2, tensor=4)
+
+        def test_eight_devices(fake_mesh):
+            fake_mesh(data=2, tensor=4)
     """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fake-devices", "4",
                                            timeout=300)
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=1, failed=1)
+    # A mesh larger than faked: the test's line and the error, not the fixture's source
+    result.stdout.fnmatch_lines([">*fake_mesh(data=2, tensor=4)",
+                                 "E*ValueError: mesh data=2 x tensor=4 needs 8 devices but "
+                                 "JAX has 4 fake CPU devices; run pytest with --fake-devices 8*"])
+    assert "def make(" not in result.stdout.str() and "cpu_mesh(" not in result.stdout.str()
 
 
 def test_a_conftest_that_started_jax_is_one_clear_error(pytester):

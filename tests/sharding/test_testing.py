@@ -12,7 +12,13 @@ from jax.sharding import PartitionSpec as P
 
 import sharding
 from sharding.hlo_source import stack_frames
-from sharding.testing import cpu_mesh, snapshot, snapshot_changes, snapshot_text
+from sharding.testing import (
+    check_snapshot,
+    cpu_mesh,
+    snapshot,
+    snapshot_changes,
+    snapshot_text,
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +43,18 @@ def test_without_a_system_the_report_counts_and_does_not_time(report):
     assert sorted((c.kind, c.mesh_axes, c.bytes, c.count) for c in report.collectives) == [
         ("all-gather", ("tensor",), 64 * 128 * 4, 1), ("all-reduce", ("data",), 128 * 4, 1)]
     assert all(c.time_s == 0 and c.link == "" for c in report.collectives)
-    d = report.to_dict()
-    assert d["step_time_s"] == 0 and d["mfu"] is None and d["fits"] is None
+    # No times, no HBM to fit in: None throughout (not 0.0, True or inf), and strict JSON
+    assert (report.step_time_s, report.comm_s, report.compute_s, report.exposed_comm_s,
+            report.fits, report.hbm_capacity_bytes) == (None,) * 6
+    d = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    for key in ("step_time_s", "step_time_bounds_s", "compute_s", "comm_s", "exposed_comm_s",
+                "mfu", "fits", "hbm_capacity_bytes", "slowest_link"):
+        assert d[key] is None, key
+    assert d["by_kind"] == {"all-gather": 64 * 128 * 4, "all-reduce": 128 * 4}
     assert d["bottleneck"] == "untimed: no system given"
-    assert "untimed: no system given" in report.format_table()
+    table = report.format_table()
+    assert "untimed: no system given" in table and " us" not in table
+    assert table.count("untimed") == 1 + len(report.rows()) + 1 + len(report.by_operation())
     assert sharding.reanalyze(report.inputs, system="h100:8").collectives[0].time_s > 0
 
 
@@ -111,6 +125,27 @@ def test_snapshots_read_one_collective_a_line_and_diff_by_kind_over_axes(report)
         ("vanished", "all-to-all over tensor", "x2 64 B", "-"),
     ]
     assert snapshot_changes(snap, snap) == []
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("[]", "a JSON list, not an object"),
+    ('{"test": "t.py::test", "collectives": []}', "its 'collectives' is not an object"),
+    ('{"collectives": {"all-reduce over data": {"count": 1}}}',
+     "row 'all-reduce over data' is not"),
+    ('{"collectives": {"all-reduce over data": 3}}', "row 'all-reduce over data' is not"),
+    ("{}", "its 'collectives' is not an object"),
+    ("not json", "Expecting value"),
+])
+def test_a_file_that_is_not_a_snapshot_is_one_line_saying_how_to_rewrite_it(
+        report, tmp_path, text, problem):
+    path = tmp_path / "snap.json"
+    path.write_text(text)
+    with pytest.raises(AssertionError) as e:
+        check_snapshot(report, path=path, test="t.py::test", update=False)
+    message = str(e.value)
+    assert message.startswith(f"{path}: not a collectives snapshot (") and problem in message
+    assert message.endswith("; --shardscope-update rewrites it") and "\n" not in message
+    assert check_snapshot(report, path=path, test="t.py::test", update=True) == "updated"
 
 
 def test_cpu_mesh_keeps_the_axis_order_and_says_how_to_fake_more(cpu_devices):
