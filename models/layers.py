@@ -7,6 +7,8 @@ Array-name suffixes: the legend in models/__init__.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -96,6 +98,11 @@ def project(spec: str, x, w, *, precision: Precision):
     (`per_context_rank`).
     """
     w_rank = len(spec.split("->")[0].split(",")[1])
+    if isinstance(x, SequenceParallelInput):
+        w = w[...] if not isinstance(w, jax.Array) else w
+        if w.ndim == w_rank and not precision.low_precision_matmuls:
+            return matmul_output(spec, x.project(spec, w))
+        x = x.whole()
     if isinstance(w, QuantWeight | QuantArrays) and precision.low_precision_matmuls == "float8":
         wq = w.q[...]
         if wq.dtype == jnp.float8_e4m3fn and wq.ndim == w_rank:
@@ -172,9 +179,72 @@ def tensor_parallel_input(x_BLD, precision: Precision):
     # Pinned where it is made first (the norm's output, cast from its f32 arithmetic), so
     # that the gather moves the compute dtype: left to propagation, the partitioner
     # gathered before the cast, in f32 (twice Megatron's bytes).
-    x_BLD = jax.lax.with_sharding_constraint(x_BLD, _activation_sharding(
-        ("batch", "residual_seq", "embed"), x_BLD.shape, "the residual stream"))
-    return _reshard(x_BLD, ("batch", "seq", "embed"), ("batch", "residual_seq", "embed"))
+    owned = _activation_sharding(("batch", "residual_seq", "embed"), x_BLD.shape,
+                                 "the residual stream")
+    gathered = _activation_sharding(("batch", "seq", "embed"), x_BLD.shape,
+                                    "sequence-parallel activation")
+    return SequenceParallelInput(jax.lax.with_sharding_constraint(x_BLD, owned), owned,
+                                 gathered)
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceParallelInput:
+    """A tensor-parallel region's input under sequence parallelism: the positions this
+    device owns (`local`, in the residual stream's layout `owned`), which each projection
+    reading it gathers to `gathered` -- in the forward pass, and again in the backward
+    pass for its weight gradient, as Megatron's column-parallel linear does (it keeps its
+    own positions, not the gathered input: the memory model counts that). The
+    projections' gathers of one input are the same all-gather (XLA's CSE makes them one).
+    `whole()` is the gathered input as an array, for what is not a plain projection."""
+
+    local: jax.Array
+    owned: NamedSharding
+    gathered: NamedSharding
+
+    @property
+    def shape(self):
+        return self.local.shape
+
+    @property
+    def ndim(self):
+        return self.local.ndim
+
+    @property
+    def dtype(self):
+        return self.local.dtype
+
+    def whole(self):
+        return _reshard(self.local, self.gathered, self.owned)
+
+    def project(self, spec: str, w):
+        """`einsum(spec, gathered input, w)`; the input's gradient reduce-scattered back to
+        the owned positions, the weight's from the input gathered again."""
+        return _gathered_einsum(spec, self.gathered, self.owned, self.local, w)
+
+
+def _gathered_einsum(spec, gathered, owned, local, w):
+    inputs, out = spec.split("->")
+    x_spec, w_spec = inputs.split(",")
+
+    @jax.custom_vjp
+    def matmul(local, w):
+        return jnp.einsum(spec, jax.lax.with_sharding_constraint(local, gathered),
+                          w.astype(local.dtype))
+
+    def matmul_fwd(local, w):
+        return matmul(local, w), (local, w)
+
+    def matmul_bwd(residuals, dy):
+        local, w = residuals
+        whole = jax.lax.with_sharding_constraint(local, gathered)  # gathered again
+        dx = jnp.einsum(f"{out},{w_spec}->{x_spec}", dy, w.astype(dy.dtype))
+        # the weight gradient GEMM writes the weight's dtype (Megatron's wgrad into its
+        # f32 main_grad), not the activations' and a cast after it
+        dw = jnp.einsum(f"{x_spec},{out}->{w_spec}", whole, dy, preferred_element_type=w.dtype)
+        return jax.lax.with_sharding_constraint(dx, owned), dw
+
+    matmul.defvjp(matmul_fwd, matmul_bwd)
+    return matmul(local, w)
 
 
 def tensor_parallel_output(out_BLD, precision: Precision):
@@ -215,11 +285,12 @@ def _activation_sharding(names, shape, what: str) -> NamedSharding:
 
 
 def _reshard(x_BLD, forward, backward):
-    """x constrained to logical names `forward`, its gradient to `backward`. The shardings
-    are resolved here, under the rules in force for the forward pass (inside a vmap,
-    `rules.without(...)`), for both."""
+    """x constrained to `forward`, its gradient to `backward` (shardings, or logical names
+    resolved here, under the rules in force for the forward pass -- inside a vmap,
+    `rules.without(...)` -- for both)."""
     fwd_sharding, bwd_sharding = (
-        _activation_sharding(names, x_BLD.shape, f"sequence-parallel activation {names}")
+        names if isinstance(names, NamedSharding) else _activation_sharding(
+            names, x_BLD.shape, f"sequence-parallel activation {names}")
         for names in (forward, backward))
 
     @jax.custom_vjp

@@ -19,12 +19,13 @@ import dataclasses
 from collections.abc import Sequence
 
 from meshes import COLLECTIVE_KINDS, bus_factor
-from sharding.dataflow import is_view, users_through_views
+from sharding.dataflow import is_collective, is_view, users_through_views
 from sharding.hlo import (
     DTYPE_NAMES,
     ArrayShape,
     HloModule,
     Instruction,
+    operation_of,
     parse_shape,
     split_top_level,
 )
@@ -150,15 +151,6 @@ def _groups(kind: str, inst: Instruction, num_partitions: int) -> list[list[int]
 
 # Opcode prefixes of every collective form XLA prints: the kinds above, their async
 # `-start` / `-done` halves, send / recv, and forms this parser does not know yet.
-_COLLECTIVE_PREFIXES = ("all-reduce", "all-gather", "all-to-all", "reduce-scatter", "collective",
-                        "ragged-all-to-all", "send", "recv")
-
-
-def is_collective(opcode: str) -> bool:
-    """Whether an HLO opcode moves data between devices (any form, async halves included)."""
-    return opcode.startswith(_COLLECTIVE_PREFIXES)
-
-
 def _only_sliced(comp, inst: Instruction, n: int, module=None) -> bool:
     """An all-reduce whose every user keeps 1/n of it with a dynamic-slice (of the value
     itself or a reshape of it).
@@ -293,6 +285,18 @@ def _caller_op_name(module: HloModule, comp_name: str) -> str:
     return ""
 
 
+def _reader_op_name(comp, inst: Instruction) -> str:
+    """A collective the partitioner put on a layer scan's read of a saved value (the
+    gather of a slice, not of the slice's reshaped value: it carries the read's metadata)
+    is the model operation its readers belong to."""
+    if not operation_of(inst.op_name).startswith("layer scan:"):
+        return ""
+    for user in users_through_views(comp, inst.name):
+        if user.op_name and not operation_of(user.op_name).startswith("layer scan:"):
+            return user.op_name
+    return ""
+
+
 def extract_collectives(
     module: HloModule,
     *,
@@ -351,7 +355,8 @@ def extract_collectives(
                     group_size=n,
                     groups=tuple(tuple(g) for g in groups),
                     mesh_axes=mesh_axes_of(groups, mesh_shape, axis_names),
-                    op_name=inst.op_name or _caller_op_name(module, comp.name),
+                    op_name=_reader_op_name(comp, inst) or inst.op_name
+                    or _caller_op_name(module, comp.name),
                     computation=comp.name,
                     compiled_dtype=compiled_dtype,
                 )

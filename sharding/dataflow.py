@@ -16,6 +16,15 @@ SLICE_OPS = frozenset({"slice", "dynamic-slice", "gather"})
 IN_PLACE_OPS = frozenset({"dynamic-update-slice", "scatter"})
 
 
+_COLLECTIVE_PREFIXES = ("all-reduce", "all-gather", "all-to-all", "reduce-scatter", "collective",
+                        "ragged-all-to-all", "send", "recv")
+
+
+def is_collective(opcode: str) -> bool:
+    """Whether an HLO opcode moves data between devices (any form, async halves included)."""
+    return opcode.startswith(_COLLECTIVE_PREFIXES)
+
+
 def is_view(inst, comp: Computation | None = None) -> bool:
     """A reshape or bitcast, or a transpose that only moves dimensions of size 1 (the
     leading dimension a vmap adds, one replica or stage per device): XLA makes it a
@@ -99,3 +108,20 @@ def feeds_only_matmuls(comp: Computation, inst: Instruction) -> bool:
         elif not is_matmul(u):
             return False
     return True
+
+
+def collective_reads_in_place(comp: Computation, inst: Instruction) -> bool:
+    """A slice of one leading index of a stacked array (a layer's saved tensor in a layer
+    scan) whose every reader is a collective: contiguous, so the collective library sends
+    it from where it lies (no copy kernel)."""
+    if inst.opcode not in ("slice", "dynamic-slice") or not inst.operands or not inst.shapes:
+        return False
+    src = comp.by_name.get(inst.operands[0])
+    if src is None or not src.shapes:
+        return False
+    whole, part = src.shapes[0].dims, inst.shapes[0].dims
+    if len(whole) != len(part) or not part or part[0] != 1 or list(whole[1:]) != list(part[1:]):
+        return False
+    users = users_through_views(comp, inst.name)
+    return bool(users) and all(is_collective(u.opcode) for u in users)
+

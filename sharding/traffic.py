@@ -43,6 +43,7 @@ from sharding.dataflow import (
     IN_PLACE_OPS,
     MATMUL_OPS,
     SLICE_OPS,
+    collective_reads_in_place,
     feeds_only_matmuls,
     is_matmul,
     is_view,
@@ -90,6 +91,8 @@ def is_memory_op(inst: Instruction, comp: Computation | None = None) -> bool:
         # transpose folded into the operand (XLA's transpose folding, a GEMM's transposed-
         # operand flag; a one-device program is read before XLA's simplifier folds them:
         # a 70B decode step transposed its out_proj weights, 268 MB a layer).
+        return False
+    if comp is not None and collective_reads_in_place(comp, inst):
         return False
     if FUSED_KERNEL_SCOPE in inst.op_name:
         return False

@@ -57,7 +57,7 @@ BAD = {
     "override key": (TINY.replace('name = "h100:8"', 'name = "h100:8"\nnic_gb = 100'),
                      "unknown key 'system.nic_gb'; did you mean 'system.nic_gbps'? valid keys in "
                      "[system]: allreduce_alpha_us, dcn_gbps, fabric, gpus_per_domain, name, "
-                     "nic_gbps, pod_gpus, pod_oversubscription, sharp"),
+                     "nic_gbps, nvls, pod_gpus, pod_oversubscription, sharp"),
     "override value": (TINY.replace('name = "h100:8"', 'name = "h100:8"\nsharp = "yes"'),
                        "[system]: system override sharp='yes' must be true or false"),
     "measured": (TINY + "[measured]\nstep_time_s = -1\n",
