@@ -262,11 +262,11 @@ def _searched(r: dict, name: str, n: int, opts: dict, calibration, on_result):
 
     label = f"compare {r['name']} on {name}"
     with Store(opts["store"]) as store:
-        search_mod.run_search(r, num_devices=n, axes=opts.get("axes", search_mod.DEFAULT_AXES),
-                              vary=(), store=store, search=label,
-                              workers=opts.get("workers"), budget=opts.get("budget"),
-                              calibration=opts.get("calibration"), on_result=on_result)
-        ranked = ranking(store.results(search=label))
+        outcome = search_mod.run_search(
+            r, num_devices=n, axes=opts.get("axes", search_mod.DEFAULT_AXES), vary=(),
+            store=store, search=label, workers=opts.get("workers"), budget=opts.get("budget"),
+            calibration=opts.get("calibration"), on_result=on_result)
+        ranked = ranking(outcome.rows)  # its own candidates, whoever stored them first
     if not ranked:
         return None, "", f"the search on {name} found no sharding that runs and fits"
     best = ranked[0]

@@ -302,6 +302,15 @@ def _check_structure(raw: Mapping[str, Any]) -> None:
 
 
 def from_dict(raw: Mapping[str, Any]) -> Experiment:
+    exp = unchecked(raw)
+    validate(exp)
+    return exp
+
+
+def unchecked(raw: Mapping[str, Any]) -> Experiment:
+    """The experiment with each key and each table's values checked, but not the checks
+    across tables (`validate`): what a value can be wrong in on its own, whatever the
+    sharding (a search checks its --vary values with it before trying any sharding)."""
     _check_structure(raw)
     model, notes = _model(raw["model"])
     overrides = {k: v for k, v in raw["system"].items() if k != "name"}
@@ -315,10 +324,8 @@ def from_dict(raw: Mapping[str, Any]) -> Experiment:
                           f"preset; valid: {', '.join(RULE_PRESETS)}")
     measured = _typed("measured", raw["measured"], Measured) if "measured" in raw else None
     cost = _typed("cost", raw.get("cost", {}), Cost)
-    exp = Experiment(name=raw["name"], model=model, system=system, measured=measured,
-                     cost=cost, notes=notes, **tables)
-    validate(exp)
-    return exp
+    return Experiment(name=raw["name"], model=model, system=system, measured=measured,
+                      cost=cost, notes=notes, **tables)
 
 
 def validate(exp: Experiment) -> None:

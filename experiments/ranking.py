@@ -3,6 +3,7 @@ front of step time against memory, why each of the others lost, the table and th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -79,3 +80,35 @@ def to_json(results: Sequence[Result]) -> dict:
     return {"results": [r.summary() for r in results],
             "best": ranked[0].summary() if ranked else None,
             "pareto": [r.name for r in pareto(results)]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """The rows of one search in a store: its name (as it first stored them), the system
+    and backend compiled for, and the tool version."""
+
+    search: str
+    system: str
+    backend: str
+    tool_version: str
+    results: list[Result]
+    versions: int = 1  # tool versions in the store: named in the label when several
+
+    @property
+    def label(self) -> str:
+        version = f", shardscope {self.tool_version}" if self.versions > 1 else ""
+        return f"{self.search} on {self.system} ({self.backend}{version})"
+
+    def to_json(self) -> dict:
+        return {"search": self.search, "system": self.system, "backend": self.backend,
+                "tool_version": self.tool_version, **to_json(self.results)}
+
+
+def searches(results: Sequence[Result]) -> list[Search]:
+    """A store's rows by search, system, backend and tool version, each ranked apart (the
+    same config from two of them would be listed twice, their figures not comparable)."""
+    groups: dict[tuple, list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.search, r.system, r.backend, r.tool_version), []).append(r)
+    versions = len({k[3] for k in groups})
+    return [Search(*k, rows, versions) for k, rows in groups.items()]

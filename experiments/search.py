@@ -31,7 +31,7 @@ from experiments import config as config_mod
 from experiments import workers as workers_mod
 from experiments.config import ConfigError, Experiment, apply_override
 from experiments.ranking import pareto, ranking  # noqa: F401 -- where tests looked for them
-from experiments.store import Result, Store, config_hash, tool_version
+from experiments.store import Result, Store, calibration_key, config_hash, tool_version
 from meshes.calibration import Calibration
 from sharding.rules import MESH_AXES
 
@@ -50,15 +50,66 @@ def factorisations(n: int, k: int) -> list[tuple[int, ...]]:
 
 
 def parse_vary(items: Sequence[str]) -> list[tuple[str, list[str]]]:
-    """`--vary table.key=v1,v2` -> [(key, [v1, v2])]."""
-    out = []
+    """`--vary table.key=v1,v2` -> [(key, [v1, v2])]; a key or a value given twice is
+    refused (it would try the same configs twice)."""
+    out: list[tuple[str, list[str]]] = []
     for item in items:
         key, eq, values = item.partition("=")
-        if not eq or "." not in key or not values:
+        vals = [v.strip() for v in values.split(",") if v.strip()]
+        if not eq or "." not in key or not vals:
             raise ConfigError(f"--vary {item!r}: expected table.key=v1,v2,... e.g. --vary "
                               f"train.remat=full,minimal")
-        out.append((key.strip(), [v.strip() for v in values.split(",") if v.strip()]))
+        key = key.strip()
+        if key in (k for k, _ in out):
+            raise ConfigError(f"--vary {key}: given twice; give every value in one --vary, "
+                              f"e.g. --vary {key}={','.join(vals)},...")
+        twice = next((v for i, v in enumerate(vals) if v in vals[:i]), None)
+        if twice is not None:
+            raise ConfigError(f"--vary {item!r}: {twice} given twice; give each value once")
+        out.append((key, vals))
     return out
+
+
+def check_vary(raw: dict, vary: Sequence[tuple[str, list[str]]]) -> None:
+    """Every --vary key is a config key and every value one it can take, before anything
+    is tried (else each config would be stored as refused, for good): each combination
+    of the values is checked key by key and table by table, as --set's are; a value wrong
+    in every combination is the user's mistake. What depends on the sharding (a size
+    that does not divide) stays a refusal of those configs."""
+    if not vary:
+        return
+    keys = [k for k, _ in vary]
+    errors: dict[tuple[str, str], str] = {}
+    valid: set[tuple[str, str]] = set()
+    for values in itertools.product(*(v for _, v in vary)):
+        r = copy.deepcopy(raw)
+        try:
+            for k, v in zip(keys, values, strict=True):
+                apply_override(r, f"{k}={v}")
+            config_mod.unchecked(r)
+        except ConfigError as e:
+            for kv in zip(keys, values, strict=True):
+                errors.setdefault(kv, str(e).splitlines()[0].removeprefix("--set "))
+            continue
+        valid.update(zip(keys, values, strict=True))
+    for k, values in vary:
+        bad = [v for v in values if (k, v) not in valid]
+        if bad:  # every value wrong: the key is, or the table it names
+            drop = f"; fix or drop {bad[0]!r}" if len(bad) < len(values) else ""
+            raise ConfigError(f"--vary {k}={','.join(values)}: {errors[(k, bad[0])]}{drop}")
+
+
+def check_axes(axes: Sequence[str]) -> None:
+    """--axes: mesh axes, each once."""
+    bad = [a for a in axes if a not in MESH_AXES]
+    if bad or not axes:
+        raise ConfigError(f"--axes {','.join(axes)!r}: {bad[0] if bad else 'none given'} is "
+                          f"not a mesh axis; choose from {', '.join(MESH_AXES)}")
+    twice = next((a for i, a in enumerate(axes) if a in axes[:i]), None)
+    if twice is not None:
+        once = ",".join(dict.fromkeys(axes))
+        raise ConfigError(f"--axes {','.join(axes)!r}: {twice} given twice; give each mesh "
+                          f"axis once, e.g. --axes {once}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +137,8 @@ def enumerate_candidates(raw: dict, num_devices: int, axes: Sequence[str],
                          vary: Sequence[tuple[str, list[str]]] = ()) -> list[Candidate]:
     """Every assignment of `num_devices` to `axes` (the other mesh axes 1) crossed with the
     varied values, each validated."""
-    bad = [a for a in axes if a not in MESH_AXES]
-    if bad or not axes:
-        raise ConfigError(f"--axes {','.join(axes)!r}: {bad[0] if bad else 'none given'} is "
-                          f"not a mesh axis; choose from {', '.join(MESH_AXES)}")
+    check_axes(axes)
+    check_vary(raw, vary)
     out = []
     keys = [k for k, _ in vary]
     for sizes in factorisations(num_devices, len(axes)):
@@ -137,14 +186,20 @@ def pre_estimate(exp: Experiment) -> float:
 # --- the search -------------------------------------------------------------------------
 @dataclasses.dataclass
 class Outcome:
-    results: list[Result]
-    skipped: int  # already in the store
+    results: list[Result]  # committed by this run
+    skipped: int  # already in the store, used as stored (or re-estimated: `retimed`)
     compiled: int
     interrupted: bool = False
     untried: int = 0  # left out by the budget (or started past the time budget)
+    # This search's candidates as the store has them, whoever stored them first, each
+    # under this search's name: what its ranking is of.
+    rows: list[Result] = dataclasses.field(default_factory=list)
+    retimed: int = 0  # stored figures re-estimated under this run's calibration, no compile
+    retried: int = 0  # stored errors (--retry-errors) and unfit refusals (--keep-unfit) redone
 
 
-def result_of(c: Candidate, answer: dict, *, search: str, backend: str) -> Result:
+def result_of(c: Candidate, answer: dict, *, search: str, backend: str,
+              calibration: str = "") -> Result:
     rep = answer.get("report") or {}
     return Result(
         config_hash=c.key, tool_version=tool_version(), backend=backend, search=search,
@@ -156,7 +211,33 @@ def result_of(c: Candidate, answer: dict, *, search: str, backend: str) -> Resul
         bottleneck=rep.get("bottleneck", ""), report=rep or None,
         inputs=answer.get("inputs"), hlo_text=answer.get("hlo", ""),
         plan=base64.b64decode(answer.get("plan", "")),
-        timings={**rep.get("timings", {}), "wall_s": answer.get("wall_s", 0.0)})
+        timings={**rep.get("timings", {}), "wall_s": answer.get("wall_s", 0.0)},
+        calibration=calibration if answer["status"] == "ok" else "")
+
+
+def unfit(status: str, message: str) -> bool:
+    """Whether a stored row is a config refused as too large, not compiled."""
+    return status == "refused" and (message.startswith("does not fit")
+                                    or message.startswith("the program does not fit"))
+
+
+def redone(stored: tuple[str, str], *, keep_unfit: bool, retry_errors: bool) -> bool:
+    """Whether a rerun compiles a stored row again rather than reuse it: a failure (an
+    error, a timeout) with `retry_errors`, a "does not fit" refusal with `keep_unfit`."""
+    status, message = stored
+    return (retry_errors and status == "error") or (keep_unfit and unfit(status, message))
+
+
+def own_rows(store: Store, candidates: Sequence[Candidate], *, search: str,
+             backend: str) -> list[Result]:
+    """The search's candidates as stored for this tool version and backend (rows are kept
+    by config hash: another search, under another name, may have stored them first),
+    each under this search's name."""
+    names = {c.key: c.name for c in candidates}
+    rows = store.results(tool_version=tool_version(), backend=backend, keys=names)
+    return [dataclasses.replace(r, name=names[r.config_hash], search=search,
+                                config={**r.config, "name": names[r.config_hash]})
+            for r in rows]
 
 
 def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
@@ -165,22 +246,37 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
                budget: int | None = None, time_budget_s: float | None = None,
                timeout_s: float = 1800.0, calibration: Calibration | None = None,
                on_result: Callable[[Result, dict], None] | None = None,
-               ray_address: str | None = None) -> Outcome:
+               ray_address: str | None = None, retry_errors: bool = False) -> Outcome:
     """Enumerate, order, compile what the store lacks on a worker pool (or as Ray tasks:
     `ray_address` "" for a local instance, else the cluster's address), commit each result
-    as it arrives. `budget`: compile at most that many (the rest are `untried`)."""
+    as it arrives. `budget`: compile at most that many (the rest are `untried`).
+
+    A rerun reuses what the store has for this tool version and backend, except: stored
+    figures made under another calibration than `calibration` are re-estimated under it
+    (no compile); with `keep_unfit`, configs stored as "does not fit" are compiled; with
+    `retry_errors`, stored failures (errors, timeouts) are compiled again."""
     candidates = enumerate_candidates(exp_raw, num_devices, axes, vary)
     version = tool_version()
-    done = store.done(version, backend)
-    todo = [c for c in candidates if c.key not in done]
+    cal = calibration_key(calibration)
+    stored = store.stored(version, backend)
+    redo = {c.key for c in candidates if c.key in stored and redone(
+        stored[c.key], keep_unfit=keep_unfit, retry_errors=retry_errors)}
+    todo = [c for c in candidates if c.key not in stored or c.key in redo]
     skipped = len(candidates) - len(todo)
+    retimed = _retime_stored(store, [c for c in candidates if c.key not in redo and
+                                     stored.get(c.key, ("",))[0] == "ok"],
+                             backend=backend, calibration=calibration)
     results: list[Result] = []
     progress = {"done": 0, "running": 0, "failed": 0, "total": len(todo)}
+
+    def commit(c: Candidate, r: Result) -> None:
+        if store.add(r, replace=c.key in redo):
+            results.append(r)
+
     for c in [c for c in todo if c.exp is None]:  # the validator's refusals: no compile
         r = result_of(c, {"status": "refused", "message": c.reason}, search=search,
                       backend=backend)
-        if store.add(r):
-            results.append(r)
+        commit(c, r)
         progress["done"] += 1
         if on_result:
             on_result(r, progress)
@@ -213,10 +309,9 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
             if not answer:  # past the time budget: left for a rerun
                 untried += 1
                 continue
-            r = result_of(c, answer, search=search, backend=backend)
+            r = result_of(c, answer, search=search, backend=backend, calibration=cal)
             compiled += answer["status"] == "ok"
-            if store.add(r):
-                results.append(r)
+            commit(c, r)
             progress["done"] += 1
             progress["failed"] += r.status == "error"
             if on_result:
@@ -226,7 +321,37 @@ def run_search(exp_raw: dict, *, num_devices: int, axes: Sequence[str],
     finally:
         if shutdown is not None:
             shutdown(interrupted)
-    return Outcome(results, skipped, compiled, interrupted, untried)
+    return Outcome(results, skipped, compiled, interrupted, untried,
+                   rows=own_rows(store, candidates, search=search, backend=backend),
+                   retimed=retimed, retried=len(redo))
+
+
+def _retime_stored(store: Store, candidates: Sequence[Candidate], *, backend: str,
+                   calibration: Calibration | None) -> int:
+    """Re-estimate the candidates' stored programs whose figures were made under another
+    calibration than this run's (no compile); how many were."""
+    want = calibration_key(calibration)
+    rows = [r for r in store.results(tool_version=tool_version(), backend=backend,
+                                     keys={c.key for c in candidates}, with_plan=True)
+            if r.status == "ok" and r.calibration != want]
+    systems: dict[tuple, object] = {}
+    n = 0
+    for r in rows:
+        new = _retimed(store, r, system=None, calibration=calibration, systems=systems)
+        if new is not None:
+            store.update_estimate(new)
+            n += 1
+    return n
+
+
+def stored_searches(store: Store, search: str, flag: str, fix: str = "") -> None:
+    """A search name the store has rows of; else the one-line error naming those it has
+    (`fix`: what else to say)."""
+    names = store.searches()
+    if search not in names:
+        held = ", ".join(repr(n) for n in names) or "none (it is empty)"
+        raise ConfigError(f"{flag} {search!r}: {store.path} holds no search of that name; "
+                          f"it holds {held}" + (f"; {flag.split(':')[0]} {fix}" if fix else ""))
 
 
 def reestimate(store: Store, *, system: str | None = None,
@@ -237,49 +362,57 @@ def reestimate(store: Store, *, system: str | None = None,
     program as read when it was compiled (sharding/plan.py), or from its HLO when the
     store's plan is of an older format. The store keeps them: its rows updated in place on
     their own system, or as re-estimates on `system` (`Store.results(system=...)`)."""
+    out = []
+    systems: dict[tuple, object] = {}
+    for r in store.results(search=search, with_plan=True):
+        new = _retimed(store, r, system=system, calibration=calibration, systems=systems)
+        if new is None:
+            out.append(r)
+        elif system is None:
+            store.update_estimate(new)
+            out.append(new)
+        else:
+            store.add_estimate(new, system)
+            out.append(new)
+    return out
+
+
+def _retimed(store: Store, r: Result, *, system: str | None,
+             calibration: Calibration | None, systems: dict) -> Result | None:
+    """A stored compiled program re-timed on its own system (or `system`) under
+    `calibration`; None when the row has no program to re-time."""
     import sharding
     from meshes import get_system
     from sharding.analysis import AnalysisInputs
     from sharding.compute import runs_fused_kernels
     from sharding.plan import Plan
 
-    out = []
-    systems: dict[tuple, object] = {}
-    for r in store.results(search=search, with_plan=True):
-        if r.status != "ok" or r.inputs is None:
-            out.append(r)
-            continue
-        plan = Plan.from_bytes(r.plan)
-        hlo = "" if plan is not None else store.hlo(r)
-        if plan is None and not hlo:
-            out.append(r)
-            continue
-        inputs = AnalysisInputs.from_dict(r.inputs, hlo, plan)
-        target = system or r.config["system"]["name"]
-        overrides = {k: v for k, v in r.config["system"].items() if k != "name"}
-        key = (target, json.dumps({} if system else overrides, sort_keys=True))
-        if key not in systems:
-            systems[key] = get_system(target, **({} if system else overrides))
-            own = get_system(r.config["system"]["name"], **overrides)
-            if runs_fused_kernels(systems[key].chip) != runs_fused_kernels(own.chip):
-                raise ValueError(
-                    f"--system {target}: the store's programs were compiled for {own.name}, "
-                    f"and a GPU's program saves and fuses what its frameworks' kernels do, "
-                    f"another chip's what XLA does; re-time on a system of {own.name}'s kind, "
-                    f"or search on {target} itself (`shardscope compare` compiles each kind)")
-        # the same placement on any system of that size: mesh position -> system device id
-        rep = sharding.reanalyze(inputs, system=systems[key], calibration=calibration)
-        d = rep.to_dict(groups=False)
-        new = dataclasses.replace(
-            r, step_time_s=d["step_time_s"], tokens_per_s_per_device=d[
-                "tokens_per_s_per_device"], mfu=d["mfu"],
-            memory_per_device_bytes=d["memory_per_device_bytes"], fits=d["fits"],
-            bottleneck=d["bottleneck"], report=d, inputs=rep.inputs.to_dict(), hlo_text="",
-            plan=r.plan if plan is not None else rep.inputs.plan.to_bytes(),
-            retimed_on=system or "")
-        if system is None:
-            store.update_estimate(new)
-        else:
-            store.add_estimate(new, system)
-        out.append(new)
-    return out
+    if r.status != "ok" or r.inputs is None:
+        return None
+    plan = Plan.from_bytes(r.plan)
+    hlo = "" if plan is not None else store.hlo(r)
+    if plan is None and not hlo:
+        return None
+    inputs = AnalysisInputs.from_dict(r.inputs, hlo, plan)
+    target = system or r.config["system"]["name"]
+    overrides = {k: v for k, v in r.config["system"].items() if k != "name"}
+    key = (target, json.dumps({} if system else overrides, sort_keys=True))
+    if key not in systems:
+        systems[key] = get_system(target, **({} if system else overrides))
+        own = get_system(r.config["system"]["name"], **overrides)
+        if runs_fused_kernels(systems[key].chip) != runs_fused_kernels(own.chip):
+            raise ValueError(
+                f"--system {target}: the store's programs were compiled for {own.name}, "
+                f"and a GPU's program saves and fuses what its frameworks' kernels do, "
+                f"another chip's what XLA does; re-time on a system of {own.name}'s kind, "
+                f"or search on {target} itself (`shardscope compare` compiles each kind)")
+    # the same placement on any system of that size: mesh position -> system device id
+    rep = sharding.reanalyze(inputs, system=systems[key], calibration=calibration)
+    d = rep.to_dict(groups=False)
+    return dataclasses.replace(
+        r, step_time_s=d["step_time_s"], tokens_per_s_per_device=d[
+            "tokens_per_s_per_device"], mfu=d["mfu"],
+        memory_per_device_bytes=d["memory_per_device_bytes"], fits=d["fits"],
+        bottleneck=d["bottleneck"], report=d, inputs=rep.inputs.to_dict(), hlo_text="",
+        plan=r.plan if plan is not None else rep.inputs.plan.to_bytes(),
+        retimed_on=system or "", calibration=calibration_key(calibration))

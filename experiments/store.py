@@ -5,8 +5,11 @@ A row keeps the config that ran, its status (ok / refused / error) and one-line 
 headline figures (for ranking without reading the reports), the JSON report, the timings,
 and the compiled HLO (zlib) with what the estimate was made from and the program as read
 (sharding/plan.py), so that `--reestimate` re-times it without compiling or reading the HLO
-again (a store written before plans were kept gains the column when opened). Re-estimates
-on another system of the same size are kept per system beside it (table `estimates`).
+again (a store written before plans were kept gains the column when opened), and the
+calibration its figures were made under (`calibration`: `Calibration.to_dict()` as JSON, NULL
+for the catalog's; a store from before it was kept gains the column, its rows NULL).
+Re-estimates on another system of the same size are kept per system beside it (table
+`estimates`). Reading (`results`, `diff`) opens the file read-only and changes nothing.
 Several searches may write one store at once: SQLite's lock serialises the writes and the
 primary key keeps each result once.
 """
@@ -19,6 +22,7 @@ import json
 import sqlite3
 import time
 import zlib
+from collections.abc import Collection
 from pathlib import Path
 
 SCHEMA = """
@@ -45,6 +49,7 @@ CREATE TABLE IF NOT EXISTS results (
     timings TEXT,
     created REAL NOT NULL,
     plan BLOB,
+    calibration TEXT,
     PRIMARY KEY (config_hash, tool_version, backend)
 )
 """
@@ -72,10 +77,18 @@ CREATE TABLE IF NOT EXISTS estimates (
 COLUMNS = ("config_hash", "tool_version", "backend", "search", "name", "config", "parallelism",
            "varied", "status", "message", "step_time_s", "tokens_per_s_per_device", "mfu",
            "memory_per_device_bytes", "fits", "bottleneck", "report", "inputs", "hlo", "timings",
-           "created", "plan")
+           "created", "plan", "calibration")
 
 FIGURES = ("step_time_s", "tokens_per_s_per_device", "mfu", "memory_per_device_bytes", "fits",
            "bottleneck")
+
+
+def calibration_key(calibration) -> str:
+    """How a row records the calibration its figures were made under: "" for the catalog's
+    (None), else the calibration's tables as JSON."""
+    if calibration is None:
+        return ""
+    return json.dumps(calibration.to_dict(), sort_keys=True, default=str)
 
 
 def tool_version() -> str:
@@ -122,6 +135,7 @@ class Result:
     timings: dict = dataclasses.field(default_factory=dict)
     created: float = 0.0
     retimed_on: str = ""  # the system of a re-estimate; "" when as compiled
+    calibration: str = ""  # calibration_key() of the figures' calibration; "" the catalog's
 
     @property
     def system(self) -> str:
@@ -139,7 +153,7 @@ class Store:
     """A results store on disk; `with Store(path) as s: ...`."""
 
     def __init__(self, path: str | Path, *, read_only: bool = False):
-        """`read_only`: only read a store that exists (`shardscope diff`): nothing is
+        """`read_only`: only read a store that exists (`results`, `diff`): nothing is
         created or changed, and an SQLite file that is not a results store is refused."""
         self.path = Path(path)
         if not self.path.parent.exists():
@@ -150,33 +164,71 @@ class Store:
                              f"{str(self.path / 'search.sqlite')!r}")
         if read_only:
             self._open_read_only()
-            return
-        self.db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-        try:
-            self._setup("PRAGMA journal_mode=WAL")
-        except sqlite3.DatabaseError as e:  # a file of something else: left as it is
-            self.db.close()
-            raise ValueError(f"{self.path}: not a results store ({e}); give a new file or "
-                             f"one `shardscope search --store` wrote") from None
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self._setup(SCHEMA)
-        self._setup(ESTIMATES)
-        columns = {row[1] for row in self.db.execute("PRAGMA table_info(results)")}
-        if "plan" not in columns:  # a store from before plans were kept
-            try:
-                self.db.execute("ALTER TABLE results ADD COLUMN plan BLOB")
-            except sqlite3.OperationalError:  # another search added it first
-                pass
+        else:
+            self._open_read_write()
+        self.columns = {row[1] for row in self.db.execute("PRAGMA table_info(results)")}
+        self.tables = {r[0] for r in self.db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
 
-    def _open_read_only(self) -> None:
-        self.db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
-                                  timeout=60.0)
+    def _open_read_write(self) -> None:
+        existed = self.path.exists() and self.path.stat().st_size > 0
         try:
+            self.db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
             tables = {r[0] for r in self.db.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and "results" not in tables:  # someone else's database: left alone
+                self.db.close()
+                raise ValueError(f"{self.path}: an SQLite file but not a results store (no "
+                                 f"results table); give a new file or one `shardscope "
+                                 f"search --store` wrote")
+            self._setup("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self._setup(SCHEMA)
+            self._setup(ESTIMATES)
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(results)")}
+            for column, kind in (("plan", "BLOB"), ("calibration", "TEXT")):
+                if column not in columns:  # a store from before the column was kept
+                    try:
+                        self.db.execute(f"ALTER TABLE results ADD COLUMN {column} {kind}")
+                    except sqlite3.OperationalError as e:  # another search added it first
+                        if "duplicate column" not in str(e):
+                            raise
         except sqlite3.DatabaseError as e:
-            self.db.close()
-            raise ValueError(f"{self.path}: not a results store ({e})") from None
+            if getattr(self, "db", None) is not None:
+                self.db.close()
+            if getattr(e, "sqlite_errorname", "") == "SQLITE_NOTADB":
+                # a file of something else: left as it is
+                raise ValueError(f"{self.path}: not a results store ({e}); give a new file "
+                                 f"or one `shardscope search --store` wrote") from None
+            read = f"; `shardscope results {self.path}` reads it" if existed else ""
+            raise ValueError(f"results store {str(self.path)!r}: cannot write it ({e}); "
+                             f"store in a folder you can write (--store DIR/NAME.sqlite)"
+                             f"{read}") from None
+
+    def _open_read_only(self) -> None:
+        """Read-only, and without the write-ahead log's index file where the folder cannot
+        be written (a store someone else made): SQLite then reads the file as it is, which
+        is all of it unless a writer left a log behind."""
+        uri = self.path.resolve().as_uri()
+        wal = Path(f"{self.path}-wal")
+        tries = [f"{uri}?mode=ro"]
+        if not (wal.exists() and wal.stat().st_size):
+            tries.append(f"{uri}?mode=ro&immutable=1")
+        for k, address in enumerate(tries):
+            self.db = sqlite3.connect(address, uri=True, timeout=60.0)
+            try:
+                tables = {r[0] for r in self.db.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table'")}
+                break
+            except sqlite3.DatabaseError as e:
+                self.db.close()
+                if getattr(e, "sqlite_errorname", "") == "SQLITE_NOTADB":
+                    raise ValueError(f"{self.path}: not a results store ({e}); give a file "
+                                     f"`shardscope search --store` wrote") from None
+                if k == len(tries) - 1:
+                    raise ValueError(f"results store {str(self.path)!r}: cannot read it "
+                                     f"({e}); copy it (with its -wal file) to a folder you "
+                                     f"can write and read the copy") from None
         if "results" not in tables:
             self.db.close()
             raise ValueError(f"{self.path}: an SQLite file but not a results store (no "
@@ -207,14 +259,26 @@ class Store:
 
     def done(self, tool_version: str, backend: str) -> set[str]:
         """The config hashes already stored for this tool version and backend."""
-        rows = self.db.execute("SELECT config_hash FROM results WHERE tool_version = ? AND "
-                               "backend = ?", (tool_version, backend))
-        return {r[0] for r in rows}
+        return set(self.stored(tool_version, backend))
 
-    def add(self, r: Result) -> bool:
-        """Commit one result; False when the store already had it (another search)."""
+    def stored(self, tool_version: str, backend: str) -> dict[str, tuple[str, str]]:
+        """{config hash: (status, message)} of the rows stored for this tool version and
+        backend (what a rerun decides on: reuse, compile again, re-estimate)."""
+        rows = self.db.execute("SELECT config_hash, status, message FROM results WHERE "
+                               "tool_version = ? AND backend = ?", (tool_version, backend))
+        return {h: (status, message) for h, status, message in rows}
+
+    def searches(self) -> list[str]:
+        """The names of the searches that wrote rows (the first writer's name of each)."""
+        return [r[0] for r in self.db.execute(
+            "SELECT search FROM results GROUP BY search ORDER BY MIN(created)")]
+
+    def add(self, r: Result, *, replace: bool = False) -> bool:
+        """Commit one result; False when the store already had it (another search).
+        `replace`: in place of the stored one (a rerun that compiled it again)."""
+        how = "REPLACE" if replace else "IGNORE"
         cur = self.db.execute(
-            f"INSERT OR IGNORE INTO results ({', '.join(COLUMNS)}) VALUES "
+            f"INSERT OR {how} INTO results ({', '.join(COLUMNS)}) VALUES "
             f"({', '.join('?' * len(COLUMNS))})",
             (r.config_hash, r.tool_version, r.backend, r.search, r.name,
              json.dumps(r.config, default=str), json.dumps(r.parallelism),
@@ -224,7 +288,8 @@ class Store:
              None if r.report is None else json.dumps(r.report, default=str),
              None if r.inputs is None else json.dumps(r.inputs, default=str),
              zlib.compress(r.hlo_text.encode()) if r.hlo_text else None,
-             json.dumps(r.timings), r.created or time.time(), r.plan or None))
+             json.dumps(r.timings), r.created or time.time(), r.plan or None,
+             r.calibration or None))
         return cur.rowcount == 1
 
     def update_estimate(self, r: Result) -> None:
@@ -232,11 +297,12 @@ class Store:
         self.db.execute(
             "UPDATE results SET step_time_s=?, tokens_per_s_per_device=?, mfu=?, "
             "memory_per_device_bytes=?, fits=?, bottleneck=?, report=?, inputs=?, "
-            "plan=COALESCE(?, plan) WHERE config_hash=? AND tool_version=? AND backend=?",
+            "plan=COALESCE(?, plan), calibration=? WHERE config_hash=? AND tool_version=? "
+            "AND backend=?",
             (r.step_time_s, r.tokens_per_s_per_device, r.mfu, r.memory_per_device_bytes,
              None if r.fits is None else int(r.fits), r.bottleneck,
              json.dumps(r.report, default=str), json.dumps(r.inputs, default=str),
-             r.plan or None, r.config_hash, r.tool_version, r.backend))
+             r.plan or None, r.calibration or None, r.config_hash, r.tool_version, r.backend))
 
     def add_estimate(self, r: Result, system: str) -> None:
         """Keep a re-estimate of a stored program on `system` (replacing an older one)."""
@@ -255,10 +321,16 @@ class Store:
         return zlib.decompress(row[0]).decode() if row and row[0] else ""
 
     def results(self, *, search: str | None = None, with_hlo: bool = False,
-                with_plan: bool = False, system: str | None = None) -> list[Result]:
-        """Every stored result (of one search when given), oldest first; the compiled HLO
-        and the program as read only when asked for. `system`: the re-estimates kept for
-        it instead of the figures as compiled (only the programs re-timed on it)."""
+                with_plan: bool = False, system: str | None = None,
+                tool_version: str | None = None, backend: str | None = None,
+                keys: Collection[str] | None = None) -> list[Result]:
+        """Every stored result (of one search when given: the rows that search wrote
+        first), oldest first; the compiled HLO and the program as read only when asked
+        for. `system`: the re-estimates kept for it instead of the figures as compiled
+        (only the programs re-timed on it). `tool_version`, `backend`, `keys` (config
+        hashes): only those rows (a search's own candidates, whoever stored them)."""
+        if system and "estimates" not in self.tables:  # a store from before re-estimates
+            return []
         cols = ("r.config_hash, r.tool_version, r.backend, r.search, r.name, r.config, "
                 "r.parallelism, r.varied, r.status, r.message, "
                 + ("e" if system else "r") + ".step_time_s, "
@@ -266,7 +338,9 @@ class Store:
                     "tokens_per_s_per_device", "mfu", "memory_per_device_bytes", "fits",
                     "bottleneck", "report"))
                 + ", r.inputs, r.timings, r.created, "
-                + ("r.hlo" if with_hlo else "NULL") + ", " + ("r.plan" if with_plan else "NULL"))
+                + ("r.hlo" if with_hlo else "NULL") + ", "
+                + ("r.plan" if with_plan and "plan" in self.columns else "NULL") + ", "
+                + ("r.calibration" if "calibration" in self.columns else "NULL"))
         query = f"SELECT {cols} FROM results r"
         args: list = []
         if system:
@@ -274,15 +348,21 @@ class Store:
                       "e.tool_version = r.tool_version AND e.backend = r.backend AND "
                       "e.system = ?")
             args.append(system)
-        if search:
-            query += " WHERE r.search = ?"
-            args.append(search)
+        where = [(f"r.{c} = ?", v) for c, v in (("search", search),
+                                                ("tool_version", tool_version),
+                                                ("backend", backend)) if v]
+        if where:
+            query += " WHERE " + " AND ".join(w for w, _ in where)
+            args += [v for _, v in where]
+        wanted = None if keys is None else set(keys)
         out = []
         for row in self.db.execute(query + " ORDER BY r.created", args):
-            (h, version, backend, name_s, name, config, par, varied, status, message, step,
+            (h, version, backend_, name_s, name, config, par, varied, status, message, step,
              tps, mfu, mem, fits, bottleneck, report, inputs, timings, created) = row[:20]
+            if wanted is not None and h not in wanted:
+                continue
             out.append(Result(
-                config_hash=h, tool_version=version, backend=backend, search=name_s,
+                config_hash=h, tool_version=version, backend=backend_, search=name_s,
                 name=name, config=json.loads(config), parallelism=json.loads(par),
                 varied=json.loads(varied), status=status, message=message, step_time_s=step,
                 tokens_per_s_per_device=tps, mfu=mfu, memory_per_device_bytes=mem,
@@ -290,6 +370,6 @@ class Store:
                 report=json.loads(report) if report else None,
                 inputs=json.loads(inputs) if inputs else None,
                 hlo_text=zlib.decompress(row[20]).decode() if with_hlo and row[20] else "",
-                plan=row[21] or b"",
+                plan=row[21] or b"", calibration=row[22] or "",
                 timings=json.loads(timings), created=created, retimed_on=system or ""))
         return out

@@ -179,9 +179,13 @@ def compile_in_worker(devices: int, req: dict, timeout_s: float) -> dict:
         w.close()
 
 
-def _ray_executor(address: str, timeout_s: float):
-    """(submit, shutdown) over Ray: one task per config, its device count and backend in
-    the task's runtime environment; the driver gets each answer as a future."""
+def _ray_executor(address: str, timeout_s: float, slots: int | None, t0: float,
+                  time_budget_s: float | None):
+    """(submit, shutdown, slots) over Ray: one task per config, its device count and
+    backend in the task's runtime environment. At most `slots` tasks are in flight
+    (default: the cluster's CPUs), each started by a thread of the driver that waits for
+    its answer, so that, as the pool's, a config not started past the time budget answers
+    {} and is left for a rerun."""
     try:
         import ray
     except ImportError:
@@ -190,34 +194,40 @@ def _ray_executor(address: str, timeout_s: float):
     if started:
         ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
+    if slots is None:
+        slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
     task = ray.remote(num_cpus=1, max_retries=0)(compile_in_worker)
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=slots)
 
-    def submit(devices: int, req: dict):
+    def one(devices: int, req: dict) -> dict:
+        if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+            return {}
         env = {"JAX_PLATFORMS": "cpu", "SHARDSCOPE_DEVICES": str(devices),
                "SHARDSCOPE_BACKEND": req["backend"]}
         fault = os.environ.get("SHARDSCOPE_FAULT")
         if fault:
             env["SHARDSCOPE_FAULT"] = fault
-        return task.options(runtime_env={"env_vars": env}).remote(devices, req,
-                                                                   timeout_s).future()
+        ref = task.options(runtime_env={"env_vars": env}).remote(devices, req, timeout_s)
+        return ray.get(ref)
 
     def shutdown(interrupted: bool) -> None:
+        executor.shutdown(wait=not interrupted, cancel_futures=True)
         if started:
-            ray.shutdown()
+            ray.shutdown()  # ends the tasks still running (an interrupted search)
 
-    return submit, shutdown
+    return (lambda devices, req: executor.submit(one, devices, req)), shutdown, slots
 
 
 def executor(*, workers: int | None, timeout_s: float = 1800.0,
              time_budget_s: float | None = None, ray_address: str | None = None):
     """(submit, shutdown, slots): submit(devices, request) -> a future of the answer ({}
     for a request started past `time_budget_s`); shutdown(interrupted); slots: how many
-    run at once. Local worker processes, or Ray tasks (`ray_address` "" for a local
-    instance, else the cluster's address)."""
-    slots = workers or os.cpu_count() or 1
+    run at once (`workers`; default the core count here, or the Ray cluster's CPUs).
+    Local worker processes, or Ray tasks (`ray_address` "" for a local instance, else the
+    cluster's address)."""
+    t0 = time.perf_counter()
     if ray_address is not None:
-        submit, shutdown = _ray_executor(ray_address, timeout_s)
-    else:
-        submit, shutdown = _pool_executor(slots, timeout_s, time.perf_counter(),
-                                          time_budget_s)
+        return _ray_executor(ray_address, timeout_s, workers, t0, time_budget_s)
+    slots = workers or os.cpu_count() or 1
+    submit, shutdown = _pool_executor(slots, timeout_s, t0, time_budget_s)
     return submit, shutdown, slots

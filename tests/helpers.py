@@ -72,6 +72,34 @@ needs_browser = pytest.mark.skipif(
     reason="no chromium or playwright: `make test` installs Debian's chromium as root")
 
 
+def filled_store(path, raw, axes=("data", "tensor"), *, label, step=1e-3, unfit=(), errors=()):
+    """A results store holding a made-up result for every candidate of `raw` over `axes`, stored
+    by a search named `label` (nothing compiles when a search of them runs): each that
+    validates ran in `step` s (plus 1 us per candidate, in order), but the shapes in
+    `unfit` (refused as too large) and `errors` (failed); the others are the validator's
+    refusals."""
+    from experiments import search
+    from experiments.store import Result, Store, tool_version
+
+    cands = search.enumerate_candidates(raw, 8, axes)
+    with Store(path) as s:
+        for i, c in enumerate(cands):
+            shape = c.name.removeprefix(raw["name"] + "-")
+            status, message = ("ok", "") if c.exp else ("refused", c.reason)
+            if shape in unfit:
+                status, message = "refused", "does not fit: needs 90 GB of HBM per device"
+            if shape in errors:
+                status, message = "error", "did not finish within 1800 s"
+            s.add(Result(config_hash=c.key, tool_version=tool_version(), backend="cpu",
+                         search=label, name=c.name, config=c.config, parallelism=c.sizes,
+                         varied=c.varied, status=status, message=message,
+                         step_time_s=step + 1e-6 * i if status == "ok" else None,
+                         tokens_per_s_per_device=1.0, mfu=0.1,
+                         memory_per_device_bytes=1e9 if status == "ok" else None,
+                         fits=True if status == "ok" else None, bottleneck="compute"))
+    return cands
+
+
 def sync_playwright():
     from playwright.sync_api import sync_playwright
 

@@ -133,7 +133,11 @@ def build_parser() -> Parser:
                     help="run each compile as a Ray task: a local Ray instance, or the "
                          "cluster at ADDRESS (e.g. ray://head:10001); the ray extra")
     se.add_argument("--keep-unfit", action="store_true",
-                    help="compile configs the memory model says cannot fit")
+                    help="compile configs the memory model says cannot fit (on a rerun, "
+                         "also those stored as 'does not fit')")
+    se.add_argument("--retry-errors", action="store_true",
+                    help="compile again the configs stored as failed (errors, timeouts); a "
+                         "rerun otherwise keeps every stored result")
     se.add_argument("--time-budget", type=float, default=None, metavar="S",
                     help="start no compile after S seconds")
     se.add_argument("--timeout", type=float, default=1800.0, metavar="S",

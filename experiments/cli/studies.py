@@ -81,13 +81,20 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def _store(path: str):
+def _store(path: str, *, read_only: bool = False):
     from experiments.store import Store
 
     if not Path(path).parent.exists():
         raise ConfigError(f"--store {path!r}: folder {str(Path(path).parent)!r} does not "
                           f"exist; create it or store elsewhere")
-    return Store(path)
+    return Store(path, read_only=read_only)
+
+
+def _outputs_checked(args) -> None:
+    """--json, --html (and --out) name files that can be written, before anything compiles."""
+    for flag in ("json", "html", "out"):
+        if getattr(args, flag, None):
+            checked(getattr(args, flag), f"--{flag}")
 
 
 def cmd_search(args) -> int:
@@ -97,8 +104,14 @@ def cmd_search(args) -> int:
     raw = config_mod.load_raw(args.config, args.set or [])
     exp = config_mod.from_dict(raw)
     axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())
+    search_mod.check_axes(axes)
     vary = search_mod.parse_vary(args.vary or [])
+    search_mod.check_vary(raw, vary)
     calibration = calibration_of(args)
+    if args.system and not args.reestimate:
+        raise ConfigError(f"--system {args.system}: only with --reestimate (re-time the stored "
+                          f"programs on it); to search on {args.system}, use --set "
+                          f"system.name={args.system}")
     if args.export:  # the flag's mistake before anything compiles
         from experiments import frameworks
 
@@ -107,6 +120,7 @@ def cmd_search(args) -> int:
     elif args.out:
         raise ConfigError("search --out writes the best config's settings: give --export "
                           "maxtext|megatron with it, or leave --out out")
+    _outputs_checked(args)
     not_tried = 0
     with _store(args.store) as store:
         if args.reestimate:
@@ -114,6 +128,9 @@ def cmd_search(args) -> int:
                 from meshes import get_system
 
                 get_system(args.system)  # a typo is one line, before anything is read
+            search_mod.stored_searches(
+                store, exp.name, "search --reestimate:",
+                fix="re-times a search by its config's name (--set name=NAME for another)")
             results = search_mod.reestimate(store, system=args.system,
                                             calibration=calibration, search=exp.name)
             how = f"on {args.system}" if args.system else "under the current model"
@@ -137,23 +154,37 @@ def cmd_search(args) -> int:
                     store=store, search=exp.name, backend=args.backend,
                     workers=args.workers, keep_unfit=args.keep_unfit, budget=args.budget,
                     time_budget_s=args.time_budget, timeout_s=args.timeout,
-                    calibration=calibration, on_result=sink, ray_address=args.ray)
+                    calibration=calibration, on_result=sink, ray_address=args.ray,
+                    retry_errors=args.retry_errors)
             if outcome.interrupted:
                 print(f"stopped: {len(outcome.results)} results committed to {args.store}; "
                       f"the same command resumes", file=sys.stderr)
                 return 130
-            results = store.results(search=exp.name)
-            untried = (f", {outcome.untried} not tried (the budget; the same command with "
-                       f"a larger --budget goes on)" if outcome.untried else "")
+            results = outcome.rows
             print(f"{exp.name} on {exp.system.label}: {counted(len(results), 'config')} in "
-                  f"{args.store} ({outcome.skipped} already there, {outcome.compiled} "
-                  f"compiled now{untried})\n")
+                  f"{args.store} ({_how_found(outcome)})\n")
             title = exp.name
             not_tried = outcome.untried
     _ranking_outputs(args, results, title, not_tried)
     if args.export:
         _export_best(args, results)
     return 0
+
+
+def _how_found(outcome) -> str:
+    """Where a search's results came from: the store (as stored, or re-estimated under
+    this run's calibration), compiles now (retries included), the budget's leftovers."""
+    parts = [f"{outcome.skipped} already there"]
+    if outcome.retimed:
+        parts.append(f"{outcome.retimed} of them re-estimated under this calibration, no "
+                     f"compile")
+    parts.append(f"{outcome.compiled} compiled now")
+    if outcome.retried:
+        parts.append(f"{outcome.retried} stored failures or unfit configs tried again")
+    if outcome.untried:
+        parts.append(f"{outcome.untried} not tried (the budget; the same command with a "
+                     f"larger --budget goes on)")
+    return ", ".join(parts)
 
 
 def _export_best(args, results) -> None:
@@ -190,24 +221,39 @@ def _ranking_outputs(args, results, title: str, untried: int = 0) -> None:
 
 
 def cmd_results(args) -> int:
+    from experiments import ranking
+    from experiments import search as search_mod
+
     if not Path(args.store).exists():
         raise ConfigError(f"store {args.store!r} not found; `shardscope search CONFIG --store "
                           f"{args.store}` makes one")
-    with _store(args.store) as store:
-        if args.system:
-            results = store.results(search=args.search, system=args.system)
-        else:
-            results = store.results(search=args.search)
-        systems = sorted({r.system for r in results})
+    _outputs_checked(args)
+    with _store(args.store, read_only=True) as store:  # read, never written
+        if args.search:
+            search_mod.stored_searches(store, args.search, "--search")
+        results = store.results(search=args.search, system=args.system)
     if args.system and not results:
         raise ConfigError(f"--system {args.system}: {args.store} has no re-estimates on it; "
                           f"`shardscope search CONFIG --store {args.store} --reestimate "
                           f"--system {args.system}` makes them")
-    what = args.search or Path(args.store).name
-    where = (f"re-timed on {args.system}" if args.system
-             else f"on {', '.join(systems) or 'no system'} (as compiled)")
-    print(f"{what} {where}: {counted(len(results), 'config')}\n")
-    _ranking_outputs(args, results, what)
+    where = f"re-timed on {args.system}" if args.system else "as compiled"
+    groups = ranking.searches(results)
+    if len(groups) <= 1:
+        what = args.search or Path(args.store).name
+        systems = sorted({r.system for r in results})
+        on = f"on {', '.join(systems) or 'no system'} ({where})" if not args.system else where
+        print(f"{what} {on}: {counted(len(results), 'config')}\n")
+        _ranking_outputs(args, results, what)
+        return 0
+    if args.html:
+        raise ConfigError(f"--html draws one search; {args.store} holds {len(groups)}: "
+                          f"{'; '.join(g.label for g in groups)}; give --search NAME")
+    print(f"{args.store}: {len(groups)} searches, each ranked apart ({where})")
+    for g in groups:
+        print(f"\n{g.label}: {counted(len(g.results), 'config')}\n")
+        print(ranking.format_results(g.results, top=args.top))
+    if args.json:
+        write_json(args.json, {"searches": [g.to_json() for g in groups]})
     return 0
 
 
@@ -220,6 +266,7 @@ def cmd_compare(args) -> int:
     if args.price_per_device_hour is not None and args.price_per_device_hour <= 0:
         raise ConfigError(f"--price-per-device-hour {args.price_per_device_hour}: give the "
                           f"price you pay per device and hour, above 0")
+    _outputs_checked(args)  # before the compiles
     search = None
     if args.search:
         axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from experiments import cli
-from tests.helpers import CHROMIUM, needs_browser, sync_playwright, write
+from tests.helpers import CHROMIUM, filled_store, needs_browser, sync_playwright, write
 from tests.helpers import TINY as TINY_TOML
 
 TINY = "tiny-h100-dp-tp"  # data 2 x tensor 4 on h100:8
@@ -174,3 +174,31 @@ def test_a_system_whose_step_does_not_fit_is_never_the_best_bar(cpu_devices):
     best = re.findall(r'<rect class="bar best"[^>]*><title>(.+?): ', page)
     assert best and set(best) == {slow}
     assert f"{fast} (no fit)" in page
+
+
+def test_compare_search_ranks_the_shardings_another_search_stored(tmp_path):
+    # The shardings of the tiny config on h100:8, stored by a search under its own name:
+    # compare's search of the same config is those same programs, and finds its best
+    # among them (nothing compiles: every candidate is in the store).
+    from experiments import compare as compare_mod
+    from experiments.config import load_raw
+
+    raw = load_raw(TINY)
+    store = tmp_path / "s.sqlite"
+    filled_store(store, raw, ("data", "fsdp", "tensor"), label=TINY)
+    config, note, why = compare_mod._searched(
+        raw, "h100:8", 8, {"store": str(store), "workers": 1}, None, None)
+    assert why == "" and config is not None, why
+    assert "fastest of 9 that fit" in note  # 10 shardings, tensor 8 refused
+
+
+@pytest.mark.parametrize("flag", ["--json", "--html"])
+def test_compare_refuses_an_output_it_cannot_write_before_compiling(tmp_path, capsys,
+                                                                    monkeypatch, flag):
+    from experiments import compare as compare_mod
+
+    monkeypatch.setattr(compare_mod, "compare", lambda *a, **k: pytest.fail("compiled"))
+    out = tmp_path / "nodir" / "c.out"
+    assert cli.main(["compare", TINY, "--systems", "h100:8", "--quiet", flag, str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} " in err and "does not exist" in err

@@ -16,7 +16,7 @@ from experiments import cli, search
 from experiments.config import load
 from experiments.store import Store
 from tests.conftest import REPO
-from tests.helpers import CHROMIUM, needs_browser, sync_playwright
+from tests.helpers import CHROMIUM, filled_store, needs_browser, sync_playwright
 
 TINY = "tiny-h100-dp-tp"  # tiny model (4 heads, 4 KV heads, d_model 64), h100:8, batch 16
 
@@ -405,3 +405,134 @@ def test_search_page_in_a_headless_browser(tmp_path):
                      key=lambda p: p["x"], reverse=True)
     assert c["y"] < a["y"] and c["x"] < a["x"]
     assert g["ranking"] == 4 and "refused: why" in g["others"] and "does not fit" in g["others"]
+
+
+# ---- what a search ranks, and what a rerun reuses ---------------------------------------
+
+def _tiny_raw(**system):
+    from experiments.config import load_raw
+
+    raw = load_raw(TINY)
+    raw["system"] = {**raw["system"], **system}
+    return raw
+
+
+def test_a_search_ranks_its_own_configs_stored_under_another_name(tmp_path, capsys):
+    # The same shardings under another name are the same programs (the name is not in the
+    # config hash): stored by the first search, they are the renamed search's ranking,
+    # each under the renamed search's name.
+    store, out = tmp_path / "s.sqlite", tmp_path / "s.json"
+    filled_store(store, _tiny_raw(), label=TINY)
+    assert _search_here(store, "--set", "name=renamed", "--json", str(out)) == 0
+    assert "4 configs in" in capsys.readouterr().out
+    got = json.loads(out.read_text())
+    assert len(got["results"]) == 4  # data x tensor: 8x1, 4x2, 2x4, 1x8 (refused)
+    # the first that validates (1x8 is refused) was made fastest
+    assert got["best"]["name"] == "renamed-data2-tensor4"
+
+
+def test_a_search_ranks_only_its_system_and_backend(tmp_path, capsys):
+    # One store, the same search name on h100:8 (faster, made up) and on a100:8: the
+    # a100 search's ranking is its own four configs, and its best an a100 one.
+    store, out = tmp_path / "s.sqlite", tmp_path / "s.json"
+    filled_store(store, _tiny_raw(), label=TINY, step=1e-4)
+    a100 = filled_store(store, _tiny_raw(name="a100:8"), label=TINY, step=1e-3)
+    assert _search_here(store, "--set", "system.name=a100:8", "--json", str(out)) == 0
+    got = json.loads(out.read_text())
+    assert {r["name"] for r in got["results"]} == {c.name for c in a100}
+    assert got["best"]["step_time_s"] >= 1e-3
+    # `results` ranks each search apart, and says so.
+    capsys.readouterr()
+    assert cli.main(["results", str(store), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "2 searches, each ranked apart" in text
+    assert f"{TINY} on h100:8 (cpu): 4 configs" in text
+    assert f"{TINY} on a100:8 (cpu): 4 configs" in text
+    got = json.loads(out.read_text())["searches"]
+    assert [(g["system"], len(g["results"])) for g in got] == [("h100:8", 4), ("a100:8", 4)]
+    assert got[0]["best"]["step_time_s"] < 1e-3 <= got[1]["best"]["step_time_s"]
+    # --html draws one search: refused, naming them, before writing anything.
+    html = tmp_path / "s.html"
+    assert cli.main(["results", str(store), "--html", str(html)]) == 2
+    assert "on a100:8" in capsys.readouterr().err and not html.exists()
+
+
+def test_a_rerun_retries_failures_and_unfit_configs_only_when_asked(tmp_path, capsys,
+                                                                   monkeypatch):
+    # data 8 stored as failed, data 4 x tensor 2 as "does not fit": a plain rerun reuses
+    # both; --retry-errors sends the failure to the compiler again, --keep-unfit the other.
+    from experiments import workers
+
+    sent = []
+
+    def executor(**kwargs):
+        def submit(devices, req):
+            sent.append(req["config"]["name"])
+            f = concurrent.futures.Future()
+            f.set_result({"status": "error", "message": "made up"})
+            return f
+        return submit, lambda interrupted: None, 1
+
+    import concurrent.futures
+
+    monkeypatch.setattr(workers, "executor", executor)
+    store = tmp_path / "s.sqlite"
+    filled_store(store, _tiny_raw(), label=TINY, errors=("data8",), unfit=("data4-tensor2",))
+    assert _search_here(store) == 0 and sent == []
+    assert _search_here(store, "--retry-errors") == 0
+    assert sent == [f"{TINY}-data8"]
+    assert "1 stored failures or unfit configs tried again" in capsys.readouterr().out
+    sent.clear()
+    assert _search_here(store, "--keep-unfit") == 0
+    assert sent == [f"{TINY}-data4-tensor2"]
+    rows = {r.name: r.status for r in Store(store).results()}
+    assert rows[f"{TINY}-data4-tensor2"] == "error"  # the new answer replaced the old
+
+
+def test_a_rerun_re_estimates_stored_programs_under_its_calibration(tmp_path, capsys,
+                                                                   whole):
+    # The stored programs were estimated under the catalog's calibration: a rerun with
+    # another re-times them (no compile) and shows those figures, and says so; a rerun
+    # with the same calibration again re-times nothing.
+    store = tmp_path / "s.sqlite"
+    shutil.copy(whole, store)
+    cal = tmp_path / "cal.toml"
+    cal.write_text("[parameters]\nkernel_overhead_s = 4e-5\n")  # the catalog: 1.2e-5
+    before = {n: step for n, _, step in _rows(store).values() if step}
+    out = tmp_path / "s.json"
+    assert _search_here(store, "--calibration", str(cal), "--json", str(out)) == 0
+    text = capsys.readouterr().out
+    assert "3 of them re-estimated under this calibration, no compile" in text
+    assert "0 compiled now" in text
+    after = {r["name"]: r["step_time_s"] for r in json.loads(out.read_text())["results"]
+             if r["step_time_s"]}
+    assert after.keys() == before.keys() and all(after[n] > before[n] for n in before)
+    assert _search_here(store, "--calibration", str(cal)) == 0
+    assert "re-estimated" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--vary", "train.bogus=1,2"], "unknown key 'train.bogus'"),
+    (["--vary", "train.remat=full,bogus"], "fix or drop 'bogus'"),
+    (["--vary", "train.remat=full", "--vary", "train.remat=none"], "given twice"),
+    (["--axes", "data,data"], "data given twice"),
+    (["--system", "a100:8"], "only with --reestimate"),
+    (["--json", "nodir/s.json"], "nodir' does not exist"),
+    (["--html", "nodir/s.html"], "nodir' does not exist"),
+])
+def test_search_mistakes_are_one_line_before_the_store_is_made(tmp_path, capsys, argv, says):
+    store = tmp_path / "s.sqlite"
+    argv = [a.replace("nodir", str(tmp_path / "nodir")) for a in argv]
+    assert cli.main(["search", TINY, "--store", str(store), "--quiet", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err
+    assert not store.exists()
+
+
+def test_reestimate_of_a_search_the_store_lacks_names_those_it_holds(tmp_path, capsys):
+    store = tmp_path / "s.sqlite"
+    filled_store(store, _tiny_raw(), label=TINY)
+    assert cli.main(["search", TINY, "--set", "name=other", "--store", str(store),
+                     "--reestimate", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"holds '{TINY}'" in err and "'other'" in err

@@ -1,8 +1,12 @@
 """The search store (experiments/store.py): one row per config, whoever writes it."""
 
+import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +49,85 @@ def test_two_searches_on_one_store_keep_each_row_once(tmp_path):
         "SELECT config_hash, COUNT(*) FROM results GROUP BY config_hash").fetchall()
     assert len(rows) == 2 and all(n == 1 for _, n in rows)
     assert sqlite3.connect(store).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def _store_with_one_row(path):
+    from experiments.store import Result, Store
+
+    with Store(path) as s:
+        s.add(Result(config_hash="h", tool_version="t", backend="cpu", search="mine",
+                     name="mine-data8", config={"system": {"name": "h100:8"}},
+                     parallelism={"data": 8}, varied={}, status="ok", step_time_s=1e-3,
+                     tokens_per_s_per_device=1.0, mfu=0.1, memory_per_device_bytes=1e9,
+                     fits=True, bottleneck="compute"))
+
+
+def test_results_reads_another_programs_sqlite_file_without_changing_it(tmp_path, capsys):
+    other = tmp_path / "other.db"
+    db = sqlite3.connect(other)
+    db.execute("CREATE TABLE t (x)")
+    db.commit()
+    db.close()
+    before = other.read_bytes()
+    for args in (["results", str(other)],
+                 ["search", TINY, "--store", str(other), "--quiet"]):
+        assert cli.main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not a results store" in err
+    assert other.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [
+        "other.db"]
+
+
+def test_results_names_the_searches_a_store_holds(tmp_path, capsys):
+    store = tmp_path / "s.sqlite"
+    _store_with_one_row(store)
+    assert cli.main(["results", str(store), "--search", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'nope'" in err and "holds 'mine'" in err
+    assert cli.main(["results", str(store), "--search", "mine"]) == 0
+    assert "mine-data8" in capsys.readouterr().out
+
+
+def _as_another_user(argv, folder):
+    """`argv` run as a user who cannot write `folder`: as nobody (uid 65534, by util-linux's
+    setpriv) when this is root (root writes anywhere), else with the folder read-only."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if os.geteuid() == 0:
+        os.chmod(folder, 0o755)
+        for p in folder.iterdir():
+            os.chmod(p, 0o644)
+        argv = [shutil.which("setpriv") or "setpriv", "--reuid=65534", "--regid=65534",
+                "--clear-groups", *argv]
+        return subprocess.run(argv, cwd=folder, capture_output=True, text=True,
+                              timeout=300, env=env)
+    os.chmod(folder, 0o555)
+    try:
+        return subprocess.run(argv, cwd=folder, capture_output=True, text=True,
+                              timeout=300, env=env)
+    finally:
+        os.chmod(folder, 0o755)
+
+
+def test_a_store_in_a_folder_one_cannot_write_is_read_and_not_made(tmp_path):
+    # A folder the user cannot write (and tmp_path's own is root's alone): `results` and
+    # `diff` read the store there, untouched; a search cannot make a new store there and
+    # says so in one line.
+    folder = Path(tempfile.mkdtemp(prefix="shardscope-ro-"))
+    try:
+        _store_with_one_row(folder / "s.sqlite")
+        for name in os.listdir(folder):  # only the store: no -wal or -shm left
+            assert name == "s.sqlite"
+        before = (folder / "s.sqlite").read_bytes()
+        cli_argv = [sys.executable, "-m", "experiments.cli"]
+        p = _as_another_user([*cli_argv, "results", "s.sqlite"], folder)
+        assert p.returncode == 0 and "mine-data8" in p.stdout, p.stderr
+        p = _as_another_user([*cli_argv, "diff", "s.sqlite", "s.sqlite"], folder)
+        assert p.returncode == 0, p.stderr
+        p = _as_another_user([*cli_argv, "search", TINY, "--store", "new.sqlite", "--quiet"],
+                             folder)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert "cannot write it" in p.stderr and "folder you can write" in p.stderr
+        assert sorted(os.listdir(folder)) == ["s.sqlite"]
+        assert (folder / "s.sqlite").read_bytes() == before
+    finally:
+        shutil.rmtree(folder)
