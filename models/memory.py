@@ -24,7 +24,9 @@ Every split comes from the rule table (`AxisRules.ways`): the batch over the mes
 parallelism), heads, kv heads, the MLP hidden and the vocab over theirs (tensor); the
 residual stream is split as `embed` is (not at all by default: no Megatron sequence
 parallelism). Flash attention keeps no S x S scores; its log-sum-exp (f32, B x H x L) is
-saved with the output.
+saved with the output. Dense attention (model.attention = "dense") keeps its S x S f32
+exponentials and probabilities, and context parallelism each ring step's received keys and
+values and partial outputs (`dense_score_bytes_per_token`, `context_step_bytes_per_token`).
 
 The results are `sharding.Memory`, the report's type; the analysis attaches the compiler's
 own figure to it for reference.
