@@ -417,6 +417,12 @@ def _check_batch(exp: Experiment) -> None:
             f"{keys} = {dp} (they all shard the batch); make global_batch a multiple of "
             f"{dp * w.microbatches}"
         )
+    tiles = exp.train.num_vocab_tiling
+    if w.kind == "train" and w.seq_len % tiles:
+        # the loss takes every tiles-th position into a tile (models/train.py _tiled_loss)
+        raise ConfigError(f"train.num_vocab_tiling={tiles} does not divide "
+                          f"workload.seq_len={w.seq_len}; choose one of "
+                          f"{divisors(w.seq_len)}")
 
 
 def _check_strategies(exp: Experiment) -> None:

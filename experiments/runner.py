@@ -185,7 +185,8 @@ def build_step(exp: Experiment, mesh, *, quiet: bool = False) -> Step:
         memory = training_memory(exp.model, program, workload=exp.workload,
                                  precision=exp.precision, train=exp.train,
                                  mesh_shape=mesh_shape, rules=rules,
-                                 fuses_matmul_inputs=compiler.is_tpu(exp.system))
+                                 fuses_matmul_inputs=compiler.is_tpu(exp.system),
+                                 context_mode=exp.parallelism.context_mode)
         host = offload_bytes_per_step(exp.model, workload=exp.workload, precision=exp.precision,
                                       train=exp.train, mesh_shape=mesh_shape, rules=rules)
     except ValueError as e:

@@ -16,6 +16,12 @@ TERA = 1e12
 PETA = 1e15
 GB = 1e9
 GiB = 2**30
+MiB = 2**20
+# A GPU's HBM is what its driver reports as the device's memory, nvidia-smi's memory.total
+# (MiB), for every NVIDIA GPU here: the datasheets' "80GB" / "141GB" / "180GB" read as
+# 1e9 bytes were 4-7% low. (The CUDA runtime's total is a few hundred MiB below it: 79.22
+# GiB on an H100, vllm-project/vllm#10511; 178.35 GiB on a B200, pytorch/ao#4002. It is
+# not public for every chip, so one convention, the driver's, is used for all.)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -140,7 +146,7 @@ CHIPS: dict[str, Chip] = {
     "a100": Chip(
         name="a100",
         peak_flops_per_s={"bfloat16": 312 * TERA, "int8": 624 * TERA},
-        hbm_bytes=80 * GB,
+        hbm_bytes=81920 * MiB,  # nvidia-smi on an A100 80GB (modal-labs/modal-client#2797)
         hbm_bytes_per_s=2.04e12,
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
@@ -153,9 +159,9 @@ CHIPS: dict[str, Chip] = {
         name="h100",
         low_precision_efficiency=_H100_LOW,
         peak_flops_per_s={"bfloat16": 989 * TERA, "float8": 1979 * TERA, "int8": 1979 * TERA},
-        # 80 GiB of HBM3, of which the driver exposes 79.22 GiB (torch's total_gpu_memory on
-        # an H100-80G: vllm-project/vllm#10511); the datasheet's "80GB" read as 80e9 was low.
-        hbm_bytes=79.22 * GiB,
+        # nvidia-smi on an H100 80GB HBM3: 81559 MiB (modal-labs/modal-client#2797;
+        # huggingface/text-embeddings-inference#350)
+        hbm_bytes=81559 * MiB,
         hbm_bytes_per_s=3.35e12,
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
@@ -168,7 +174,7 @@ CHIPS: dict[str, Chip] = {
         name="h200",
         low_precision_efficiency=_H100_LOW,
         peak_flops_per_s={"bfloat16": 989 * TERA, "float8": 1979 * TERA, "int8": 1979 * TERA},
-        hbm_bytes=141 * GB,
+        hbm_bytes=143771 * MiB,  # nvidia-smi on an H200: 143771 MiB (public nvidia-smi logs)
         hbm_bytes_per_s=4.8e12,
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
@@ -183,7 +189,8 @@ CHIPS: dict[str, Chip] = {
         # Scaling book gpus.md gives 2.3e15 bf16; NVIDIA HGX B200 (1000 W) 2.25e15: we use
         # the datasheet figure.
         peak_flops_per_s={"bfloat16": 2.25 * PETA, "float8": 4.5 * PETA, "float4": 9 * PETA},
-        hbm_bytes=180 * GB,  # 180-192 GB by SKU; HGX B200 ships 180 GB.
+        # nvidia-smi on a B200 (HGX, "180GB"): 183359 MiB (NVIDIA/TensorRT-LLM#10278)
+        hbm_bytes=183359 * MiB,
         hbm_bytes_per_s=7.7e12,  # 7.7-8 TB/s by source; scaling book uses 8.0e12.
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
@@ -196,7 +203,7 @@ CHIPS: dict[str, Chip] = {
         name="gb200",
         low_precision_efficiency=_BLACKWELL_LOW,
         peak_flops_per_s={"bfloat16": 2.5 * PETA, "float8": 5 * PETA, "float4": 10 * PETA},
-        hbm_bytes=186 * GB,
+        hbm_bytes=189471 * MiB,  # nvidia-smi on a GB200 ("186GB"): 189471 MiB (public logs)
         hbm_bytes_per_s=8e12,
         # FP8 GEMM 2877 TF at 8192^3 of 5000 (Azure ND GB200 v6) = 0.575 for FP8; bf16 on
         # GPUs per the scaling book: 0.80.
@@ -212,7 +219,9 @@ CHIPS: dict[str, Chip] = {
         name="gb300",
         low_precision_efficiency=_BLACKWELL_LOW,
         peak_flops_per_s={"bfloat16": 2.5 * PETA, "float8": 5 * PETA, "float4": 15 * PETA},
-        hbm_bytes=279 * GB,  # 279-288 GB by source.
+        # nvidia-smi on a GB300 (279-288 GB by source): 284208 MiB (OCI GB300 bring-up
+        # guide's nvidia-smi output)
+        hbm_bytes=284208 * MiB,
         hbm_bytes_per_s=8e12,
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,

@@ -24,7 +24,9 @@ Every split comes from the rule table (`AxisRules.ways`): the batch over the mes
 parallelism), heads, kv heads, the MLP hidden and the vocab over theirs (tensor); the
 residual stream is split as `embed` is (not at all by default: no Megatron sequence
 parallelism). Flash attention keeps no S x S scores; its log-sum-exp (f32, B x H x L) is
-saved with the output.
+saved with the output. Dense attention (model.attention = "dense") keeps its S x S f32
+exponentials and probabilities, and context parallelism each ring step's received keys and
+values and partial outputs (`dense_score_bytes_per_token`, `context_step_bytes_per_token`).
 
 The results are `sharding.Memory`, the report's type; the analysis attaches the compiler's
 own figure to it for reference.
@@ -88,6 +90,48 @@ def attention_widths(cfg: ModelConfig, ways: Mapping[str, int]
     return h * cfg.qk_head_dim + latent, h * cfg.qk_head_dim, v, v
 
 
+def dense_score_bytes_per_token(cfg: ModelConfig, *, heads: float, seq_len: int,
+                                precision: Precision) -> tuple[float, float]:
+    """Dense attention's S x S tensors (model.attention = "dense", models/attention.py
+    dense_attention), bytes per query position and device: (what its backward reads, what
+    its backward makes). Every query meets all `seq_len` keys (the program masks the causal
+    half, it does not skip it), `heads` of them per device. The backward reads the f32
+    exponentials (softmax's derivative as JAX takes it) and the probabilities in the
+    activations' dtype (the values' matmul operand), and makes the probabilities' gradient
+    and the scores' gradient in the activations' dtype. (0, 0) for flash and tiled
+    attention, which hold one tile at a time."""
+    if cfg.attention != "dense":
+        return 0.0, 0.0
+    c = _activation_bytes(precision)
+    scores = heads * seq_len
+    return scores * (_F32 + c), scores * 2 * c
+
+
+def context_step_bytes_per_token(cfg: ModelConfig, *, ways: Mapping[str, int],
+                                 precision: Precision, context_mode: str
+                                 ) -> tuple[float, float]:
+    """Context parallelism over Y = ways["seq"] ranks (models/context.py), bytes per local
+    token and device: (what the Y - 1 steps after a rank's own keep for the backward, all
+    of them; the keys' and values' gradient in flight in the backward).
+
+    At each step a rank holds the K and V it received (both zigzag halves; all-gather:
+    its slice of the gathered copy, the same bytes) and, for the half of its queries the
+    step's second block serves: the selected query half, the two flash blocks' outputs
+    (activation dtype) and the three f32 running outputs the merges read, with the blocks'
+    two log-sum-exps and the merges' six f32 weights (one a head and query each). Step 0
+    is about a plain flash attention's, already counted. In the backward the keys' and
+    values' gradient travels back one step at a time (ring) or is summed over every rank's
+    copy before its reduce-scatter (all-gather: Y ranks' worth)."""
+    y = ways["seq"]
+    if y == 1:
+        return 0.0, 0.0
+    c = _activation_bytes(precision)
+    h = cfg.n_heads / ways["heads"]
+    _, k, v, o = attention_widths(cfg, ways)
+    step = (k + v) * c + o / 2 * (3 * c + 3 * _F32) + h / 2 * 8 * _F32
+    return (y - 1) * step, (k + v) * c * (y if context_mode == "allgather" else 1)
+
+
 def named_bytes_per_token(cfg: ModelConfig, names, *, precision: Precision,
                           mesh_shape: Mapping[str, int], rules: AxisRules,
                           local_tokens: int) -> float:
@@ -99,10 +143,18 @@ def named_bytes_per_token(cfg: ModelConfig, names, *, precision: Precision,
     q, k, v, o = attention_widths(cfg, ways)
     r = expert_slots_per_token(cfg, local_tokens)
     dr = d / ways["residual"]  # the residual stream's share
+    gates = 2 if cfg.mlp == "swiglu" else 1
+    # "mlpwi": the routed experts' gate/up outputs and the shared experts' (one dense MLP
+    # of n_shared_experts x d_ff, models/moe.py). "mlpwo": a down projection's output is
+    # kept only where the backward reads it: the routed experts', whose router-weighted
+    # combine needs it for the weights' gradient; a dense MLP's and the shared experts' are
+    # summed into the layer's output, read by nothing (saving the name keeps nothing:
+    # XLA's buffer assignment is the same with and without it).
     size = {"decoder_layer_input": dr, "query_proj": q, "key_proj": k,
             "value_proj": v, "context": o, "out_proj": dr,
-            "mlpwi": r * (2 if cfg.mlp == "swiglu" else 1) * f,
-            "mlpwo": r * d if cfg.n_experts > 1 else dr}
+            "mlpwi": (r + cfg.n_shared_experts) * gates * f if cfg.n_experts > 1
+            else gates * f,
+            "mlpwo": r * d if cfg.n_experts > 1 else 0.0}
     return sum(size[n] for n in expand_names(names)) * c
 
 
@@ -185,13 +237,16 @@ def activation_components(
     offloaded_layers: int = 0,
     fuses_matmul_inputs: bool = False,
     dense_layers: int = 0,
+    offload: tuple[str, ...] = (),
+    context_mode: str = "ring",
 ) -> list[tuple[str, float]]:
     """(name, bytes per device) of the activation memory of one micro-batch over `layers`
     layers (all of them by default; a pipeline stage's share with pipeline parallelism).
     With "custom" remat only the `save` names stay in HBM (offloaded ones are in host
     memory). `fuses_matmul_inputs`: the compiler fuses an elementwise producer into a matmul's
     operand (the TPU compiler's `convolution_maximum_fusion`), so a recomputed MLP activation
-    is never held in HBM."""
+    is never held in HBM. `context_mode`: context parallelism's exchange ("ring" or
+    "allgather") when `seq` is split."""
     ways = _splits(rules, mesh_shape)
     c = _activation_bytes(precision)
     tokens = micro_batch // ways["batch"] * seq_len // ways["seq"]  # per device
@@ -199,7 +254,8 @@ def activation_components(
     h = cfg.n_heads / ways["heads"]
     q, k, v, o = attention_widths(cfg, ways)
     r = expert_slots_per_token(cfg, tokens)  # a MoE layer's (`dense_layers` apart below)
-    mlp_in = (2 if cfg.mlp == "swiglu" else 1) * f
+    gates = 2 if cfg.mlp == "swiglu" else 1
+    mlp_in = gates * f
 
     dr = d / ways["residual"]  # the residual stream's share (sequence parallelism)
     x = dr * c
@@ -213,9 +269,23 @@ def activation_components(
     # keep their inputs quantised (models/fp8.py, as Transformer Engine does: FP8 1 byte;
     # FP4 half a byte and a 1-byte scale per 32), and the attention output then once more
     # beside its bf16 copy.
+    # A MoE layer's shared experts (one dense MLP, n_shared_experts x d_ff wide) keep their
+    # gate/up outputs and activation as the routed ones do.
+    shared_f = cfg.n_shared_experts * f if cfg.n_experts > 1 else 0.0
+    mlp_in_all = (r * f + shared_f) * gates
+    # Dense attention keeps its S x S exponentials and probabilities, and two f32 row
+    # statistics where flash keeps its log-sum-exp; a context-parallel step keeps what it
+    # received and its partial results (neither with context parallelism and dense: its
+    # blocks are flash blocks).
+    context, context_grad = context_step_bytes_per_token(
+        cfg, ways=ways, precision=precision, context_mode=context_mode)
+    scores, scores_grad = (0.0, 0.0) if ways["seq"] > 1 else dense_score_bytes_per_token(
+        cfg, heads=h, seq_len=seq_len, precision=precision)
+    row_stats = h * _F32 * (2 if scores else 1)
     q8 = QUANTISED_INPUT_BYTES.get(precision.low_precision_matmuls, c)
-    everything = ((2 * dr + q + k + v + o + r * mlp_in) * c + h * _F32 + moe
-                  + (2 * dr + r * f) * q8 + (o * q8 if q8 != c else 0))
+    everything = ((2 * dr + q + k + v + o + mlp_in_all) * c + row_stats + moe
+                  + (2 * dr + r * f + shared_f) * q8 + (o * q8 if q8 != c else 0)
+                  + scores + context)
     # Saved by "minimal" (models/program.py MATMUL_OUTPUT): every weight matmul's output
     # and the scanned layer's input.
     # A routed expert's matmuls have the expert as a batch dimension, so of a MoE layer's
@@ -228,7 +298,10 @@ def activation_components(
     else:
         mlp_saved = (r * mlp_in + dr) * c
     minimal = x + (q + k + v) * c + dr * c + mlp_saved
-    custom = named_bytes_per_token(cfg, save, precision=precision, mesh_shape=mesh_shape,
+    # the layer scan keeps each layer's input for its backward, named or not, unless it is
+    # offloaded (XLA's buffer assignment holds it with save = ["context"] alone)
+    kept = save if "decoder_layer_input" in offload else ("decoder_layer_input", *save)
+    custom = named_bytes_per_token(cfg, kept, precision=precision, mesh_shape=mesh_shape,
                                    rules=rules, local_tokens=tokens)
     per_layer = {"full": x, "minimal": minimal, "none": everything, "custom": custom}[remat]
     # A layer's backward holds what it recomputes of those (none with nothing to recompute)
@@ -246,7 +319,10 @@ def activation_components(
     # the FSDP all-gather brings them
     layer_weights, unembedding = gathered_weight_bytes(cfg, precision=precision,
                                                        mesh_shape=mesh_shape, rules=rules)
-    in_flight = (r * mlp_in + 2 * dr) * c + (q + k + v) * _F32
+    # (dense attention's: its matmuls' outputs, and the S x S gradients it makes; context
+    # parallelism's: the keys' and values' gradient passed between steps)
+    in_flight = ((r * mlp_in + 2 * dr) * c + (q + k + v) * (c if scores else _F32)
+                 + scores_grad + context_grad)
     vocab = cfg.padded_vocab / ways["vocab"]
     layers = cfg.n_layers if layers is None else layers
     tiles = f", one of {vocab_tiles} tiles" if vocab_tiles > 1 else ""
@@ -256,7 +332,8 @@ def activation_components(
             dense_layer_config(cfg), micro_batch=micro_batch, seq_len=seq_len,
             precision=precision, remat=remat, mesh_shape=mesh_shape, rules=rules,
             layers=dense_layers, save=save, vocab_tiles=vocab_tiles,
-            fuses_matmul_inputs=fuses_matmul_inputs)[0][1]
+            fuses_matmul_inputs=fuses_matmul_inputs, offload=offload,
+            context_mode=context_mode)[0][1]
     return [
         (f"saved activations ({'no' if remat == 'none' else remat} remat, {layers} layers)",
          saved),
@@ -272,9 +349,10 @@ def activation_components(
 
 def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Workload,
                     precision: Precision, train: Train, mesh_shape: Mapping[str, int],
-                    rules: AxisRules, fuses_matmul_inputs: bool = False) -> Memory:
+                    rules: AxisRules, fuses_matmul_inputs: bool = False,
+                    context_mode: str = "ring") -> Memory:
     """Memory per device of a training step: exact state, analytic activations
-    (`fuses_matmul_inputs`: see activation_components)."""
+    (`fuses_matmul_inputs`, `context_mode`: see activation_components)."""
     plan = program.pipeline
     if plan is None:
         # the first offload_layers layers keep nothing in HBM (models/transformer.py)
@@ -286,7 +364,8 @@ def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Worklo
             offloaded_layers=train.offload_layers, fuses_matmul_inputs=fuses_matmul_inputs,
             # the offloaded layers are the first ones, the dense ones first among them (a
             # pipeline's program runs its dense layers as MoE ones: models/transformer.py)
-            dense_layers=max(0, cfg.n_dense_layers - train.offload_layers))
+            dense_layers=max(0, cfg.n_dense_layers - train.offload_layers),
+            offload=train.offload, context_mode=context_mode)
     else:
         # A stage holds the activations of its own layer slots for the microbatches its
         # schedule keeps in flight (models/pipeline.py: Pipeline.in_flight).
@@ -294,7 +373,8 @@ def training_memory(cfg: ModelConfig, program: TrainProgram, *, workload: Worklo
             cfg, micro_batch=workload.micro_batch, seq_len=workload.seq_len,
             precision=precision, remat=train.remat, mesh_shape=mesh_shape, rules=rules,
             layers=plan.slots_per_stage, save=train.save, vocab_tiles=train.num_vocab_tiling,
-            fuses_matmul_inputs=fuses_matmul_inputs)
+            fuses_matmul_inputs=fuses_matmul_inputs, offload=train.offload,
+            context_mode=context_mode)
         activations = [(f"{saved[0][:-1]}, {plan.in_flight:g} microbatches in flight)",
                         saved[1] * plan.in_flight), *rest]
     # The loss's logits live at the end of the forward pass, a layer's backward working set
@@ -327,6 +407,11 @@ def serving_activation_bytes(cfg: ModelConfig, *, workload: Workload, precision:
     r = expert_slots_per_token(cfg, per_device_tokens)
     layer = (4 * d + sum(attention_widths(cfg, ways)) + 3 * r * f
              + (2 * r * d if r != 1 else 0)) * c
+    if workload.kind == "prefill" and cfg.attention == "dense":
+        # dense attention's S x S tensors at once: the scores as the matmul writes them,
+        # their f32 exponentials and the probabilities, every query against all seq_len
+        # keys (a decode step's one query reads its cache: kv_cache_attention)
+        layer += cfg.n_heads / ways["heads"] * workload.seq_len * (2 * c + _F32)
     return per_device_tokens * layer + local_batch * cfg.padded_vocab / ways["vocab"] * _F32
 
 

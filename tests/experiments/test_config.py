@@ -74,7 +74,19 @@ BAD = {
     "dropless sentinel": (TINY.replace('preset = "tiny"', 'preset = "tiny"\nn_experts = 4\n'
                                        'experts_per_token = 2\ncapacity_factor = 0'),
                           "for no dropped tokens set model.dropless = true"),
+    # the loss takes every num_vocab_tiling-th position into a tile (models/train.py)
+    "vocab tiling": (TINY + "[train]\nnum_vocab_tiling = 3\n",
+                     "train.num_vocab_tiling=3 does not divide workload.seq_len=32; choose "
+                     "one of 1, 2, 4, 8, 16, 32"),
 }
+
+
+def test_fit_refuses_what_run_refuses(tmp_path, capsys):
+    # `fit --no-compile` sizes the config with the memory model alone, which never traces
+    # the loss: the divisibility check has to be the config's, or fit gave a verdict
+    text, message = BAD["vocab tiling"]
+    code, out, err = run_cli(["fit", write(tmp_path, text), "--no-compile"], capsys)
+    assert code == 2 and message in err and err.count("\n") == 1 and not out
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -38,3 +38,14 @@ def test_bad_overrides_say_what_is_valid(name, overrides, fragment):
     with pytest.raises(ValueError, match=fragment) as e:
         get_system(name, **overrides)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("chip, mib", [("a100", 81920), ("h100", 81559), ("h200", 143771),
+                                       ("b200", 183359), ("gb200", 189471),
+                                       ("gb300", 284208)])
+def test_gpu_hbm_is_what_the_driver_reports(chip, mib):
+    # one convention for every GPU: nvidia-smi's memory.total, in MiB (sources in
+    # meshes/chips.py); H200's "141GB" read as 141e9 bytes was 9.75e9 bytes short
+    from meshes.chips import CHIPS
+
+    assert CHIPS[chip].hbm_bytes == mib * 2**20

@@ -161,8 +161,10 @@ def test_a_moe_models_dense_first_layers_keep_a_dense_layers_tensors():
     # program runs them as MoE layers) each dense layer keeps a dense layer's MLP
     # tensors. Saving the MLP's input and output matmuls ("custom"): a MoE layer keeps
     # 2 x 2048 gate/up and 7168 down-projection values for each of a token's expert rows
-    # (8 x the capacity factor), a dense one 2 x 18432 and 7168. Offloading them moves
-    # those bytes, out and back.
+    # (8 x the capacity factor) and the shared expert's 2 x 2048 gate/up, a dense one
+    # 2 x 18432 (its down projection's output is summed into the layer output and read by
+    # nothing: not kept); both keep the layer input (7168), which the layer scan holds.
+    # Offloading the names moves their bytes, out and back.
     from models.memory import offload_bytes_per_step
 
     rules, mesh = sharding.default_rules(), {"data": 8}
@@ -177,9 +179,11 @@ def test_a_moe_models_dense_first_layers_keep_a_dense_layers_tensors():
             dense_layers=n_dense))["saved activations (custom remat, 4 layers)"]
 
     slots = 8 * models.preset("deepseek-v3").capacity_factor  # expert rows a token
-    moe = slots * (2 * 2048 + 7168)
-    dense = 2 * 18432 + 7168
-    assert saved(1) == pytest.approx(tokens * 2 * (3 * moe + dense), rel=0.01)
+    moe = slots * (2 * 2048 + 7168) + 2 * 2048
+    dense = 2 * 18432
+    layer_input = 7168
+    assert saved(1) == pytest.approx(tokens * 2 * (3 * moe + dense + 4 * layer_input),
+                                     rel=0.01)
     assert saved(1) - saved(3) == pytest.approx(2 * tokens * 2 * (moe - dense), rel=0.01)
 
     def offloaded(n_dense):
@@ -190,3 +194,80 @@ def test_a_moe_models_dense_first_layers_keep_a_dense_layers_tensors():
             mesh_shape=mesh, rules=rules)
     assert offloaded(1) - offloaded(3) == pytest.approx(2 * 2 * tokens * 2 * (moe - dense),
                                                         rel=0.01)
+
+
+# The reviewer's small config, compiled per layer against XLA:CPU's buffer assignment:
+# d_model 256, 8 heads of 32, d_ff 512 (SwiGLU), f32, one sequence of 2048 per device.
+SMALL = dict(d_model=256, n_heads=8, n_kv_heads=8, head_dim=32, d_ff=512, vocab=512,
+             max_seq_len=8192, n_layers=4)
+F32 = models.Precision(params="float32", compute="float32")
+SAVED_NONE = "saved activations (no remat, 4 layers)"
+WORK = "one layer's backward working set"
+
+
+def _small(remat="none", mesh=None, seq_len=2048, micro_batch=8, **cfg):
+    return dict(activation_components(
+        models.preset("tiny", **{**SMALL, **cfg}), micro_batch=micro_batch, seq_len=seq_len,
+        precision=F32, remat=remat, mesh_shape=mesh or {"data": 8},
+        rules=sharding.default_rules(),
+        save=("mlpwi", "mlpwo") if remat == "custom" else ()))
+
+
+def test_dense_attention_keeps_its_scores():
+    # Dense attention's backward reads the f32 exponentials and the probabilities (f32 here),
+    # B x H x L x S each: 8 x 2048 values a token, 8 bytes each, where flash keeps one f32
+    # log-sum-exp a head (dense: two f32 row statistics). XLA:CPU: 308.4 MB a layer against
+    # flash's 42.0; the model had 39.9 for both.
+    tokens, scores = 2048, 8 * 2048
+    flash, dense = _small(), _small(attention="dense")
+    assert dense[SAVED_NONE] - flash[SAVED_NONE] == 4 * tokens * (scores * 8 + 8 * 4)
+    # its backward makes the probabilities' and the scores' gradients (4 bytes each) and no
+    # f32 accumulators (q, k, v: 3 x 256 values, 4 bytes in f32 either way)
+    assert dense[WORK] - flash[WORK] == tokens * scores * 2 * 4
+    # full remat recomputes the pair: 4 score tensors in the layer's backward (XLA:CPU:
+    # 635.0 MB at 4 layers against flash's 122.6 + 4 x 134 MB)
+    full_flash, full_dense = _small("full"), _small("full", attention="dense")
+    assert full_dense[WORK] - full_flash[WORK] == tokens * (scores * 16 + 8 * 4)
+
+
+def test_shared_experts_keep_their_activations():
+    # 8 experts, 2 a token, and 2 shared experts: one dense MLP of 2 x 512. With nothing
+    # recomputed it keeps its gate and up outputs and their product (3 x 1024 values a
+    # token, f32); XLA:CPU: 154.5 MB a layer, the model had 125.9 (now 151.1).
+    moe = dict(n_experts=8, experts_per_token=2)
+    tokens, shared = 2048, 2 * 512
+    plain, with_shared = _small(**moe), _small(n_shared_experts=2, **moe)
+    assert with_shared[SAVED_NONE] - plain[SAVED_NONE] == 4 * tokens * 3 * shared * 4
+    # "custom" saving mlpwi keeps the shared gate/up outputs too (2 x 1024); mlpwo the
+    # routed experts' output alone (the shared one is summed into the layer output, read by
+    # nothing); the layer scan keeps every layer's input (256 values) whatever is named:
+    # XLA:CPU 112.24 MB a layer, the model had 93.4, now 112.24.
+    key = "saved activations (custom remat, 4 layers)"
+    plain, with_shared = (_small("custom", **moe),
+                          _small("custom", n_shared_experts=2, **moe))
+    assert with_shared[key] - plain[key] == 4 * tokens * 2 * shared * 4
+    r = 8 * 640 / 2048  # expert slots a token: 8 experts x 640 capacity / 2048 tokens
+    assert plain[key] == 4 * tokens * (256 + r * (2 * 512 + 256)) * 4
+
+
+def test_context_parallel_steps_keep_what_they_received():
+    # CP4 over 8192 positions, 2048 on a device as without it. Each of the 3 steps after a
+    # rank's own keeps the K and V it received (2 x 256 values a local token), and for the
+    # 1024 queries of its second block: the selected query half, the two blocks' outputs
+    # and the three f32 running outputs of the merges (6 x 256 values a query), the two
+    # log-sum-exps and six merge weights (8 x 8 heads a query), all f32 here: 5248 bytes
+    # a local token. XLA:CPU: 75.7 MB a layer against 42.0 without (ring and all-gather
+    # alike; 2 kv heads: 61.5), the model had 39.9 (now 72.2).
+    step = (256 + 256) * 4 + 256 / 2 * 6 * 4 + 8 / 2 * 8 * 4
+    base = _small()
+    cp4 = _small(mesh={"data": 2, "sequence": 4}, seq_len=8192, micro_batch=2)
+    assert cp4[SAVED_NONE] - base[SAVED_NONE] == 4 * 2048 * 3 * step
+    # the keys' and values' gradient in flight: one step's (ring) or all 4 ranks' copies
+    # before their reduce-scatter (all-gather)
+    ring = _small("full", mesh={"data": 2, "sequence": 4}, seq_len=8192, micro_batch=2)
+    assert ring[WORK] - _small("full")[WORK] == 2048 * (3 * step + 512 * 4)
+    gathered = dict(activation_components(
+        models.preset("tiny", **SMALL), micro_batch=2, seq_len=8192, precision=F32,
+        remat="full", mesh_shape={"data": 2, "sequence": 4}, rules=sharding.default_rules(),
+        context_mode="allgather"))
+    assert gathered[WORK] - ring[WORK] == 2048 * 3 * 512 * 4
