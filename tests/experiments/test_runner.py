@@ -48,7 +48,8 @@ remat = "none"
 def test_a_step_that_does_not_fit_says_so_first_and_what_would_fit(tmp_path, capsys,
                                                                       cpu_devices):
     # f32 parameters, gradients and Adam state of 16 Llama 3 8B layers replicated on every
-    # GPU (73 GB) plus no-remat activations of 8 sequences of 1024: past an H100's 85.5 GB (81559 MiB).
+    # GPU (73 GB) plus no-remat activations of 8 sequences of 1024: past an H100's 85.5 GB
+    # (81559 MiB).
     # `run` prints the verdict first and the changes experiments/fit.py's search compiled.
     import re
 
