@@ -171,10 +171,13 @@ def measure(exp: Experiment, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAUL
     from sharding.compiler import compiler_name
 
     kind, device_kind = present_kind()
-    # Process 0 first: on CPU devices its system may benchmark the host (an empty cache),
+    # On CPU devices process 0 first: its system may benchmark the host (an empty cache),
     # which the others must not do at the same time (each would time a share of its cores,
-    # and write that to the cache). They wait in `_agreed`, then read its figures.
-    system = system_for(exp, kind, device_kind) if processes.index == 0 else None
+    # and write that to the cache); they wait in `_agreed`, then read its figures. On
+    # accelerators every process checks the config's system before `_agreed`, so that a
+    # wrong kind stops all of them (one refusing alone left the others waiting there).
+    system = system_for(exp, kind, device_kind) \
+        if kind != "cpu" or processes.index == 0 else None
     profiled = _agreed(processes, steps=steps, warmup=warmup, profile=profile_dir is not None)
     if system is None:
         system = system_for(exp, kind, device_kind, cache=False)

@@ -88,12 +88,15 @@ def check_vary(raw: dict, vary: Sequence[tuple[str, list[str]]]) -> None:
                 apply_override(r, f"{k}={v}")
             config_mod.unchecked(r)
         except ConfigError as e:
-            for kv in zip(keys, values, strict=True):
-                errors.setdefault(kv, str(e).splitlines()[0].removeprefix("--set "))
+            message = str(e).splitlines()[0].removeprefix("--set ")
+            # the value the message names (its key), else every value of the combination
+            named = [kv for kv in zip(keys, values, strict=True) if kv[0] in message]
+            for kv in named or zip(keys, values, strict=True):
+                errors.setdefault(kv, message)
             continue
         valid.update(zip(keys, values, strict=True))
     for k, values in vary:
-        bad = [v for v in values if (k, v) not in valid]
+        bad = [v for v in values if (k, v) not in valid and (k, v) in errors]
         if bad:  # every value wrong: the key is, or the table it names
             drop = f"; fix or drop {bad[0]!r}" if len(bad) < len(values) else ""
             raise ConfigError(f"--vary {k}={','.join(values)}: {errors[(k, bad[0])]}{drop}")

@@ -257,10 +257,6 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
-    def done(self, tool_version: str, backend: str) -> set[str]:
-        """The config hashes already stored for this tool version and backend."""
-        return set(self.stored(tool_version, backend))
-
     def stored(self, tool_version: str, backend: str) -> dict[str, tuple[str, str]]:
         """{config hash: (status, message)} of the rows stored for this tool version and
         backend (what a rerun decides on: reuse, compile again, re-estimate)."""
@@ -275,8 +271,15 @@ class Store:
 
     def add(self, r: Result, *, replace: bool = False) -> bool:
         """Commit one result; False when the store already had it (another search).
-        `replace`: in place of the stored one (a rerun that compiled it again)."""
+        `replace`: in place of the stored one (a rerun that compiled it again), under the
+        search and name that stored it first (rankings select rows by them)."""
         how = "REPLACE" if replace else "IGNORE"
+        if replace:
+            first = self.db.execute(
+                "SELECT search, name FROM results WHERE config_hash = ? AND tool_version = ? "
+                "AND backend = ?", (r.config_hash, r.tool_version, r.backend)).fetchone()
+            if first is not None:
+                r = dataclasses.replace(r, search=first[0], name=first[1])
         cur = self.db.execute(
             f"INSERT OR {how} INTO results ({', '.join(COLUMNS)}) VALUES "
             f"({', '.join('?' * len(COLUMNS))})",

@@ -217,14 +217,16 @@ class GpuSystem(System):
         if n > 8 and large is not None and nbytes >= large.sizes_bytes[0]:
             curve = large
         busbw = curve(nbytes)
-        if kind == "all-reduce" and self.nvls and curve is H100_NVLS_ALL_REDUCE:
+        ring = min(busbw, f.ring_cap_bytes_per_s)
+        if kind != "all-reduce" or not self.nvls:
+            # the curves of NVLS systems were measured with it (NCCL's default): without it
+            # an all-reduce runs at the ring's plateau
+            return ring, "ring"
+        if curve is H100_NVLS_ALL_REDUCE:
             # the 8-GPU NVLS curve scaled to the group's GPUs, or the ring where it is faster
             nvls = busbw * H100_NVLS_PEAK_BY_GPUS[min(n, 8)] / H100_NVLS_PEAK_BY_GPUS[8]
-            ring = min(busbw, f.ring_cap_bytes_per_s)
             return (nvls, "nvls") if nvls >= ring else (ring, "ring")
-        if kind == "all-reduce" and f.has_nvls and curve is not H100_NVLS_ALL_REDUCE:
-            return busbw, "ring"
-        return min(busbw, f.ring_cap_bytes_per_s), "ring"
+        return busbw, "ring"  # GB200 / GB300: measured rings, and the rack's NVLS curve
 
     def _in_domain_time(
         self, kind: str, nbytes: float, n: int, *, latency_floor: bool = True
@@ -299,8 +301,7 @@ class GpuSystem(System):
                     sends[src // pod] = sends.get(src // pod, 0) + 1
                     receives[dst // pod] = receives.get(dst // pod, 0) + 1
             load = {p: max(sends.get(p, 0), receives.get(p, 0)) for p in {*sends, *receives}}
-            groups = ()
-        for g in groups:
+        for g in groups if kind != "collective-permute" else ():
             in_pod: dict[int, int] = {}
             for i in g:
                 in_pod[i // pod] = in_pod.get(i // pod, 0) + 1

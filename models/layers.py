@@ -91,18 +91,20 @@ def project(spec: str, x, w, *, precision: Precision):
     """A weight matmul: in the activations' dtype, or in FP8 / FP4 (models/fp8.py) when
     `precision.compute` says so.
 
-    `w` is the weight's Param (or an array). Low-precision recipes quantise after any FSDP
+    `x` is an array, or a sequence-parallel region's input (`tensor_parallel_input`), which
+    the projection gathers itself. `w` is the weight's Param (or an array). Low-precision
+    recipes quantise after any FSDP
     gather here, so the gather moves the parameter dtype's bytes (Transformer Engine can
     gather FP8 weights instead; that saving is not modelled). A weight with one leading
     dimension more than `spec` gives it is one copy per context-parallel rank
     (`per_context_rank`).
     """
     w_rank = len(spec.split("->")[0].split(",")[1])
-    if isinstance(x, SequenceParallelInput):
+    if isinstance(x, SequenceParallelInput):  # (bf16 matmuls only: _reshards)
         w = w[...] if not isinstance(w, jax.Array) else w
-        if w.ndim == w_rank and not precision.low_precision_matmuls:
+        if w.ndim == w_rank:
             return matmul_output(spec, x.project(spec, w))
-        x = x.whole()
+        x = x.whole()  # one copy of the weight per context-parallel rank
     if isinstance(w, QuantWeight | QuantArrays) and precision.low_precision_matmuls == "float8":
         wq = w.q[...]
         if wq.dtype == jnp.float8_e4m3fn and wq.ndim == w_rank:
@@ -154,9 +156,10 @@ def _fp4_layouts(spec: str, x, w) -> tuple:
 
 def tensor_parallel_input(x_BLD, precision: Precision):
     """The residual stream entering a tensor-parallel region (its column-parallel
-    projections): under sequence parallelism, gathered over the mesh axes that split its
-    positions beyond the projections' own `seq` split (Megatron's all-gather over
-    `tensor`), its gradient reduce-scattered back to the residual stream's split.
+    projections): under sequence parallelism, a SequenceParallelInput that `project`
+    gathers over the mesh axes that split its positions beyond the projections' own `seq`
+    split (Megatron's all-gather over `tensor`; again in the backward pass), its gradient
+    reduce-scattered back to the residual stream's split; the array itself otherwise.
 
     Why stated, both ways: a projection's weight gradient contracts its input with its
     output's gradient over the positions, and the two must agree on how the positions

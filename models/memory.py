@@ -245,8 +245,9 @@ def activation_components(
     With "custom" remat only the `save` names stay in HBM (offloaded ones are in host
     memory). `fuses_matmul_inputs`: the compiler fuses an elementwise producer into a matmul's
     operand (the TPU compiler's `convolution_maximum_fusion`), so a recomputed MLP activation
-    is never held in HBM. `context_mode`: context parallelism's exchange ("ring" or
-    "allgather") when `seq` is split."""
+    is never held in HBM. `offload`: with "custom" remat, the names moved to host memory
+    (the layer input a scan keeps, unless offloaded). `context_mode`: context parallelism's
+    exchange ("ring" or "allgather") when `seq` is split (the program's: models/context.py)."""
     ways = _splits(rules, mesh_shape)
     c = _activation_bytes(precision)
     tokens = micro_batch // ways["batch"] * seq_len // ways["seq"]  # per device
@@ -293,7 +294,7 @@ def activation_components(
     # experts' buffers and the dispatch are recomputed (the program's choice, and
     # MaxText's, whose expert matmuls are no plain dots).
     if cfg.n_experts > 1:
-        shared = cfg.n_shared_experts * (2 if cfg.mlp == "swiglu" else 1) * f
+        shared = shared_f * gates
         mlp_saved = cfg.n_experts * _F32 + ((shared + dr) * c if shared else 0)
     else:
         mlp_saved = (r * mlp_in + dr) * c

@@ -69,7 +69,7 @@ class QuantWeight(nnx.Module):
 
     def split(self, dim: int, parts: int) -> QuantArrays:
         """The weight with dimension `dim` split into (parts, size / parts), its scale
-        alongside (a dimension the scale spans stays 1 in both halves)."""
+        alongside (a dimension the scale spans, of size 1, splits into (1, 1))."""
         return QuantArrays(split_dim(self.q[...], dim, parts),
                            split_dim(self.scale[...], dim, parts))
 
@@ -89,5 +89,5 @@ def split_dim(x, dim: int, parts: int):
     """x with dimension `dim` split into (parts, size / parts); a size-1 dimension (where a
     scale spans it) into (1, 1)."""
     n = x.shape[dim]
-    halves = (1, 1) if n == 1 else (parts, n // parts)
-    return x.reshape(*x.shape[:dim], *halves, *x.shape[dim + 1:])
+    pieces = (1, 1) if n == 1 else (parts, n // parts)
+    return x.reshape(*x.shape[:dim], *pieces, *x.shape[dim + 1:])

@@ -83,10 +83,10 @@ def _check_mesh_axes(mesh_shape: Sequence[int], axis_names: Sequence[str]) -> No
         raise ValueError(f"mesh_shape={shape} has {len(shape)} axes but axis_names={names} "
                          f"names {len(names)}; give one name per axis, e.g. "
                          f"mesh_shape=(2, 4), axis_names=('data', 'tensor')")
-    bad = next((a for a in names if not isinstance(a, str) or not a.strip()
+    bad = next((i for i, a in enumerate(names) if not isinstance(a, str) or not a.strip()
                 or names.count(a) > 1), None)
     if bad is not None:
-        raise ValueError(f"axis_names={names}: {bad!r} is not a distinct mesh axis name; "
+        raise ValueError(f"axis_names={names}: {names[bad]!r} is not a distinct mesh axis name; "
                          f"name each axis once, e.g. axis_names=('data', 'tensor')")
 
 

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from meshes import COLLECTIVE_KINDS, bus_factor
-from sharding.dataflow import is_collective, is_view, users_through_views
+from sharding.dataflow import is_collective, users_through_views, views_of
 from sharding.hlo import (
     DTYPE_NAMES,
     ArrayShape,
@@ -193,7 +193,7 @@ def _keeps_1_of_n(module, comp, name: str, whole: int, n: int, depth: int = 0) -
         elif u.opcode == "convert" or _converts_only(module, u):
             ok = _keeps_1_of_n(module, comp, u.name, whole, n, depth + 1)
         elif u.opcode == "fusion" and (fused := _fused(module, u)) is not None:
-            names = _views_of(comp, name)
+            names = views_of(comp, name)
             params = {p.operands[0]: p.name for p in fused.instructions
                       if p.opcode == "parameter" and p.operands}
             ok = all(_keeps_1_of_n(module, fused, params.get(str(i), ""), whole, n,
@@ -217,15 +217,6 @@ def _converts_only(module, inst: Instruction) -> bool:
     fused = _fused(module, inst) if inst.opcode == "fusion" else None
     return fused is not None and len(inst.operands) == 1 and all(
         i.opcode in ("parameter", "convert", "bitcast", "reshape") for i in fused.instructions)
-
-
-def _views_of(comp, name: str) -> set[str]:
-    """`name` and the views of it (bitcasts, reshapes) its users see."""
-    out = {name}
-    for u in comp.users.get(name, []):
-        if is_view(u, comp):
-            out |= _views_of(comp, u.name)
-    return out
 
 
 def _folded_all_reduces(comp) -> set[str]:

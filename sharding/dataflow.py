@@ -75,6 +75,15 @@ def shapes_of(comp: Computation, name: str) -> list[ArrayShape]:
     return inst.shapes if inst is not None else []
 
 
+def views_of(comp: Computation, name: str) -> set[str]:
+    """`name` and the views of it (bitcasts, reshapes) its users see."""
+    out = {name}
+    for u in comp.users.get(name, []):
+        if is_view(u, comp):
+            out |= views_of(comp, u.name)
+    return out
+
+
 def users_through_views(comp: Computation, name: str) -> list[Instruction]:
     """The users of `name`, looking through bitcasts and reshapes."""
     out = []

@@ -25,7 +25,10 @@ from sharding.schedule import Graph, schedule_graph
 
 # Bumped whenever a Plan's fields or their meaning change, how its work is read from the HLO
 # too (3: a stage's vmapped weight slice, reductions' combiners, fused gradient sums; 4:
-# collectives over one-member groups dropped): a stored plan of another format is rebuilt
+# collectives over one-member groups dropped, reduce-scatter shapes by their scatter
+# dimension, all-reduces sliced through views or tuples read as reduce-scatters, sums over
+# size-1 dimensions as views, slices only a collective reads as read in place, a layer
+# scan's collectives named by their readers): a stored plan of another format is rebuilt
 # from its HLO instead.
 PLAN_FORMAT = 4
 

@@ -29,8 +29,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from sharding.collectives import extract_collectives, is_collective
-from sharding.dataflow import GEMM_CALL_TARGETS, MATMUL_OPS
+from sharding.collectives import extract_collectives
+from sharding.dataflow import GEMM_CALL_TARGETS, MATMUL_OPS, is_collective
 from sharding.hlo import HloModule, parse_hlo
 
 MATMUL = "matmul"

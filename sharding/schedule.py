@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 
-from sharding.collectives import is_collective
+from sharding.dataflow import is_collective
 from sharding.hlo import HloModule
 from sharding.loops import trip_counts
 

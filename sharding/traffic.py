@@ -38,13 +38,13 @@ import bisect
 import itertools
 import math
 
-from sharding.collectives import is_collective
 from sharding.dataflow import (
     IN_PLACE_OPS,
     MATMUL_OPS,
     SLICE_OPS,
     collective_reads_in_place,
     feeds_only_matmuls,
+    is_collective,
     is_matmul,
     is_view,
     read_bytes,

@@ -137,8 +137,7 @@ def cmd_search(args) -> int:
             print(f"re-estimated {sum(r.status == 'ok' for r in results)} stored programs "
                   f"{how}, no compile (kept in {args.store}: `shardscope results "
                   f"{args.store}{' --system ' + args.system if args.system else ''}`)")
-            too_big = sum(r.status == "refused" and r.message.startswith("does not fit")
-                          for r in results)
+            too_big = sum(search_mod.unfit(r.status, r.message) for r in results)
             if args.system and too_big:
                 were = "s did not fit on the store's system and were" if too_big > 1 else \
                     " did not fit on the store's system and was"

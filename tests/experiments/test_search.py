@@ -515,6 +515,9 @@ def test_a_rerun_re_estimates_stored_programs_under_its_calibration(tmp_path, ca
     (["--vary", "train.bogus=1,2"], "unknown key 'train.bogus'"),
     (["--vary", "train.remat=full,bogus"], "fix or drop 'bogus'"),
     (["--vary", "train.remat=full", "--vary", "train.remat=none"], "given twice"),
+    # the bad key is named, not the good one varied beside it
+    (["--vary", "train.remat=full,minimal", "--vary", "workload.kind=bogus"],
+     "--vary workload.kind=bogus: workload.kind='bogus'"),
     (["--axes", "data,data"], "data given twice"),
     (["--system", "a100:8"], "only with --reestimate"),
     (["--json", "nodir/s.json"], "nodir' does not exist"),

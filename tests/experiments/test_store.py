@@ -62,6 +62,25 @@ def _store_with_one_row(path):
                      fits=True, bottleneck="compute"))
 
 
+def test_a_row_compiled_again_stays_in_the_search_that_stored_it(tmp_path):
+    # A rerun under another name (--retry-errors, --keep-unfit) replaces the row's figures,
+    # not its search: `results --search mine` still finds it.
+    import dataclasses
+
+    from experiments.store import Store
+
+    path = tmp_path / "s.sqlite"
+    _store_with_one_row(path)
+    with Store(path) as s:
+        (row,) = s.results(search="mine")
+        again = dataclasses.replace(row, search="theirs", name="theirs-data8",
+                                    step_time_s=2e-3)
+        assert s.add(again, replace=True)
+        (row,) = s.results(search="mine")
+        assert (row.name, row.step_time_s) == ("mine-data8", 2e-3)
+        assert s.results(search="theirs") == []
+
+
 def test_results_reads_another_programs_sqlite_file_without_changing_it(tmp_path, capsys):
     other = tmp_path / "other.db"
     db = sqlite3.connect(other)

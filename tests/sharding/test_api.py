@@ -283,6 +283,7 @@ def test_bad_arguments_are_one_line_naming_them_and_the_fix(cpu_devices):
     ((2, 8), ("data", "data"), "axis_names=('data', 'data'): 'data' is not a distinct mesh "
                                "axis name"),
     ((2, 8), ("", "tensor"), "axis_names=('', 'tensor'): '' is not a distinct mesh axis"),
+    ((2, 8), (None, "tensor"), "axis_names=(None, 'tensor'): None is not a distinct mesh"),
 ])
 def test_a_dumps_mesh_names_each_axis_once(shape, names, message):
     text = (DATA / "collectives.gpu-h100.hlo").read_text()
