@@ -377,9 +377,14 @@ class Mlp(nnx.Module):
             self.w_up = new_weight(rngs, (d, f), ("embed", "mlp"), precision=precision)
         self.w_down = new_weight(rngs, (f, d), ("mlp", "embed"), precision=precision)
 
-    def __call__(self, x_BLD):
+    def hidden(self, x_BLD):
+        """The hidden activation, from the residual stream entering the tensor-parallel
+        region (gathered under sequence parallelism)."""
         x_BLD = tensor_parallel_input(x_BLD, self.precision)
-        h_BLF = constrain(mlp_hidden(self, "bld,df->blf", x_BLD), ("batch", "seq", "mlp"))
+        return constrain(mlp_hidden(self, "bld,df->blf", x_BLD), ("batch", "seq", "mlp"))
+
+    def __call__(self, x_BLD):
+        h_BLF = self.hidden(x_BLD)
         with jax.named_scope("down_proj"):
             out_BLD = project("blf,fd->bld", h_BLF, self.w_down, precision=self.precision)
             return checkpoint_name(tensor_parallel_output(out_BLD, self.precision), "mlpwo")

@@ -50,10 +50,9 @@ from models.layers import (
     new_param,
     new_weight,
     project,
-    tensor_parallel_input,
 )
 from models.program import DTYPES, Precision
-from models.quant import QuantWeight, split_dim
+from models.quant import split_weight
 from sharding.rules import active_mesh, active_rules, constrain, mesh_shape_of
 
 
@@ -252,8 +251,7 @@ class MoeMlp(nnx.Module):
         g, n_x, cap, f = h_RXCF.shape
         h_RXCYF = constrain(h_RXCF.reshape(g, n_x, cap, t, f // t),
                             ("expert_batch", "experts", None, "mlp", None))
-        w = self.w_down
-        w_XYFD = w.split(1, t) if isinstance(w, QuantWeight) else split_dim(w[...], 1, t)
+        w_XYFD = split_weight(self.w_down, 1, t)
         y_YRXCD = constrain(
             project("gxcyf,xyfd->ygxcd", h_RXCYF, w_XYFD, precision=self.precision),
             ("mlp", "expert_batch", "experts", None, "embed"))
@@ -264,12 +262,10 @@ class MoeMlp(nnx.Module):
         projection, added to the routed experts' before their one sum over the tensor
         ranks (vLLM's and SGLang's DeepSeek MoE reduce them together)."""
         mlp = self.shared
-        x_BLD = tensor_parallel_input(x_BLD, mlp.precision)
-        h_BLF = constrain(mlp_hidden(mlp, "bld,df->blf", x_BLD), ("batch", "seq", "mlp"))
+        h_BLF = mlp.hidden(x_BLD)
         b, seq, f = h_BLF.shape
         h_BLYF = constrain(h_BLF.reshape(b, seq, t, f // t), ("batch", "seq", "mlp", None))
-        w = mlp.w_down
-        w_YFD = w.split(0, t) if isinstance(w, QuantWeight) else split_dim(w[...], 0, t)
+        w_YFD = split_weight(mlp.w_down, 0, t)
         with jax.named_scope("down_proj"):
             y_YBLD = constrain(
                 project("blyf,yfd->ybld", h_BLYF, w_YFD, precision=mlp.precision),

@@ -91,3 +91,10 @@ def split_dim(x, dim: int, parts: int):
     n = x.shape[dim]
     pieces = (1, 1) if n == 1 else (parts, n // parts)
     return x.reshape(*x.shape[:dim], *pieces, *x.shape[dim + 1:])
+
+
+def split_weight(w, dim: int, parts: int):
+    """A weight (a Param or a QuantWeight) with dimension `dim` split into (parts,
+    size / parts): an array, or a QuantArrays."""
+    return w.split(dim, parts) if isinstance(w, QuantWeight) else split_dim(w[...], dim, parts)
+
