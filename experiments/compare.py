@@ -54,10 +54,10 @@ class Entry:
 
     @property
     def label(self) -> str:
-        """The system's name, with the config's overrides applied to it."""
-        if not self.overrides:
-            return self.system
-        return f"{self.system} [{', '.join(f'{k}={v}' for k, v in self.overrides.items())}]"
+        """The system's name, with the config's overrides applied to it (System.label)."""
+        from meshes import get_system
+
+        return get_system(self.system, **self.overrides).label
 
     def _energy(self, figure: str) -> float | None:
         """A figure of the step's energy and cost (meshes/power.py), None where the system

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from meshes import COLLECTIVE_KINDS, bus_factor
-from sharding.dataflow import is_collective, users_through_views, views_of
+from sharding.dataflow import fused_computation, is_collective, users_through_views, views_of
 from sharding.hlo import (
     DTYPE_NAMES,
     ArrayShape,
@@ -149,8 +149,6 @@ def _groups(kind: str, inst: Instruction, num_partitions: int) -> list[list[int]
     return groups or [list(range(num_partitions))]
 
 
-# Opcode prefixes of every collective form XLA prints: the kinds above, their async
-# `-start` / `-done` halves, send / recv, and forms this parser does not know yet.
 def _only_sliced(comp, inst: Instruction, n: int, module=None) -> bool:
     """An all-reduce whose every user keeps 1/n of it with a dynamic-slice (of the value
     itself or a reshape of it).
@@ -192,7 +190,7 @@ def _keeps_1_of_n(module, comp, name: str, whole: int, n: int, depth: int = 0) -
             ok = len(u.shapes) == 1 and u.shapes[0].num_elements * n == whole
         elif u.opcode == "convert" or _converts_only(module, u):
             ok = _keeps_1_of_n(module, comp, u.name, whole, n, depth + 1)
-        elif u.opcode == "fusion" and (fused := _fused(module, u)) is not None:
+        elif (fused := fused_computation(module, u)) is not None:
             names = views_of(comp, name)
             params = {p.operands[0]: p.name for p in fused.instructions
                       if p.opcode == "parameter" and p.operands}
@@ -206,15 +204,9 @@ def _keeps_1_of_n(module, comp, name: str, whole: int, n: int, depth: int = 0) -
     return True
 
 
-def _fused(module, inst: Instruction):
-    """The computation a fusion calls (None without the module)."""
-    called = inst.called_computations() if module is not None else []
-    return module.computations.get(called[0][1]) if called else None
-
-
 def _converts_only(module, inst: Instruction) -> bool:
     """A fusion of one operand that only converts it (and views it): element for element."""
-    fused = _fused(module, inst) if inst.opcode == "fusion" else None
+    fused = fused_computation(module, inst)
     return fused is not None and len(inst.operands) == 1 and all(
         i.opcode in ("parameter", "convert", "bitcast", "reshape") for i in fused.instructions)
 

@@ -4,7 +4,7 @@ uses it (looking through views)."""
 
 from __future__ import annotations
 
-from sharding.hlo import ArrayShape, Computation, Instruction
+from sharding.hlo import ArrayShape, Computation, HloModule, Instruction
 
 MATMUL_OPS = frozenset({"dot", "convolution"})
 # The GEMM libraries a compiler calls in place of a dot, the dimension numbers in the call's
@@ -16,6 +16,8 @@ SLICE_OPS = frozenset({"slice", "dynamic-slice", "gather"})
 IN_PLACE_OPS = frozenset({"dynamic-update-slice", "scatter"})
 
 
+# Opcode prefixes of every collective form XLA prints: the kinds sharding/collectives.py
+# reads, their async `-start` / `-done` halves, send / recv, and forms it does not know yet.
 _COLLECTIVE_PREFIXES = ("all-reduce", "all-gather", "all-to-all", "reduce-scatter", "collective",
                         "ragged-all-to-all", "send", "recv")
 
@@ -23,6 +25,15 @@ _COLLECTIVE_PREFIXES = ("all-reduce", "all-gather", "all-to-all", "reduce-scatte
 def is_collective(opcode: str) -> bool:
     """Whether an HLO opcode moves data between devices (any form, async halves included)."""
     return opcode.startswith(_COLLECTIVE_PREFIXES)
+
+
+def fused_computation(module: HloModule | None, inst: Instruction) -> Computation | None:
+    """The computation a fusion instruction runs (None for anything else, or without the
+    module)."""
+    if module is None or inst.opcode != "fusion":
+        return None
+    callee = next((c for role, c in inst.called_computations() if role == "calls"), None)
+    return module.computations.get(callee) if callee else None
 
 
 def is_view(inst, comp: Computation | None = None) -> bool:

@@ -44,6 +44,7 @@ from sharding.dataflow import (
     SLICE_OPS,
     collective_reads_in_place,
     feeds_only_matmuls,
+    fused_computation,
     is_collective,
     is_matmul,
     is_view,
@@ -317,19 +318,11 @@ def _kernel_traffic(
     return sum(read.values()) + written, elems
 
 
-def _fused(module: HloModule | None, inst: Instruction) -> Computation | None:
-    """The computation a fusion instruction runs (None for anything else)."""
-    if module is None or inst.opcode != "fusion":
-        return None
-    callee = next((c for role, c in inst.called_computations() if role == "calls"), None)
-    return module.computations.get(callee) if callee else None
-
-
 def _slice_for_matmuls(module: HloModule | None, comp: Computation, inst: Instruction) -> bool:
     """A compiler's fusion that only slices one layer out of a stacked array (XLA:GPU's
     `dynamic_slice_fusion`) for matmuls alone: the matmuls' operand reads count the layer,
     as a serving engine's GEMMs read a layer's weights (or cache) where they lie."""
-    fused = _fused(module, inst)
+    fused = fused_computation(module, inst)
     if fused is None or fused.root is None or any(a.memory_space for a in inst.shapes):
         return False  # a copy into on-chip memory (TPU VMEM) is the layer's one read
     root = fused.by_name.get(through_views(fused, fused.root.name))
@@ -341,7 +334,7 @@ def _slice_for_matmuls(module: HloModule | None, comp: Computation, inst: Instru
         return False
     users = users_through_views(comp, inst.name)
     return bool(users) and all(
-        is_matmul(u) or (f := _fused(module, u)) is not None
+        is_matmul(u) or (f := fused_computation(module, u)) is not None
         and any(i.opcode in MATMUL_OPS for i in f.instructions) for u in users)
 
 
@@ -372,7 +365,7 @@ def _fusion_io(module: HloModule | None,
     slices is read for the slices' size (a layer's weights out of the stacked array), an
     operand it only updates in place is not read, and a dynamic-update-slice root writes
     only its update."""
-    fused = _fused(module, inst)
+    fused = fused_computation(module, inst)
     if fused is None:
         return {}, None
     reads: dict[int, float] = {}
@@ -423,7 +416,7 @@ def _sliced_read(module: HloModule, comp: Computation, name: str, depth: int = 0
             ratio = sum(a.nbytes for a in source.shapes) / max(1, u.shapes[0].nbytes)
             total += after * ratio if in_hbm else 0.0
         elif u.opcode == "fusion":
-            inner = _fused(module, u)
+            inner = fused_computation(module, u)
             positions = [k for k, o in enumerate(u.operands) if through_views(comp, o) == name]
             if inner is None or not positions:
                 return None
