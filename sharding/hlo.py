@@ -259,10 +259,14 @@ def operation_of(op_name: str) -> str:
 
     `jit(step)/transpose(jvp())/while/body/closed_call/checkpoint/attention/out_proj/
     blhe,hed->bld/dot_general` -> "attention/out_proj (backward)". Named scopes survive;
-    transform wrappers, loop plumbing, einsum specs and the primitive name do not.
+    transform wrappers, loop plumbing, einsum specs and the primitive name do not. An
+    instruction XLA made from several (a combined all-reduce: `prefix/(a:b:c)`) reads as
+    its members' distinct operations joined by " + ".
     """
     if not op_name:
         return "compiler-made (no op_name)"
+    if (members := _merged_members(op_name)) is not None:
+        return " + ".join(dict.fromkeys(operation_of(m) for m in members))
     parts = op_name.split("/")
     phase = "forward"
     if "rematted_computation" in parts:
@@ -290,6 +294,30 @@ def operation_of(op_name: str) -> str:
         primitive = re.sub(r"\.\d+$", "", parts[-1])
         name = _UNSCOPED.get(primitive, primitive)
     return f"{name} ({phase})"
+
+
+def _merged_members(op_name: str) -> list[str] | None:
+    """The members' op_names of an instruction XLA merged from several, which it names
+    as their common prefix and their suffixes in parentheses, colon-separated
+    (`jit(step)/jvp()/while/body/(q/dot_general:k/dot_general)`); None for any other."""
+    if not op_name.endswith(")"):
+        return None
+    depth = 0
+    for i in range(len(op_name) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(op_name[i], 0)
+        if depth == 0:
+            break
+    if i == 0 or op_name[i - 1] != "/":  # not a path component of its own: a wrapper
+        return None
+    prefix, inner = op_name[:i], op_name[i + 1:-1]
+    members, depth, start = [], 0, 0
+    for j, ch in enumerate(inner):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == ":" and depth == 0:
+            members.append(inner[start:j])
+            start = j + 1
+    members.append(inner[start:])
+    return [prefix + m for m in members] if len(members) > 1 else None
 
 
 # -----------------------------------------------------------------------------

@@ -76,6 +76,17 @@ def test_garbage_never_raises_anything_but_a_parse_error(blob):
     ("jit(step)/gradient_sum/reduce_sum", "gradient_sum (backward)"),
     ("jit(step)/optimizer/mul", "optimizer (update)"),
     ("convert.41", "convert (forward)"),
+    # XLA:GPU's combined collectives name their members after a common prefix
+    ("jit(step)/jvp()/while/body/closed_call/(attention/q_proj/bsd,dhk->bshk/dot_general:"
+     "attention/k_proj/bsd,dhk->bshk/dot_general:mlp/up_proj/bsd,df->bsf/dot_general)",
+     "attention/q_proj (forward) + attention/k_proj (forward) + mlp/up_proj (forward)"),
+    ("jit(step)/transpose(jvp())/while/body/closed_call/checkpoint/(rematted_computation/"
+     "mlp/bsd,df->bsf/dot_general:mlp/bsf,fd->bsd/dot_general:mlp/bsd,df->bsf/dot_general)",
+     "mlp (recomputed) + mlp (backward)"),
+    ("jit(step)/(jvp(lm_head)/dot_general:transpose(jvp(lm_head))/dot_general)",
+     "lm_head (forward) + lm_head (backward)"),
+    ("jit(step)/(a/x:a/y)", "a (forward)"),
+    ("jit(step)/transpose(jvp(lm_head))/dot_general", "lm_head (backward)"),
     ("", "compiler-made (no op_name)"),
 ])
 def test_operation_of(op_name, operation):
