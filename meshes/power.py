@@ -137,15 +137,19 @@ class Cost:
         "help": "the price of energy, USD per kWh (0: the chip-hour price includes it)"})
 
     def __post_init__(self):
-        if self.usd_per_chip_hour is not None and not self.usd_per_chip_hour > 0:
-            raise ValueError(f"cost.usd_per_chip_hour={self.usd_per_chip_hour} must be above "
-                             f"0 (USD per chip and hour); leave it out for the catalog's price")
-        if not self.pue >= 1:
-            raise ValueError(f"cost.pue={self.pue} must be at least 1 (facility power over IT "
-                             f"power; {DEFAULT_PUE} by default)")
-        if not self.usd_per_kwh >= 0:
-            raise ValueError(f"cost.usd_per_kwh={self.usd_per_kwh} must be 0 or more (0: the "
-                             f"chip-hour price includes the power)")
+        # math.isfinite too: an infinite price or PUE printed "inf GW" and "$inf", and wrote
+        # Infinity, which is not JSON
+        if self.usd_per_chip_hour is not None and not (
+                self.usd_per_chip_hour > 0 and math.isfinite(self.usd_per_chip_hour)):
+            raise ValueError(f"cost.usd_per_chip_hour={self.usd_per_chip_hour} must be a finite "
+                             f"number above 0 (USD per chip and hour); leave it out for the "
+                             f"catalog's price")
+        if not (self.pue >= 1 and math.isfinite(self.pue)):
+            raise ValueError(f"cost.pue={self.pue} must be a finite number of at "
+                             f"least 1 (facility power over IT power; {DEFAULT_PUE} by default)")
+        if not (self.usd_per_kwh >= 0 and math.isfinite(self.usd_per_kwh)):
+            raise ValueError(f"cost.usd_per_kwh={self.usd_per_kwh} must be a finite number of 0 "
+                             f"or more (0: the chip-hour price includes the power)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

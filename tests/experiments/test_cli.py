@@ -344,7 +344,7 @@ def test_bad_power_input_is_one_line(capsys):
     assert "--power-budget: 'lots'" in err and "100MW" in err and "\n" not in err
     assert cli.main(["run", "tiny-h100-dp-tp", "--set", "cost.pue=0.9"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "cost.pue=0.9 must be at least 1" in err and "\n" not in err
+    assert "cost.pue=0.9 must be a finite number of at least 1" in err and "\n" not in err
     assert parse_power("250kW") == 250e3 and parse_power("1.5e8") == 1.5e8
     with pytest.raises(argparse.ArgumentTypeError, match="100MW"):
         parse_power("-3 MW")

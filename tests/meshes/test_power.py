@@ -87,3 +87,10 @@ def test_the_h100_node_model_meets_the_second_measurement():
     e = estimate(family="h100", chip=CHIPS["h100"], num_devices=8, step_s=1.0, compute_s=0.9,
                  tokens_per_step=1.0, cost=Cost(pue=1.0))
     assert e.it_w == pytest.approx(0.76 * 10200, rel=0.03)
+
+
+@pytest.mark.parametrize("key", ["usd_per_chip_hour", "pue", "usd_per_kwh"])
+def test_an_infinite_price_or_pue_is_refused(key):
+    # `--set cost.pue=inf` printed "inf GW at the facility" and wrote Infinity (not JSON).
+    with pytest.raises(ValueError, match=f"cost.{key}=inf must be a finite number"):
+        Cost(**{key: float("inf")})
