@@ -202,3 +202,14 @@ def test_compare_refuses_an_output_it_cannot_write_before_compiling(tmp_path, ca
     assert cli.main(["compare", TINY, "--systems", "h100:8", "--quiet", flag, str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{flag} " in err and "does not exist" in err
+
+
+@pytest.mark.parametrize("price", ["nan", "inf", "0"])
+def test_a_price_that_is_not_a_positive_number_is_one_line(price, capsys):
+    # nan reached [cost] and was refused under the wrong name (cost.usd_per_chip_hour);
+    # inf priced every system at "$inf" per million tokens.
+    assert cli.main(["compare", TINY, "--systems", "h100:8", "--quiet",
+                     "--price-per-device-hour", price]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--price-per-device-hour {float(price)}" in err and "above 0" in err
+    assert "\n" not in err
