@@ -366,4 +366,10 @@ def format_compare(entries: Sequence[Entry]) -> str:
     lines.append("power: chips (idle to TDP by how busy the schedule keeps them), hosts, NICs "
                  "and NVLink switches, times the PUE (meshes/power.py); '-' where no public "
                  "power figure or price exists")
+    # the systems whose power is not that: counted alone, a GB300 rack's chips read below a
+    # GB200 rack's whole draw
+    for e in entries:
+        energy = e.report.energy if e.report else None
+        if energy is not None and energy.power_w is not None and energy.rest_w is None:
+            lines.append(f"power of {e.label}: {energy.counted}")
     return "\n".join(lines)

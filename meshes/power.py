@@ -152,6 +152,11 @@ class Cost:
                              f"or more (0: the chip-hour price includes the power)")
 
 
+# What an Energy's IT power counts (`Energy.counted`) where it is not the whole node.
+CHIPS_ONLY = "chips only (no public rating of the hosts, NICs and switches)"
+POD_SHARE = "the whole pod's published draw per chip (chips, hosts, network)"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Energy:
     """What one step of a run draws and costs. Per chip figures are averages over the
@@ -317,7 +322,7 @@ def estimate(*, family: str, chip, num_devices: int, step_s: float, compute_s: f
         sources = [f"{chip.name} TDP {tdp:g} W ({TDP_SOURCES.get(chip.name, chip.source)})",
                    idle]
         rest = None
-        counted = "chips only (no public rating of the hosts, NICs and switches)"
+        counted = CHIPS_ONLY
         if node is not None:
             rest = (node.rated_w - node.chips * tdp) / node.chips * REST_SHARE
             counted = "chips, hosts, NICs and NVLink switches; not scale-out switches"
@@ -330,7 +335,7 @@ def estimate(*, family: str, chip, num_devices: int, step_s: float, compute_s: f
         return Energy(chip_w=None, rest_w=None, counted="no public power figure",
                       sources=(), **common)
     return Energy(chip_w=pod.rated_w / pod.chips * activity, rest_w=None,
-                  counted="the whole pod's published draw per chip (chips, hosts, network)",
+                  counted=POD_SHARE,
                   sources=(pod.source, f"a chip waiting draws {IDLE_FRACTION:.0%} of its "
                            f"share of the pod's draw, running a kernel all of it", pue),
                   **common)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from meshes.power import CHIPS_ONLY, POD_SHARE
 from sharding.units import fmt_bytes, fmt_duration, fmt_joules, fmt_s, fmt_watts, fmt_wh
 
 if TYPE_CHECKING:  # annotations only: report.py imports this module to print itself
@@ -141,9 +142,16 @@ def _energy_lines(r: Report) -> list[str]:
 
 
 def _power_lines(e) -> list[str]:
-    rest = "" if e.rest_w is None else f", hosts/NICs/switches {fmt_watts(e.rest_w * e.chips)}"
+    # said where the IT power is not chips plus the rest of their node: a GB300 rack or a
+    # TPU v4 slice counted its chips alone under the same words as a GB200 rack's whole draw
+    what, rest = "chips", ("; hosts, NICs and switches not counted (no public rating)"
+                           if e.counted == CHIPS_ONLY else "")
+    if e.rest_w is not None:
+        rest = f", hosts/NICs/switches {fmt_watts(e.rest_w * e.chips)}"
+    elif e.counted == POD_SHARE:
+        what = "the pod's published draw per chip (chips, hosts, network)"
     lines = [f"power          {fmt_watts(e.power_w)} at the facility  (IT {fmt_watts(e.it_w)}: "
-             f"chips {fmt_watts(e.chip_w * e.chips)}, busy {e.busy:.0%} of the step{rest}; "
+             f"{what} {fmt_watts(e.chip_w * e.chips)}, busy {e.busy:.0%} of the step{rest}; "
              f"PUE {e.pue:g})"]
     per_token = "" if e.joules_per_token is None else f", {e.joules_per_token:.3g} J per token"
     lines.append(f"energy         {fmt_joules(e.energy_per_step_j)} per step{per_token}")

@@ -213,3 +213,13 @@ def test_a_price_that_is_not_a_positive_number_is_one_line(price, capsys):
     err = capsys.readouterr().err.strip()
     assert f"--price-per-device-hour {float(price)}" in err and "above 0" in err
     assert "\n" not in err
+
+
+def test_compare_names_the_systems_whose_power_counts_chips_only(capsys, cpu_devices):
+    # The footer says power is chips, hosts, NICs and switches: a GB300 rack has no public
+    # rating of the rest, so its column is its chips alone, and the table says so.
+    assert cli.main(["compare", TINY, "--systems", "gb200-nvl72:8,gb300-nvl72:8",
+                     "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "power of gb300-nvl72:8: chips only (no public rating" in out
+    assert "power of gb200-nvl72:8" not in out

@@ -196,3 +196,25 @@ def test_an_nvls_all_reduce_sends_each_devices_buffer_once(cpu_devices):
     assert c.kind == "all-reduce" and c.algorithm == "nvls"
     rate = float(re.search(r"at ([\d.]+) GB/s", rep.slowest_hop())[1]) * 1e9
     assert rate == pytest.approx(c.bytes / c.time_s, rel=0.01)
+
+
+def test_power_line_says_what_it_counts():
+    # Worked from the catalog: a GB200 rack counts its chips and the rest of the rack; a
+    # GB300 rack has no public rating, so its chips alone (8 x 1400 W busy = 11.2 kW): said,
+    # or it reads below the GB200's 8 x 1200 W + its share of the rack. TPU7x: the pod's
+    # ~10 MW over 9,216 chips, hosts and network in it, not "chips".
+    from meshes import CHIPS
+    from meshes.power import estimate
+    from sharding.text import _power_lines
+
+    def line(family, chip, n):
+        e = estimate(family=family, chip=CHIPS[chip], num_devices=n, step_s=1.0,
+                     compute_s=1.0, tokens_per_step=1.0)
+        return _power_lines(e)[0]
+
+    assert "hosts/NICs/switches" in line("gb200-nvl72", "gb200", 8)
+    gb300 = line("gb300-nvl72", "gb300", 8)
+    assert "chips 11.2 kW" in gb300 and "hosts, NICs and switches not counted" in gb300
+    tpu7x = line("tpu7x", "tpu7x", 8)  # 4 chips x 10 MW / 9216 = 4.34 kW
+    assert "the pod's published draw per chip (chips, hosts, network) 4.34 kW" in tpu7x
+    assert "not counted" not in tpu7x
