@@ -226,9 +226,12 @@ class Energy:
 
     def chips_within(self, budget_w: float) -> int | None:
         """Chips of this system, running this step, that a facility of `budget_w` feeds
-        (None without a power figure)."""
-        per_chip = self.power_per_chip_w
-        return None if per_chip is None else math.floor(budget_w / per_chip)
+        (None without a power figure): whole copies of the run's chips, as the step runs on
+        no fewer (5 kW fed "3 chips" of an 8-GPU tensor-parallel step, and a run "on more
+        data-parallel replicas" was timed on those 3)."""
+        if self.power_w is None:
+            return None
+        return math.floor(budget_w / self.power_w) * round(self.chips)
 
     def run_of(self, tokens: float, chips: float | None = None) -> dict | None:
         """A run of `tokens` on `chips` of this system (the run's own by default; more

@@ -172,10 +172,16 @@ def format_scale_out(r: Report, plan: dict) -> list[str]:
     if plan.get("power_budget_w") is not None and plan.get("chips_within_budget") is None:
         lines.append("power budget   no estimate: no public power figure for this chip or "
                      "system")
+    elif plan.get("power_budget_w") is not None and not plan["chips_within_budget"]:
+        lines.append(f"power budget   {fmt_watts(plan['power_budget_w'])} feeds none of this "
+                     f"step's copies: its {e.chips:,.0f} chips draw {fmt_watts(e.power_w)} at "
+                     f"the facility")
     elif plan.get("power_budget_w") is not None:
+        copies = plan["chips_within_budget"] / round(e.chips)
         lines.append(f"power budget   {fmt_watts(plan['power_budget_w'])} feeds "
                      f"{plan['chips_within_budget']:,} chips of this system running this "
-                     f"step ({fmt_watts(e.power_per_chip_w)} each at the facility)")
+                     f"step ({copies:,.0f} copies of its {e.chips:,.0f} chips, "
+                     f"{fmt_watts(e.power_per_chip_w)} each at the facility)")
     if plan.get("run"):
         lines.append("run            " + run_line(plan["run"], f"on these {e.chips:,.0f} chips"))
     if plan.get("run_within_budget"):

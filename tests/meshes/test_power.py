@@ -94,3 +94,16 @@ def test_an_infinite_price_or_pue_is_refused(key):
     # `--set cost.pue=inf` printed "inf GW at the facility" and wrote Infinity (not JSON).
     with pytest.raises(ValueError, match=f"cost.{key}=inf must be a finite number"):
         Cost(**{key: float("inf")})
+
+
+def test_a_power_budget_feeds_whole_copies_of_the_run():
+    # 8 H100s all busy: 8 x 700 W + the node's rest (10.2 - 5.6 kW) x 61%, 8.4 kW, x 1.56
+    # = 13.1 kW at the facility. 100 MW feeds floor(100e6 / 13,104) = 7,631 copies of the
+    # 8-GPU step, 61,048 GPUs (not 61,050: the step does not run on 2 more). 5 kW feeds
+    # none: a run "on more replicas" must not be timed on 3 GPUs.
+    e = estimate(family="h100", chip=CHIPS["h100"], num_devices=8, step_s=1.0, compute_s=1.0,
+                 tokens_per_step=1e4)
+    assert e.power_w == pytest.approx(13104)
+    assert e.chips_within(100e6) == 7631 * 8
+    plan = e.scale_out(power_budget_w=5e3, tokens=1e9)
+    assert plan["chips_within_budget"] == 0 and "run_within_budget" not in plan

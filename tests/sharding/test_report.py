@@ -218,3 +218,19 @@ def test_power_line_says_what_it_counts():
     tpu7x = line("tpu7x", "tpu7x", 8)  # 4 chips x 10 MW / 9216 = 4.34 kW
     assert "the pod's published draw per chip (chips, hosts, network) 4.34 kW" in tpu7x
     assert "not counted" not in tpu7x
+
+
+def test_a_budget_below_one_copy_of_the_step_says_so():
+    # 8 H100s busy draw 13.1 kW at the facility (tests/meshes/test_power.py): 5 kW feeds
+    # no copy of the step, said as such rather than "feeds 3 chips".
+    import types
+
+    from meshes import CHIPS
+    from meshes.power import estimate
+    from sharding.text import format_scale_out
+
+    e = estimate(family="h100", chip=CHIPS["h100"], num_devices=8, step_s=1.0,
+                 compute_s=1.0, tokens_per_step=1e4)
+    lines = format_scale_out(types.SimpleNamespace(energy=e), e.scale_out(power_budget_w=5e3))
+    assert lines == ["power budget   5 kW feeds none of this step's copies: its 8 chips draw "
+                     "13.1 kW at the facility"]
