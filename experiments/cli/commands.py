@@ -117,6 +117,9 @@ def _run_all_backends(args, exp, config) -> int:
     if args.html:
         raise ConfigError("--html takes one backend; run --backend all without --html, or "
                           "--html with --backend cpu|tpu|gpu")
+    if args.power_budget is not None or args.tokens is not None:  # were dropped unsaid
+        raise ConfigError("--power-budget and --tokens take one backend; run --backend all "
+                          "without them, or with --backend cpu|tpu|gpu")
     backends = available_backends(exp.system)
     reports = []
     with progress_sink(args):

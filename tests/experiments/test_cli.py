@@ -381,3 +381,11 @@ def test_out_says_what_each_command_writes():
     assert "[measured]" in out_help("measure")
     assert "[measured]" not in out_help("export") and "[measured]" not in out_help("import")
 
+
+@pytest.mark.parametrize("flag", [["--power-budget", "1MW"], ["--tokens", "1e9"]])
+def test_backend_all_refuses_the_scale_out_flags(flag, capsys):
+    # Its side-by-side table has no power rows and the flags were dropped without a word;
+    # refused before any compile, as --html is.
+    assert cli.main(["run", "tiny-h100-dp-tp", "--quiet", "--backend", "all", *flag]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--power-budget and --tokens take one backend" in err and "\n" not in err
