@@ -133,11 +133,19 @@ def _energy_lines(r: Report) -> list[str]:
     else:
         lines.extend(_power_lines(e))
     if e.usd_per_million_tokens is not None:
+        power = ""
+        if e.usd_per_kwh:  # the energy billed apart is in the figure: say how much
+            power = (f"; power billed apart at ${e.usd_per_kwh:g} per kWh, "
+                     f"${e.usd_per_kwh * e.power_per_chip_w / 1e3:.3g} per chip-hour")
         lines.append(f"cost           ${e.usd_per_million_tokens:,.4g} per million tokens  "
-                     f"(${e.usd_per_chip_hour:g} per chip-hour: {e.price_source})")
+                     f"(${e.usd_per_chip_hour:g} per chip-hour: {e.price_source}{power})")
     elif e.usd_per_chip_hour is None:
         lines.append("cost           no public price for this chip: set [cost] "
                      "usd_per_chip_hour")
+    elif e.usd_per_kwh and e.power_w is None:  # was no line at all
+        lines.append("cost           unknown: [cost] usd_per_kwh bills the power apart, and "
+                     "this chip has no public power figure; set it to 0 for the chip-hours "
+                     "alone")
     return lines
 
 

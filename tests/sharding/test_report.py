@@ -234,3 +234,28 @@ def test_a_budget_below_one_copy_of_the_step_says_so():
     lines = format_scale_out(types.SimpleNamespace(energy=e), e.scale_out(power_budget_w=5e3))
     assert lines == ["power budget   5 kW feeds none of this step's copies: its 8 chips draw "
                      "13.1 kW at the facility"]
+
+
+def test_cost_line_with_the_power_billed_apart():
+    # 8 H100s busy: 13,104 W at the facility (PUE 1.56), 1,638 W a chip; at $0.08 per kWh
+    # that is $0.131 per chip-hour on top of the $2 of the chip: said in the line.
+    import types
+
+    from meshes import CHIPS
+    from meshes.power import Cost, estimate
+    from sharding.text import _energy_lines
+
+    def cost_line(family, chip, cost):
+        e = estimate(family=family, chip=CHIPS[chip], num_devices=8, step_s=1.0,
+                     compute_s=1.0, tokens_per_step=1e4, cost=cost)
+        return [x for x in _energy_lines(types.SimpleNamespace(energy=e))
+                if x.startswith("cost")]
+
+    [line] = cost_line("h100", "h100", Cost(usd_per_chip_hour=2.0, usd_per_kwh=0.08))
+    per_hour = 8 * (2.0 + 0.08 * 13104 / 8 / 1e3)
+    assert line.startswith(f"cost           ${per_hour / 3600 / 1e4 * 1e6:,.4g} per million")
+    assert "power billed apart at $0.08 per kWh, $0.131 per chip-hour" in line
+    # TPU v6e has a price but no power figure: with the power billed apart the cost is
+    # unknown, said, where no cost line was printed at all.
+    [line] = cost_line("tpu-v6e", "tpu-v6e", Cost(usd_per_kwh=0.08))
+    assert line.startswith("cost           unknown: [cost] usd_per_kwh bills the power apart")
