@@ -13,7 +13,8 @@ test checks this equals compiling for each.
 Power, energy per token, tokens/s per MW and USD per million tokens are each report's
 (meshes/power.py: the chips from idle to TDP by how busy the schedule keeps them, the
 hosts, NICs and NVLink switches, the PUE; the catalog's dated price per chip-hour, or the
-config's `[cost]`, or `--price-per-device-hour` for every system); None where no public
+config's `[cost]` (its usd_per_chip_hour for systems of its own chip only), or
+`--price-per-device-hour` for every system); None where no public
 power figure or price exists.
 """
 
@@ -202,6 +203,7 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
     own = raw.get("system", {})
     overrides = {k: v for k, v in own.items() if k != "name"}
     family = str(own.get("name", "")).split(":")[0]
+    own_chip = get_system(str(own.get("name", ""))).chip.name
     for name in systems:
         r = copy.deepcopy(raw)
         # the config's network overrides (nic_gbps, gpus_per_domain, ...) describe its own
@@ -230,6 +232,14 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
             exp = dataclasses.replace(exp, cost=dataclasses.replace(
                 exp.cost,
                 usd_per_chip_hour=price_per_device_hour * exp.system.chip.devices_per_chip))
+        elif exp.cost.usd_per_chip_hour is not None and exp.system.chip.name != own_chip:
+            # the config's price is its own chip's, as its network overrides are its own
+            # cluster's: an H100's $2 priced a B200 and a TPU v6e at $2 too
+            exp = dataclasses.replace(exp, cost=dataclasses.replace(
+                exp.cost, usd_per_chip_hour=None))
+            left = (f"the config's [cost] usd_per_chip_hour prices its {own_chip}: not "
+                    f"applied here (--price-per-device-hour prices every system)")
+            note = f"{note}; {left}" if note else left
         sizes = {a: s for a, s in exp.parallelism.sizes().items() if s > 1}
         # one compile per device count and sharding, GPU and TPU programs apart (a GPU
         # system's program saves what Transformer Engine's fused kernels save)

@@ -223,3 +223,19 @@ def test_compare_names_the_systems_whose_power_counts_chips_only(capsys, cpu_dev
     out = capsys.readouterr().out
     assert "power of gb300-nvl72:8: chips only (no public rating" in out
     assert "power of gb200-nvl72:8" not in out
+
+
+def test_the_configs_chip_price_prices_its_own_chip_only(tmp_path, cpu_devices):
+    # `[cost] usd_per_chip_hour = 2` is what the config's H100s cost: it priced the B200 and
+    # the TPU v6e at $2 too. Now the B200 has no price (none public) and the v6e its
+    # catalog's $2.70; each column's $ per million tokens = price x 8 chips / tokens an hour.
+    out = tmp_path / "c.json"
+    assert cli.main(["compare", TINY, "--systems", "h100:8,b200:8,tpu-v6e:2x4", "--quiet",
+                     "--set", "cost.usd_per_chip_hour=2", "--json", str(out)]) == 0
+    systems = {s["system"]: s for s in json.loads(out.read_text())["systems"]}
+    for name, price in (("h100:8", 2.0), ("tpu-v6e:2x4", 2.70)):
+        s = systems[name]
+        assert s["usd_per_million_tokens"] == pytest.approx(
+            price * 8 / 3600 / s["tokens_per_s"] * 1e6)
+    assert systems["b200:8"]["usd_per_million_tokens"] is None
+    assert "usd_per_chip_hour prices its h100: not applied" in systems["b200:8"]["note"]
