@@ -127,18 +127,29 @@ def _energy_lines(r: Report) -> list[str]:
     e = r.energy
     if e is None:
         return []
+    return _energy_and_cost(e, _if_fit(r))
+
+
+def _if_fit(r: Report) -> str:
+    """The mark of a figure of a step that does not fit (as step time and MFU carry it):
+    its power, cost and runs are of a step that cannot run."""
+    return "  -- if it fit" if r.fits is False else ""
+
+
+def _energy_and_cost(e, if_fit: str = "") -> list[str]:
     lines = []
     if e.power_w is None:
         lines.append("power          unknown: no public power figure for this chip or system")
     else:
-        lines.extend(_power_lines(e))
+        lines.extend(_power_lines(e, if_fit))
     if e.usd_per_million_tokens is not None:
         power = ""
         if e.usd_per_kwh:  # the energy billed apart is in the figure: say how much
             power = (f"; power billed apart at ${e.usd_per_kwh:g} per kWh, "
                      f"${e.usd_per_kwh * e.power_per_chip_w / 1e3:.3g} per chip-hour")
         lines.append(f"cost           ${e.usd_per_million_tokens:,.4g} per million tokens  "
-                     f"(${e.usd_per_chip_hour:g} per chip-hour: {e.price_source}{power})")
+                     f"(${e.usd_per_chip_hour:g} per chip-hour: {e.price_source}{power})"
+                     f"{if_fit}")
     elif e.usd_per_chip_hour is None:
         lines.append("cost           no public price for this chip: set [cost] "
                      "usd_per_chip_hour")
@@ -149,7 +160,7 @@ def _energy_lines(r: Report) -> list[str]:
     return lines
 
 
-def _power_lines(e) -> list[str]:
+def _power_lines(e, if_fit: str = "") -> list[str]:
     # said where the IT power is not chips plus the rest of their node: a GB300 rack or a
     # TPU v4 slice counted its chips alone under the same words as a GB200 rack's whole draw
     what, rest = "chips", ("; hosts, NICs and switches not counted (no public rating)"
@@ -160,9 +171,9 @@ def _power_lines(e) -> list[str]:
         what = "the pod's published draw per chip (chips, hosts, network)"
     lines = [f"power          {fmt_watts(e.power_w)} at the facility  (IT {fmt_watts(e.it_w)}: "
              f"{what} {fmt_watts(e.chip_w * e.chips)}, busy {e.busy:.0%} of the step{rest}; "
-             f"PUE {e.pue:g})"]
+             f"PUE {e.pue:g}){if_fit}"]
     per_token = "" if e.joules_per_token is None else f", {e.joules_per_token:.3g} J per token"
-    lines.append(f"energy         {fmt_joules(e.energy_per_step_j)} per step{per_token}")
+    lines.append(f"energy         {fmt_joules(e.energy_per_step_j)} per step{per_token}{if_fit}")
     return lines
 
 
@@ -196,7 +207,8 @@ def format_scale_out(r: Report, plan: dict) -> list[str]:
         lines.append("               " + run_line(
             plan["run_within_budget"], f"on {plan['chips_within_budget']:,} chips (more "
             f"data-parallel replicas at this step's tokens/s per chip: a lower bound on time)"))
-    return lines
+    return [line if "no estimate" in line or "feeds none" in line else line + _if_fit(r)
+            for line in lines]
 
 
 def _summary_lines(r: Report) -> list[str]:

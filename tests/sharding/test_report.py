@@ -231,7 +231,8 @@ def test_a_budget_below_one_copy_of_the_step_says_so():
 
     e = estimate(family="h100", chip=CHIPS["h100"], num_devices=8, step_s=1.0,
                  compute_s=1.0, tokens_per_step=1e4)
-    lines = format_scale_out(types.SimpleNamespace(energy=e), e.scale_out(power_budget_w=5e3))
+    lines = format_scale_out(types.SimpleNamespace(energy=e, fits=True),
+                             e.scale_out(power_budget_w=5e3))
     assert lines == ["power budget   5 kW feeds none of this step's copies: its 8 chips draw "
                      "13.1 kW at the facility"]
 
@@ -248,7 +249,7 @@ def test_cost_line_with_the_power_billed_apart():
     def cost_line(family, chip, cost):
         e = estimate(family=family, chip=CHIPS[chip], num_devices=8, step_s=1.0,
                      compute_s=1.0, tokens_per_step=1e4, cost=cost)
-        return [x for x in _energy_lines(types.SimpleNamespace(energy=e))
+        return [x for x in _energy_lines(types.SimpleNamespace(energy=e, fits=True))
                 if x.startswith("cost")]
 
     [line] = cost_line("h100", "h100", Cost(usd_per_chip_hour=2.0, usd_per_kwh=0.08))
@@ -259,3 +260,23 @@ def test_cost_line_with_the_power_billed_apart():
     # unknown, said, where no cost line was printed at all.
     [line] = cost_line("tpu-v6e", "tpu-v6e", Cost(usd_per_kwh=0.08))
     assert line.startswith("cost           unknown: [cost] usd_per_kwh bills the power apart")
+
+
+def test_power_cost_and_runs_of_a_step_that_does_not_fit_are_marked():
+    # Step time and MFU carry "-- if it fit" when memory does not fit; the power, energy,
+    # cost and run lines are figures of that same step and carried nothing.
+    import types
+
+    from meshes import CHIPS
+    from meshes.power import estimate
+    from sharding.text import _energy_lines, format_scale_out
+
+    e = estimate(family="h100", chip=CHIPS["h100"], num_devices=8, step_s=1.0,
+                 compute_s=1.0, tokens_per_step=1e4)
+    plan = e.scale_out(power_budget_w=1e6, tokens=1e9)
+    for fits in (False, True, None):
+        r = types.SimpleNamespace(energy=e, fits=fits)
+        lines = _energy_lines(r) + format_scale_out(r, plan)
+        assert len(lines) == 6  # power, energy, cost, budget, two runs
+        marked = [line.endswith("  -- if it fit") for line in lines]
+        assert marked == [fits is False] * 6
