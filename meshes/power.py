@@ -212,6 +212,11 @@ class Energy:
         return self.usd_per_chip_hour * self.chips + power
 
     @property
+    def usd_per_step(self) -> float | None:
+        per_hour = self.usd_per_hour
+        return None if per_hour is None else per_hour * self.step_s / 3600
+
+    @property
     def usd_per_million_tokens(self) -> float | None:
         per_hour = self.usd_per_hour
         if per_hour is None or not self.tokens_per_step or self.step_s <= 0:
@@ -275,7 +280,7 @@ class Energy:
             "joules_per_token": self.joules_per_token,
             "tokens_per_s_per_mw": self.tokens_per_s_per_mw,
             "usd_per_chip_hour": self.usd_per_chip_hour, "usd_per_kwh": self.usd_per_kwh,
-            "usd_per_hour": self.usd_per_hour,
+            "usd_per_hour": self.usd_per_hour, "usd_per_step": self.usd_per_step,
             "usd_per_million_tokens": self.usd_per_million_tokens,
             "price_source": self.price_source, "sources": list(self.sources),
         }

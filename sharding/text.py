@@ -150,6 +150,10 @@ def _energy_and_cost(e, if_fit: str = "") -> list[str]:
         lines.append(f"cost           ${e.usd_per_million_tokens:,.4g} per million tokens  "
                      f"(${e.usd_per_chip_hour:g} per chip-hour: {e.price_source}{power})"
                      f"{if_fit}")
+    elif e.usd_per_step is not None:  # no tokens per step (an HLO dump): was no line
+        lines.append(f"cost           ${e.usd_per_step:,.4g} per step  "
+                     f"(${e.usd_per_chip_hour:g} per chip-hour: {e.price_source}; no tokens "
+                     f"per step to price a token){if_fit}")
     elif e.usd_per_chip_hour is None:
         lines.append("cost           no public price for this chip: set [cost] "
                      "usd_per_chip_hour")

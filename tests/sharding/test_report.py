@@ -280,3 +280,21 @@ def test_power_cost_and_runs_of_a_step_that_does_not_fit_are_marked():
         assert len(lines) == 6  # power, energy, cost, budget, two runs
         marked = [line.endswith("  -- if it fit") for line in lines]
         assert marked == [fits is False] * 6
+
+
+def test_a_step_without_tokens_is_priced_per_step():
+    # An HLO dump (`inspect`) has no tokens per step: 16 H100s at $4.916 per chip-hour for
+    # a 2 s step cost 4.916 x 16 x 2 / 3600 = $0.0437; the cost line was left out instead.
+    import types
+
+    from meshes import CHIPS
+    from meshes.power import estimate
+    from sharding.text import _energy_lines
+
+    e = estimate(family="h100", chip=CHIPS["h100"], num_devices=16, step_s=2.0,
+                 compute_s=2.0, tokens_per_step=None)
+    assert e.usd_per_step == pytest.approx(4.916 * 16 * 2 / 3600)
+    assert e.to_dict()["usd_per_step"] == e.usd_per_step
+    [line] = [x for x in _energy_lines(types.SimpleNamespace(energy=e, fits=True))
+              if x.startswith("cost")]
+    assert line.startswith("cost           $0.0437 per step  ($4.916 per chip-hour")
