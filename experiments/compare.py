@@ -291,9 +291,14 @@ def with_scale_out(entries: Sequence[Entry], *, power_budget_w: float | None = N
     """Each system's chips within `power_budget_w` and its runs of `tokens`."""
     if power_budget_w is None and tokens is None:
         return list(entries)
+    from meshes import get_system
+    from meshes.power import replica_chips
+
     return [dataclasses.replace(e, scale_out=e.report.energy.scale_out(
-        power_budget_w=power_budget_w, tokens=tokens)) if e.report and e.report.energy else e
-        for e in entries]
+        power_budget_w=power_budget_w, tokens=tokens, replica_chips=replica_chips(
+            e.report.num_devices, e.parallelism.get("data", 1),
+            get_system(e.system).chip.devices_per_chip)))
+        if e.report and e.report.energy else e for e in entries]
 
 
 def _scale_out_rows(entries: Sequence[Entry]) -> list:

@@ -229,14 +229,16 @@ class Energy:
             return None
         return self.tokens_per_step / self.step_s / (self.power_w / 1e6)
 
-    def chips_within(self, budget_w: float) -> int | None:
+    def chips_within(self, budget_w: float, replica_chips: float | None = None) -> int | None:
         """Chips of this system, running this step, that a facility of `budget_w` feeds
-        (None without a power figure): whole copies of the run's chips, as the step runs on
-        no fewer (5 kW fed "3 chips" of an 8-GPU tensor-parallel step, and a run "on more
+        (None without a power figure): whole data-parallel replicas of `replica_chips` (the
+        run's chips over its data-parallel ways; the whole run by default), as the step runs
+        on no fewer (5 kW fed "3 chips" of an 8-GPU tensor-parallel step, and a run "on more
         data-parallel replicas" was timed on those 3)."""
-        if self.power_w is None:
+        if self.power_per_chip_w is None:
             return None
-        return math.floor(budget_w / self.power_w) * round(self.chips)
+        unit = self.chips if replica_chips is None else replica_chips
+        return round(math.floor(budget_w / (self.power_per_chip_w * unit)) * unit)
 
     def run_of(self, tokens: float, chips: float | None = None) -> dict | None:
         """A run of `tokens` on `chips` of this system (the run's own by default; more
@@ -257,14 +259,16 @@ class Energy:
                 "usd": usd}
 
     def scale_out(self, *, power_budget_w: float | None = None,
-                  tokens: float | None = None) -> dict:
-        """How many chips of this system a facility of `power_budget_w` feeds, and a run of
-        `tokens` on the run's own chips and on that many (more data-parallel replicas of this
-        step at its tokens/s per chip: an upper bound, the larger run's collectives cost
+                  tokens: float | None = None, replica_chips: float | None = None) -> dict:
+        """How many chips of this system a facility of `power_budget_w` feeds (whole
+        data-parallel replicas of `replica_chips`), and a run of `tokens` on the run's own
+        chips and on that many (more or fewer data-parallel replicas of this step at its
+        tokens/s per chip: more is a lower bound on time, the larger run's collectives cost
         more)."""
         out: dict = {"power_budget_w": power_budget_w, "tokens": tokens}
         if power_budget_w is not None:
-            out["chips_within_budget"] = self.chips_within(power_budget_w)
+            out["chips_within_budget"] = self.chips_within(power_budget_w, replica_chips)
+            out["replica_chips"] = self.chips if replica_chips is None else replica_chips
         if tokens is not None:
             out["run"] = self.run_of(tokens)
             if power_budget_w is not None and out["chips_within_budget"]:
@@ -284,6 +288,13 @@ class Energy:
             "usd_per_million_tokens": self.usd_per_million_tokens,
             "price_source": self.price_source, "sources": list(self.sources),
         }
+
+
+def replica_chips(num_devices: int, data: int, devices_per_chip: int = 1) -> float:
+    """Chips of one data-parallel replica of a run of `num_devices` over `data` ways, whole
+    chips (a TPU7x chip's two devices run two replicas of one device)."""
+    devices = math.lcm(max(1, num_devices // max(1, data)), devices_per_chip)
+    return devices / devices_per_chip
 
 
 def describe(family: str, chip) -> list[tuple[str, str]]:

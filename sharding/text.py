@@ -195,23 +195,29 @@ def format_scale_out(r: Report, plan: dict) -> list[str]:
     if plan.get("power_budget_w") is not None and plan.get("chips_within_budget") is None:
         lines.append("power budget   no estimate: no public power figure for this chip or "
                      "system")
-    elif plan.get("power_budget_w") is not None and not plan["chips_within_budget"]:
-        lines.append(f"power budget   {fmt_watts(plan['power_budget_w'])} feeds none of this "
-                     f"step's copies: its {e.chips:,.0f} chips draw {fmt_watts(e.power_w)} at "
-                     f"the facility")
     elif plan.get("power_budget_w") is not None:
-        copies = plan["chips_within_budget"] / round(e.chips)
-        lines.append(f"power budget   {fmt_watts(plan['power_budget_w'])} feeds "
-                     f"{plan['chips_within_budget']:,} chips of this system running this "
-                     f"step ({copies:,.0f} copies of its {e.chips:,.0f} chips, "
-                     f"{fmt_watts(e.power_per_chip_w)} each at the facility)")
+        unit = plan["replica_chips"]
+        unit_w = fmt_watts(e.power_per_chip_w * unit)
+        if not plan["chips_within_budget"]:
+            lines.append(f"power budget   {fmt_watts(plan['power_budget_w'])} feeds no "
+                         f"data-parallel replica of this step: one, {unit:,.4g} chips, draws "
+                         f"{unit_w} at the facility")
+        else:
+            lines.append(f"power budget   {fmt_watts(plan['power_budget_w'])} feeds "
+                         f"{plan['chips_within_budget']:,} chips of this system running this "
+                         f"step ({plan['chips_within_budget'] / unit:,.0f} data-parallel "
+                         f"replicas of {unit:,.4g} chips, {fmt_watts(e.power_per_chip_w)} a "
+                         f"chip at the facility)")
     if plan.get("run"):
         lines.append("run            " + run_line(plan["run"], f"on these {e.chips:,.0f} chips"))
     if plan.get("run_within_budget"):
+        chips = plan["chips_within_budget"]
+        how = "more" if chips > e.chips else "fewer" if chips < e.chips else "as many"
+        bound = ": a lower bound on time" if how == "more" else ""
         lines.append("               " + run_line(
-            plan["run_within_budget"], f"on {plan['chips_within_budget']:,} chips (more "
-            f"data-parallel replicas at this step's tokens/s per chip: a lower bound on time)"))
-    return [line if "no estimate" in line or "feeds none" in line else line + _if_fit(r)
+            plan["run_within_budget"], f"on {chips:,} chips ({how} data-parallel replicas "
+            f"at this step's tokens/s per chip{bound})"))
+    return [line if "no estimate" in line or "feeds no " in line else line + _if_fit(r)
             for line in lines]
 
 

@@ -328,8 +328,8 @@ def test_power_budget_and_run_length(tmp_path, capsys, cpu_devices):
     assert d["power_w"] == pytest.approx(p["it_power_w"] * 1.2)
     assert d["energy_per_step_j"] == pytest.approx(d["power_w"] * d["step_time_s"])
     s = d["scale_out"]
-    # whole copies of the step's 8 GPUs
-    assert s["chips_within_budget"] == math.floor(1e6 / d["power_w"]) * 8
+    # whole data-parallel replicas (data 2 x tensor 4: 4 GPUs, half the run's power each)
+    assert s["chips_within_budget"] == math.floor(1e6 / (d["power_w"] / 2)) * 4
     assert s["run"]["time_s"] == pytest.approx(1e9 / d["tokens_per_s"])
     assert s["run"]["usd"] == pytest.approx(4.916 * 8 * s["run"]["time_s"] / 3600)
     within = s["run_within_budget"]

@@ -49,7 +49,8 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
         2.0 * 8 / 3600 / b200["tokens_per_s"] * 1e6)
     # What a 1 MW building feeds, and a run of 1e9 tokens on the 8 B200s and in it.
     plan = b200["scale_out"]
-    assert plan["chips_within_budget"] == int(1e6 // b200["power_w"]) * 8  # whole copies
+    # whole data-parallel replicas of 4 B200s (tensor 4), each half the 8's power
+    assert plan["chips_within_budget"] == int(1e6 // (b200["power_w"] / 2)) * 4
     assert plan["run"]["time_s"] == pytest.approx(1e9 / b200["tokens_per_s"])
     assert plan["run_within_budget"]["time_s"] == pytest.approx(
         1e9 / (b200["tokens_per_s"] / 8 * plan["chips_within_budget"]))

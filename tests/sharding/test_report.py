@@ -221,8 +221,8 @@ def test_power_line_says_what_it_counts():
 
 
 def test_a_budget_below_one_copy_of_the_step_says_so():
-    # 8 H100s busy draw 13.1 kW at the facility (tests/meshes/test_power.py): 5 kW feeds
-    # no copy of the step, said as such rather than "feeds 3 chips".
+    # 8 H100s busy draw 13.1 kW at the facility (tests/meshes/test_power.py), a replica of
+    # 4 of them 6.55 kW: 5 kW feeds none, said as such rather than "feeds 3 chips".
     import types
 
     from meshes import CHIPS
@@ -232,9 +232,9 @@ def test_a_budget_below_one_copy_of_the_step_says_so():
     e = estimate(family="h100", chip=CHIPS["h100"], num_devices=8, step_s=1.0,
                  compute_s=1.0, tokens_per_step=1e4)
     lines = format_scale_out(types.SimpleNamespace(energy=e, fits=True),
-                             e.scale_out(power_budget_w=5e3))
-    assert lines == ["power budget   5 kW feeds none of this step's copies: its 8 chips draw "
-                     "13.1 kW at the facility"]
+                             e.scale_out(power_budget_w=5e3, replica_chips=4))
+    assert lines == ["power budget   5 kW feeds no data-parallel replica of this step: one, "
+                     "4 chips, draws 6.55 kW at the facility"]
 
 
 def test_cost_line_with_the_power_billed_apart():
