@@ -13,7 +13,8 @@ test checks this equals compiling for each.
 Power, energy per token, tokens/s per MW and USD per million tokens are each report's
 (meshes/power.py: the chips from idle to TDP by how busy the schedule keeps them, the
 hosts, NICs and NVLink switches, the PUE; the catalog's dated price per chip-hour, or the
-config's `[cost]`, or `--price-per-device-hour` for every system); None where no public
+config's `[cost]` (its usd_per_chip_hour for systems of its own chip only), or
+`--price-per-device-hour` for every system); None where no public
 power figure or price exists.
 """
 
@@ -202,6 +203,7 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
     own = raw.get("system", {})
     overrides = {k: v for k, v in own.items() if k != "name"}
     family = str(own.get("name", "")).split(":")[0]
+    own_chip = get_system(str(own.get("name", ""))).chip.name
     for name in systems:
         r = copy.deepcopy(raw)
         # the config's network overrides (nic_gbps, gpus_per_domain, ...) describe its own
@@ -230,6 +232,14 @@ def compare(raw: dict, systems: Sequence[str], *, calibration=None,
             exp = dataclasses.replace(exp, cost=dataclasses.replace(
                 exp.cost,
                 usd_per_chip_hour=price_per_device_hour * exp.system.chip.devices_per_chip))
+        elif exp.cost.usd_per_chip_hour is not None and exp.system.chip.name != own_chip:
+            # the config's price is its own chip's, as its network overrides are its own
+            # cluster's: an H100's $2 priced a B200 and a TPU v6e at $2 too
+            exp = dataclasses.replace(exp, cost=dataclasses.replace(
+                exp.cost, usd_per_chip_hour=None))
+            left = (f"the config's [cost] usd_per_chip_hour prices its {own_chip}: not "
+                    f"applied here (--price-per-device-hour prices every system)")
+            note = f"{note}; {left}" if note else left
         sizes = {a: s for a, s in exp.parallelism.sizes().items() if s > 1}
         # one compile per device count and sharding, GPU and TPU programs apart (a GPU
         # system's program saves what Transformer Engine's fused kernels save)
@@ -281,9 +291,14 @@ def with_scale_out(entries: Sequence[Entry], *, power_budget_w: float | None = N
     """Each system's chips within `power_budget_w` and its runs of `tokens`."""
     if power_budget_w is None and tokens is None:
         return list(entries)
+    from meshes import get_system
+    from meshes.power import replica_chips
+
     return [dataclasses.replace(e, scale_out=e.report.energy.scale_out(
-        power_budget_w=power_budget_w, tokens=tokens)) if e.report and e.report.energy else e
-        for e in entries]
+        power_budget_w=power_budget_w, tokens=tokens, replica_chips=replica_chips(
+            e.report.num_devices, e.parallelism.get("data", 1),
+            get_system(e.system).chip.devices_per_chip)))
+        if e.report and e.report.energy else e for e in entries]
 
 
 def _scale_out_rows(entries: Sequence[Entry]) -> list:
@@ -366,4 +381,10 @@ def format_compare(entries: Sequence[Entry]) -> str:
     lines.append("power: chips (idle to TDP by how busy the schedule keeps them), hosts, NICs "
                  "and NVLink switches, times the PUE (meshes/power.py); '-' where no public "
                  "power figure or price exists")
+    # the systems whose power is not that: counted alone, a GB300 rack's chips read below a
+    # GB200 rack's whole draw
+    for e in entries:
+        energy = e.report.energy if e.report else None
+        if energy is not None and energy.power_w is not None and energy.rest_w is None:
+            lines.append(f"power of {e.label}: {energy.counted}")
     return "\n".join(lines)

@@ -137,15 +137,24 @@ class Cost:
         "help": "the price of energy, USD per kWh (0: the chip-hour price includes it)"})
 
     def __post_init__(self):
-        if self.usd_per_chip_hour is not None and not self.usd_per_chip_hour > 0:
-            raise ValueError(f"cost.usd_per_chip_hour={self.usd_per_chip_hour} must be above "
-                             f"0 (USD per chip and hour); leave it out for the catalog's price")
-        if not self.pue >= 1:
-            raise ValueError(f"cost.pue={self.pue} must be at least 1 (facility power over IT "
-                             f"power; {DEFAULT_PUE} by default)")
-        if not self.usd_per_kwh >= 0:
-            raise ValueError(f"cost.usd_per_kwh={self.usd_per_kwh} must be 0 or more (0: the "
-                             f"chip-hour price includes the power)")
+        # math.isfinite too: an infinite price or PUE printed "inf GW" and "$inf", and wrote
+        # Infinity, which is not JSON
+        if self.usd_per_chip_hour is not None and not (
+                self.usd_per_chip_hour > 0 and math.isfinite(self.usd_per_chip_hour)):
+            raise ValueError(f"cost.usd_per_chip_hour={self.usd_per_chip_hour} must be a finite "
+                             f"number above 0 (USD per chip and hour); leave it out for the "
+                             f"catalog's price")
+        if not (self.pue >= 1 and math.isfinite(self.pue)):
+            raise ValueError(f"cost.pue={self.pue} must be a finite number of at "
+                             f"least 1 (facility power over IT power; {DEFAULT_PUE} by default)")
+        if not (self.usd_per_kwh >= 0 and math.isfinite(self.usd_per_kwh)):
+            raise ValueError(f"cost.usd_per_kwh={self.usd_per_kwh} must be a finite number of 0 "
+                             f"or more (0: the chip-hour price includes the power)")
+
+
+# What an Energy's IT power counts (`Energy.counted`) where it is not the whole node.
+CHIPS_ONLY = "chips only (no public rating of the hosts, NICs and switches)"
+POD_SHARE = "the whole pod's published draw per chip (chips, hosts, network)"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -203,6 +212,11 @@ class Energy:
         return self.usd_per_chip_hour * self.chips + power
 
     @property
+    def usd_per_step(self) -> float | None:
+        per_hour = self.usd_per_hour
+        return None if per_hour is None else per_hour * self.step_s / 3600
+
+    @property
     def usd_per_million_tokens(self) -> float | None:
         per_hour = self.usd_per_hour
         if per_hour is None or not self.tokens_per_step or self.step_s <= 0:
@@ -215,11 +229,16 @@ class Energy:
             return None
         return self.tokens_per_step / self.step_s / (self.power_w / 1e6)
 
-    def chips_within(self, budget_w: float) -> int | None:
+    def chips_within(self, budget_w: float, replica_chips: float | None = None) -> int | None:
         """Chips of this system, running this step, that a facility of `budget_w` feeds
-        (None without a power figure)."""
-        per_chip = self.power_per_chip_w
-        return None if per_chip is None else math.floor(budget_w / per_chip)
+        (None without a power figure): whole data-parallel replicas of `replica_chips` (the
+        run's chips over its data-parallel ways; the whole run by default), as the step runs
+        on no fewer (5 kW fed "3 chips" of an 8-GPU tensor-parallel step, and a run "on more
+        data-parallel replicas" was timed on those 3)."""
+        if self.power_per_chip_w is None:
+            return None
+        unit = self.chips if replica_chips is None else replica_chips
+        return round(math.floor(budget_w / (self.power_per_chip_w * unit)) * unit)
 
     def run_of(self, tokens: float, chips: float | None = None) -> dict | None:
         """A run of `tokens` on `chips` of this system (the run's own by default; more
@@ -240,14 +259,16 @@ class Energy:
                 "usd": usd}
 
     def scale_out(self, *, power_budget_w: float | None = None,
-                  tokens: float | None = None) -> dict:
-        """How many chips of this system a facility of `power_budget_w` feeds, and a run of
-        `tokens` on the run's own chips and on that many (more data-parallel replicas of this
-        step at its tokens/s per chip: an upper bound, the larger run's collectives cost
+                  tokens: float | None = None, replica_chips: float | None = None) -> dict:
+        """How many chips of this system a facility of `power_budget_w` feeds (whole
+        data-parallel replicas of `replica_chips`), and a run of `tokens` on the run's own
+        chips and on that many (more or fewer data-parallel replicas of this step at its
+        tokens/s per chip: more is a lower bound on time, the larger run's collectives cost
         more)."""
         out: dict = {"power_budget_w": power_budget_w, "tokens": tokens}
         if power_budget_w is not None:
-            out["chips_within_budget"] = self.chips_within(power_budget_w)
+            out["chips_within_budget"] = self.chips_within(power_budget_w, replica_chips)
+            out["replica_chips"] = self.chips if replica_chips is None else replica_chips
         if tokens is not None:
             out["run"] = self.run_of(tokens)
             if power_budget_w is not None and out["chips_within_budget"]:
@@ -263,10 +284,17 @@ class Energy:
             "joules_per_token": self.joules_per_token,
             "tokens_per_s_per_mw": self.tokens_per_s_per_mw,
             "usd_per_chip_hour": self.usd_per_chip_hour, "usd_per_kwh": self.usd_per_kwh,
-            "usd_per_hour": self.usd_per_hour,
+            "usd_per_hour": self.usd_per_hour, "usd_per_step": self.usd_per_step,
             "usd_per_million_tokens": self.usd_per_million_tokens,
             "price_source": self.price_source, "sources": list(self.sources),
         }
+
+
+def replica_chips(num_devices: int, data: int, devices_per_chip: int = 1) -> float:
+    """Chips of one data-parallel replica of a run of `num_devices` over `data` ways, whole
+    chips (a TPU7x chip's two devices run two replicas of one device)."""
+    devices = math.lcm(max(1, num_devices // max(1, data)), devices_per_chip)
+    return devices / devices_per_chip
 
 
 def describe(family: str, chip) -> list[tuple[str, str]]:
@@ -313,7 +341,7 @@ def estimate(*, family: str, chip, num_devices: int, step_s: float, compute_s: f
         sources = [f"{chip.name} TDP {tdp:g} W ({TDP_SOURCES.get(chip.name, chip.source)})",
                    idle]
         rest = None
-        counted = "chips only (no public rating of the hosts, NICs and switches)"
+        counted = CHIPS_ONLY
         if node is not None:
             rest = (node.rated_w - node.chips * tdp) / node.chips * REST_SHARE
             counted = "chips, hosts, NICs and NVLink switches; not scale-out switches"
@@ -326,7 +354,7 @@ def estimate(*, family: str, chip, num_devices: int, step_s: float, compute_s: f
         return Energy(chip_w=None, rest_w=None, counted="no public power figure",
                       sources=(), **common)
     return Energy(chip_w=pod.rated_w / pod.chips * activity, rest_w=None,
-                  counted="the whole pod's published draw per chip (chips, hosts, network)",
+                  counted=POD_SHARE,
                   sources=(pod.source, f"a chip waiting draws {IDLE_FRACTION:.0%} of its "
                            f"share of the pod's draw, running a kernel all of it", pue),
                   **common)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from meshes.power import CHIPS_ONLY, POD_SHARE
 from sharding.units import fmt_bytes, fmt_duration, fmt_joules, fmt_s, fmt_watts, fmt_wh
 
 if TYPE_CHECKING:  # annotations only: report.py imports this module to print itself
@@ -126,27 +127,57 @@ def _energy_lines(r: Report) -> list[str]:
     e = r.energy
     if e is None:
         return []
+    return _energy_and_cost(e, _if_fit(r))
+
+
+def _if_fit(r: Report) -> str:
+    """The mark of a figure of a step that does not fit (as step time and MFU carry it):
+    its power, cost and runs are of a step that cannot run."""
+    return "  -- if it fit" if r.fits is False else ""
+
+
+def _energy_and_cost(e, if_fit: str = "") -> list[str]:
     lines = []
     if e.power_w is None:
         lines.append("power          unknown: no public power figure for this chip or system")
     else:
-        lines.extend(_power_lines(e))
+        lines.extend(_power_lines(e, if_fit))
     if e.usd_per_million_tokens is not None:
+        power = ""
+        if e.usd_per_kwh:  # the energy billed apart is in the figure: say how much
+            power = (f"; power billed apart at ${e.usd_per_kwh:g} per kWh, "
+                     f"${e.usd_per_kwh * e.power_per_chip_w / 1e3:.3g} per chip-hour")
         lines.append(f"cost           ${e.usd_per_million_tokens:,.4g} per million tokens  "
-                     f"(${e.usd_per_chip_hour:g} per chip-hour: {e.price_source})")
+                     f"(${e.usd_per_chip_hour:g} per chip-hour: {e.price_source}{power})"
+                     f"{if_fit}")
+    elif e.usd_per_step is not None:  # no tokens per step (an HLO dump): was no line
+        lines.append(f"cost           ${e.usd_per_step:,.4g} per step  "
+                     f"(${e.usd_per_chip_hour:g} per chip-hour: {e.price_source}; no tokens "
+                     f"per step to price a token){if_fit}")
     elif e.usd_per_chip_hour is None:
         lines.append("cost           no public price for this chip: set [cost] "
                      "usd_per_chip_hour")
+    elif e.usd_per_kwh and e.power_w is None:  # was no line at all
+        lines.append("cost           unknown: [cost] usd_per_kwh bills the power apart, and "
+                     "this chip has no public power figure; set it to 0 for the chip-hours "
+                     "alone")
     return lines
 
 
-def _power_lines(e) -> list[str]:
-    rest = "" if e.rest_w is None else f", hosts/NICs/switches {fmt_watts(e.rest_w * e.chips)}"
+def _power_lines(e, if_fit: str = "") -> list[str]:
+    # said where the IT power is not chips plus the rest of their node: a GB300 rack or a
+    # TPU v4 slice counted its chips alone under the same words as a GB200 rack's whole draw
+    what, rest = "chips", ("; hosts, NICs and switches not counted (no public rating)"
+                           if e.counted == CHIPS_ONLY else "")
+    if e.rest_w is not None:
+        rest = f", hosts/NICs/switches {fmt_watts(e.rest_w * e.chips)}"
+    elif e.counted == POD_SHARE:
+        what = "the pod's published draw per chip (chips, hosts, network)"
     lines = [f"power          {fmt_watts(e.power_w)} at the facility  (IT {fmt_watts(e.it_w)}: "
-             f"chips {fmt_watts(e.chip_w * e.chips)}, busy {e.busy:.0%} of the step{rest}; "
-             f"PUE {e.pue:g})"]
+             f"{what} {fmt_watts(e.chip_w * e.chips)}, busy {e.busy:.0%} of the step{rest}; "
+             f"PUE {e.pue:g}){if_fit}"]
     per_token = "" if e.joules_per_token is None else f", {e.joules_per_token:.3g} J per token"
-    lines.append(f"energy         {fmt_joules(e.energy_per_step_j)} per step{per_token}")
+    lines.append(f"energy         {fmt_joules(e.energy_per_step_j)} per step{per_token}{if_fit}")
     return lines
 
 
@@ -165,16 +196,29 @@ def format_scale_out(r: Report, plan: dict) -> list[str]:
         lines.append("power budget   no estimate: no public power figure for this chip or "
                      "system")
     elif plan.get("power_budget_w") is not None:
-        lines.append(f"power budget   {fmt_watts(plan['power_budget_w'])} feeds "
-                     f"{plan['chips_within_budget']:,} chips of this system running this "
-                     f"step ({fmt_watts(e.power_per_chip_w)} each at the facility)")
+        unit = plan["replica_chips"]
+        unit_w = fmt_watts(e.power_per_chip_w * unit)
+        if not plan["chips_within_budget"]:
+            lines.append(f"power budget   {fmt_watts(plan['power_budget_w'])} feeds no "
+                         f"data-parallel replica of this step: one, {unit:,.4g} chips, draws "
+                         f"{unit_w} at the facility")
+        else:
+            lines.append(f"power budget   {fmt_watts(plan['power_budget_w'])} feeds "
+                         f"{plan['chips_within_budget']:,} chips of this system running this "
+                         f"step ({plan['chips_within_budget'] / unit:,.0f} data-parallel "
+                         f"replicas of {unit:,.4g} chips, {fmt_watts(e.power_per_chip_w)} a "
+                         f"chip at the facility)")
     if plan.get("run"):
         lines.append("run            " + run_line(plan["run"], f"on these {e.chips:,.0f} chips"))
     if plan.get("run_within_budget"):
+        chips = plan["chips_within_budget"]
+        how = "more" if chips > e.chips else "fewer" if chips < e.chips else "as many"
+        bound = ": a lower bound on time" if how == "more" else ""
         lines.append("               " + run_line(
-            plan["run_within_budget"], f"on {plan['chips_within_budget']:,} chips (more "
-            f"data-parallel replicas at this step's tokens/s per chip: a lower bound on time)"))
-    return lines
+            plan["run_within_budget"], f"on {chips:,} chips ({how} data-parallel replicas "
+            f"at this step's tokens/s per chip{bound})"))
+    return [line if "no estimate" in line or "feeds no " in line else line + _if_fit(r)
+            for line in lines]
 
 
 def _summary_lines(r: Report) -> list[str]:

@@ -41,10 +41,13 @@ def cmd_run(args) -> int:
     print(report.format_table())
     scale_out = None
     if args.power_budget is not None or args.tokens is not None:
+        from meshes.power import replica_chips
         from sharding.text import format_scale_out
 
-        scale_out = report.energy.scale_out(power_budget_w=args.power_budget,
-                                            tokens=args.tokens)
+        scale_out = report.energy.scale_out(
+            power_budget_w=args.power_budget, tokens=args.tokens,
+            replica_chips=replica_chips(report.num_devices, exp.parallelism.data,
+                                        exp.system.chip.devices_per_chip))
         print("\n".join(format_scale_out(report, scale_out)))
     if args.json:
         write_json(args.json, {**report.to_dict(groups=args.groups), "scale_out": scale_out,
@@ -117,6 +120,9 @@ def _run_all_backends(args, exp, config) -> int:
     if args.html:
         raise ConfigError("--html takes one backend; run --backend all without --html, or "
                           "--html with --backend cpu|tpu|gpu")
+    if args.power_budget is not None or args.tokens is not None:  # were dropped unsaid
+        raise ConfigError("--power-budget and --tokens take one backend; run --backend all "
+                          "without them, or with --backend cpu|tpu|gpu")
     backends = available_backends(exp.system)
     reports = []
     with progress_sink(args):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -262,7 +263,8 @@ def cmd_compare(args) -> int:
 
     raw = config_mod.load_raw(args.config, args.set or [])
     config_mod.from_dict(raw)  # the config itself is valid
-    if args.price_per_device_hour is not None and args.price_per_device_hour <= 0:
+    price = args.price_per_device_hour
+    if price is not None and not 0 < price < math.inf:  # nan and inf too
         raise ConfigError(f"--price-per-device-hour {args.price_per_device_hour}: give the "
                           f"price you pay per device and hour, above 0")
     _outputs_checked(args)  # before the compiles

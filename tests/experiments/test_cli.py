@@ -328,7 +328,8 @@ def test_power_budget_and_run_length(tmp_path, capsys, cpu_devices):
     assert d["power_w"] == pytest.approx(p["it_power_w"] * 1.2)
     assert d["energy_per_step_j"] == pytest.approx(d["power_w"] * d["step_time_s"])
     s = d["scale_out"]
-    assert s["chips_within_budget"] == math.floor(1e6 / (d["power_w"] / 8))
+    # whole data-parallel replicas (data 2 x tensor 4: 4 GPUs, half the run's power each)
+    assert s["chips_within_budget"] == math.floor(1e6 / (d["power_w"] / 2)) * 4
     assert s["run"]["time_s"] == pytest.approx(1e9 / d["tokens_per_s"])
     assert s["run"]["usd"] == pytest.approx(4.916 * 8 * s["run"]["time_s"] / 3600)
     within = s["run_within_budget"]
@@ -344,7 +345,7 @@ def test_bad_power_input_is_one_line(capsys):
     assert "--power-budget: 'lots'" in err and "100MW" in err and "\n" not in err
     assert cli.main(["run", "tiny-h100-dp-tp", "--set", "cost.pue=0.9"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "cost.pue=0.9 must be at least 1" in err and "\n" not in err
+    assert "cost.pue=0.9 must be a finite number of at least 1" in err and "\n" not in err
     assert parse_power("250kW") == 250e3 and parse_power("1.5e8") == 1.5e8
     with pytest.raises(argparse.ArgumentTypeError, match="100MW"):
         parse_power("-3 MW")
@@ -379,3 +380,12 @@ def test_out_says_what_each_command_writes():
 
     assert "[measured]" in out_help("measure")
     assert "[measured]" not in out_help("export") and "[measured]" not in out_help("import")
+
+
+@pytest.mark.parametrize("flag", [["--power-budget", "1MW"], ["--tokens", "1e9"]])
+def test_backend_all_refuses_the_scale_out_flags(flag, capsys):
+    # Its side-by-side table has no power rows and the flags were dropped without a word;
+    # refused before any compile, as --html is.
+    assert cli.main(["run", "tiny-h100-dp-tp", "--quiet", "--backend", "all", *flag]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--power-budget and --tokens take one backend" in err and "\n" not in err

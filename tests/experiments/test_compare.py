@@ -49,7 +49,8 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
         2.0 * 8 / 3600 / b200["tokens_per_s"] * 1e6)
     # What a 1 MW building feeds, and a run of 1e9 tokens on the 8 B200s and in it.
     plan = b200["scale_out"]
-    assert plan["chips_within_budget"] == int(1e6 // (b200["power_w"] / 8))
+    # whole data-parallel replicas of 4 B200s (tensor 4), each half the 8's power
+    assert plan["chips_within_budget"] == int(1e6 // (b200["power_w"] / 2)) * 4
     assert plan["run"]["time_s"] == pytest.approx(1e9 / b200["tokens_per_s"])
     assert plan["run_within_budget"]["time_s"] == pytest.approx(
         1e9 / (b200["tokens_per_s"] / 8 * plan["chips_within_budget"]))
@@ -202,3 +203,40 @@ def test_compare_refuses_an_output_it_cannot_write_before_compiling(tmp_path, ca
     assert cli.main(["compare", TINY, "--systems", "h100:8", "--quiet", flag, str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{flag} " in err and "does not exist" in err
+
+
+@pytest.mark.parametrize("price", ["nan", "inf", "0"])
+def test_a_price_that_is_not_a_positive_number_is_one_line(price, capsys):
+    # nan reached [cost] and was refused under the wrong name (cost.usd_per_chip_hour);
+    # inf priced every system at "$inf" per million tokens.
+    assert cli.main(["compare", TINY, "--systems", "h100:8", "--quiet",
+                     "--price-per-device-hour", price]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--price-per-device-hour {float(price)}" in err and "above 0" in err
+    assert "\n" not in err
+
+
+def test_compare_names_the_systems_whose_power_counts_chips_only(capsys, cpu_devices):
+    # The footer says power is chips, hosts, NICs and switches: a GB300 rack has no public
+    # rating of the rest, so its column is its chips alone, and the table says so.
+    assert cli.main(["compare", TINY, "--systems", "gb200-nvl72:8,gb300-nvl72:8",
+                     "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "power of gb300-nvl72:8: chips only (no public rating" in out
+    assert "power of gb200-nvl72:8" not in out
+
+
+def test_the_configs_chip_price_prices_its_own_chip_only(tmp_path, cpu_devices):
+    # `[cost] usd_per_chip_hour = 2` is what the config's H100s cost: it priced the B200 and
+    # the TPU v6e at $2 too. Now the B200 has no price (none public) and the v6e its
+    # catalog's $2.70; each column's $ per million tokens = price x 8 chips / tokens an hour.
+    out = tmp_path / "c.json"
+    assert cli.main(["compare", TINY, "--systems", "h100:8,b200:8,tpu-v6e:2x4", "--quiet",
+                     "--set", "cost.usd_per_chip_hour=2", "--json", str(out)]) == 0
+    systems = {s["system"]: s for s in json.loads(out.read_text())["systems"]}
+    for name, price in (("h100:8", 2.0), ("tpu-v6e:2x4", 2.70)):
+        s = systems[name]
+        assert s["usd_per_million_tokens"] == pytest.approx(
+            price * 8 / 3600 / s["tokens_per_s"] * 1e6)
+    assert systems["b200:8"]["usd_per_million_tokens"] is None
+    assert "usd_per_chip_hour prices its h100: not applied" in systems["b200:8"]["note"]

@@ -13,6 +13,7 @@ from meshes.power import (
     TDP_SOURCES,
     Cost,
     estimate,
+    replica_chips,
 )
 
 # The H100 node: DGX H100 rated 10.2 kW, 8 GPUs at 700 W TDP; a node peaked at 8.4 kW
@@ -87,3 +88,39 @@ def test_the_h100_node_model_meets_the_second_measurement():
     e = estimate(family="h100", chip=CHIPS["h100"], num_devices=8, step_s=1.0, compute_s=0.9,
                  tokens_per_step=1.0, cost=Cost(pue=1.0))
     assert e.it_w == pytest.approx(0.76 * 10200, rel=0.03)
+
+
+@pytest.mark.parametrize("key", ["usd_per_chip_hour", "pue", "usd_per_kwh"])
+def test_an_infinite_price_or_pue_is_refused(key):
+    # `--set cost.pue=inf` printed "inf GW at the facility" and wrote Infinity (not JSON).
+    with pytest.raises(ValueError, match=f"cost.{key}=inf must be a finite number"):
+        Cost(**{key: float("inf")})
+
+
+def test_a_power_budget_feeds_whole_copies_of_the_run():
+    # 8 H100s all busy: 8 x 700 W + the node's rest (10.2 - 5.6 kW) x 61%, 8.4 kW, x 1.56
+    # = 13.1 kW at the facility. 100 MW feeds floor(100e6 / 13,104) = 7,631 copies of the
+    # 8-GPU step, 61,048 GPUs (not 61,050: the step does not run on 2 more). 5 kW feeds
+    # none: a run "on more replicas" must not be timed on 3 GPUs.
+    e = estimate(family="h100", chip=CHIPS["h100"], num_devices=8, step_s=1.0, compute_s=1.0,
+                 tokens_per_step=1e4)
+    assert e.power_w == pytest.approx(13104)
+    assert e.chips_within(100e6) == 7631 * 8
+    plan = e.scale_out(power_budget_w=5e3, tokens=1e9)
+    assert plan["chips_within_budget"] == 0 and "run_within_budget" not in plan
+
+
+def test_a_power_budget_feeds_whole_data_parallel_replicas():
+    # Llama 3 70B at TP 4 x PP 8 x DP 3125 on 100,000 GB200s: a replica is 32 GPUs. At
+    # 2,315 W a GPU at the facility (all busy: 1200 W + the rack's (120 - 86.4 kW) x 61%
+    # / 72 = 284 W, x 1.56), 150 MW feeds floor(150e6 / (32 x 2,315)) = 2,024 replicas,
+    # 64,768 GPUs: fewer than the run's, and a whole number of replicas.
+    assert replica_chips(100_000, 3125) == 32
+    assert replica_chips(8, 8, devices_per_chip=2) == 1  # a TPU7x chip: 2 one-device replicas
+    e = estimate(family="gb200-nvl72", chip=CHIPS["gb200"], num_devices=100_000, step_s=1.0,
+                 compute_s=1.0, tokens_per_step=1e6)
+    per_chip = (1200 + (120e3 - 72 * 1200) * REST_SHARE / 72) * 1.56
+    assert e.power_per_chip_w == pytest.approx(per_chip)
+    plan = e.scale_out(power_budget_w=150e6, tokens=1e12, replica_chips=32)
+    assert plan["chips_within_budget"] == (150e6 // (32 * per_chip)) * 32 == 2024 * 32
+    assert plan["run_within_budget"]["chips"] == 2024 * 32

@@ -196,3 +196,105 @@ def test_an_nvls_all_reduce_sends_each_devices_buffer_once(cpu_devices):
     assert c.kind == "all-reduce" and c.algorithm == "nvls"
     rate = float(re.search(r"at ([\d.]+) GB/s", rep.slowest_hop())[1]) * 1e9
     assert rate == pytest.approx(c.bytes / c.time_s, rel=0.01)
+
+
+def test_power_line_says_what_it_counts():
+    # Worked from the catalog: a GB200 rack counts its chips and the rest of the rack; a
+    # GB300 rack has no public rating, so its chips alone (8 x 1400 W busy = 11.2 kW): said,
+    # or it reads below the GB200's 8 x 1200 W + its share of the rack. TPU7x: the pod's
+    # ~10 MW over 9,216 chips, hosts and network in it, not "chips".
+    from meshes import CHIPS
+    from meshes.power import estimate
+    from sharding.text import _power_lines
+
+    def line(family, chip, n):
+        e = estimate(family=family, chip=CHIPS[chip], num_devices=n, step_s=1.0,
+                     compute_s=1.0, tokens_per_step=1.0)
+        return _power_lines(e)[0]
+
+    assert "hosts/NICs/switches" in line("gb200-nvl72", "gb200", 8)
+    gb300 = line("gb300-nvl72", "gb300", 8)
+    assert "chips 11.2 kW" in gb300 and "hosts, NICs and switches not counted" in gb300
+    tpu7x = line("tpu7x", "tpu7x", 8)  # 4 chips x 10 MW / 9216 = 4.34 kW
+    assert "the pod's published draw per chip (chips, hosts, network) 4.34 kW" in tpu7x
+    assert "not counted" not in tpu7x
+
+
+def test_a_budget_below_one_copy_of_the_step_says_so():
+    # 8 H100s busy draw 13.1 kW at the facility (tests/meshes/test_power.py), a replica of
+    # 4 of them 6.55 kW: 5 kW feeds none, said as such rather than "feeds 3 chips".
+    import types
+
+    from meshes import CHIPS
+    from meshes.power import estimate
+    from sharding.text import format_scale_out
+
+    e = estimate(family="h100", chip=CHIPS["h100"], num_devices=8, step_s=1.0,
+                 compute_s=1.0, tokens_per_step=1e4)
+    lines = format_scale_out(types.SimpleNamespace(energy=e, fits=True),
+                             e.scale_out(power_budget_w=5e3, replica_chips=4))
+    assert lines == ["power budget   5 kW feeds no data-parallel replica of this step: one, "
+                     "4 chips, draws 6.55 kW at the facility"]
+
+
+def test_cost_line_with_the_power_billed_apart():
+    # 8 H100s busy: 13,104 W at the facility (PUE 1.56), 1,638 W a chip; at $0.08 per kWh
+    # that is $0.131 per chip-hour on top of the $2 of the chip: said in the line.
+    import types
+
+    from meshes import CHIPS
+    from meshes.power import Cost, estimate
+    from sharding.text import _energy_lines
+
+    def cost_line(family, chip, cost):
+        e = estimate(family=family, chip=CHIPS[chip], num_devices=8, step_s=1.0,
+                     compute_s=1.0, tokens_per_step=1e4, cost=cost)
+        return [x for x in _energy_lines(types.SimpleNamespace(energy=e, fits=True))
+                if x.startswith("cost")]
+
+    [line] = cost_line("h100", "h100", Cost(usd_per_chip_hour=2.0, usd_per_kwh=0.08))
+    per_hour = 8 * (2.0 + 0.08 * 13104 / 8 / 1e3)
+    assert line.startswith(f"cost           ${per_hour / 3600 / 1e4 * 1e6:,.4g} per million")
+    assert "power billed apart at $0.08 per kWh, $0.131 per chip-hour" in line
+    # TPU v6e has a price but no power figure: with the power billed apart the cost is
+    # unknown, said, where no cost line was printed at all.
+    [line] = cost_line("tpu-v6e", "tpu-v6e", Cost(usd_per_kwh=0.08))
+    assert line.startswith("cost           unknown: [cost] usd_per_kwh bills the power apart")
+
+
+def test_power_cost_and_runs_of_a_step_that_does_not_fit_are_marked():
+    # Step time and MFU carry "-- if it fit" when memory does not fit; the power, energy,
+    # cost and run lines are figures of that same step and carried nothing.
+    import types
+
+    from meshes import CHIPS
+    from meshes.power import estimate
+    from sharding.text import _energy_lines, format_scale_out
+
+    e = estimate(family="h100", chip=CHIPS["h100"], num_devices=8, step_s=1.0,
+                 compute_s=1.0, tokens_per_step=1e4)
+    plan = e.scale_out(power_budget_w=1e6, tokens=1e9)
+    for fits in (False, True, None):
+        r = types.SimpleNamespace(energy=e, fits=fits)
+        lines = _energy_lines(r) + format_scale_out(r, plan)
+        assert len(lines) == 6  # power, energy, cost, budget, two runs
+        marked = [line.endswith("  -- if it fit") for line in lines]
+        assert marked == [fits is False] * 6
+
+
+def test_a_step_without_tokens_is_priced_per_step():
+    # An HLO dump (`inspect`) has no tokens per step: 16 H100s at $4.916 per chip-hour for
+    # a 2 s step cost 4.916 x 16 x 2 / 3600 = $0.0437; the cost line was left out instead.
+    import types
+
+    from meshes import CHIPS
+    from meshes.power import estimate
+    from sharding.text import _energy_lines
+
+    e = estimate(family="h100", chip=CHIPS["h100"], num_devices=16, step_s=2.0,
+                 compute_s=2.0, tokens_per_step=None)
+    assert e.usd_per_step == pytest.approx(4.916 * 16 * 2 / 3600)
+    assert e.to_dict()["usd_per_step"] == e.usd_per_step
+    [line] = [x for x in _energy_lines(types.SimpleNamespace(energy=e, fits=True))
+              if x.startswith("cost")]
+    assert line.startswith("cost           $0.0437 per step  ($4.916 per chip-hour")
