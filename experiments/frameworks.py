@@ -90,6 +90,13 @@ def ici_dcn(sizes: dict[str, int], outer: str, n_granules: int, what: str = "sli
     return out
 
 
+def system_line(exp: Experiment) -> str:
+    """The `# shardscope system:` comment: the system and its [system] overrides, which an
+    import reads back."""
+    return f"{SYSTEM_LINE}{exp.system.name}" + "".join(
+        f" {k}={toml_value(v)}" for k, v in sorted(exp.system.overrides.items()))
+
+
 def _number(x: float) -> int | float:
     return int(x) if float(x).is_integer() else x
 
@@ -136,8 +143,7 @@ def maxtext(exp: Experiment) -> list[str]:
     where = (f"{count} {what}s of {n // count} joined by dcn_*" if count > 1
              else f"one {what}: dcn_* all 1")
     lines = [f"# MaxText settings of {exp.name} (shardscope export; {n} devices, {where})",
-             f"{SYSTEM_LINE}{exp.system.name}"
-             + "".join(f" {k}={toml_value(v)}" for k, v in sorted(exp.system.overrides.items()))]
+             system_line(exp)]
     if count > 1 and what == "slice":
         lines.append(f"# MaxText counts the {count} slices from the devices (train_compile.py: "
                      f"compile_topology_num_slices={count})")
@@ -295,6 +301,7 @@ def megatron(exp: Experiment) -> list[str]:
              *([f"# system.name={exp.system.name!r} is not a GPU system: Megatron-LM runs "
                 f"on GPUs; these flags are the same split on as many"]
                if not hasattr(exp.system, "domain_size") else []),
+             system_line(exp), *_megatron_launch(exp),
              f"--tensor-model-parallel-size {par.tensor}",
              f"--pipeline-model-parallel-size {par.pipeline}"]
     if par.virtual_stages > 1:
@@ -345,6 +352,23 @@ def megatron(exp: Experiment) -> list[str]:
     lines += [f"--lr {exp.train.learning_rate}", f"--weight-decay {exp.train.weight_decay}",
               "--optimizer adam"]
     return lines
+
+
+def _megatron_launch(exp: Experiment) -> list[str]:
+    """The [system] overrides that are the launch's settings, not Megatron flags: NCCL's
+    environment and where the job's ranks sit."""
+    o, env = exp.system.overrides, []
+    if "nvls" in o:  # NVLink SHARP in NCCL's all-reduces
+        env.append(f"NCCL_NVLS_ENABLE={int(o['nvls'])}")
+    if "sharp" in o:  # IB SHARP: NCCL's CollNet (the SHARP plugin)
+        env.append(f"NCCL_COLLNET_ENABLE={int(o['sharp'])}")
+    out = [f"# launch with {' '.join(env)} (NCCL's environment, no Megatron flag)"] \
+        if env else []
+    if "gpus_per_domain" in o:
+        out.append(f"# system.gpus_per_domain={o['gpus_per_domain']}: the job's ranks on "
+                   f"{o['gpus_per_domain']} GPUs of each NVLink domain (the launcher's "
+                   f"placement, no Megatron flag)")
+    return out
 
 
 def _megatron_remat(exp: Experiment) -> list[str]:

@@ -330,6 +330,20 @@ def test_a_systems_overrides_go_out_and_come_back(tmp_path, capsys):
         "gb200-nvl72:512", {"gpus_per_domain": 64})
 
 
+def test_megatron_export_says_the_systems_overrides(capsys):
+    # The system and its [system] overrides are the launch's, not Megatron flags: said in
+    # `#` lines (NCCL's environment for NVLS and IB SHARP), not dropped.
+    out = _export(capsys, "tiny-h100-dp-tp", "--to", "megatron", "--set", "system.nvls=false",
+                  "--set", "system.sharp=true", "--set", "system.gpus_per_domain=4")
+    lines = out.splitlines()
+    assert "# shardscope system: h100:8 gpus_per_domain=4 nvls=false sharp=true" in lines
+    assert any("NCCL_NVLS_ENABLE=0 NCCL_COLLNET_ENABLE=1" in ln for ln in lines)
+    assert any(ln.startswith("# system.gpus_per_domain=4") for ln in lines)
+    plain = _export(capsys, "tiny-h100-dp-tp", "--to", "megatron").splitlines()
+    assert "# shardscope system: h100:8" in plain
+    assert not any("NCCL_" in ln or "gpus_per_domain" in ln for ln in plain)
+
+
 def test_latent_attention_and_dense_layers_export_and_come_back(tmp_path, capsys):
     # DeepSeek-V3's shape from its config.json, 5 layers (not the preset, so every key is
     # written): MaxText's attention_type mla keys and first_num_dense_layers round-trip;
