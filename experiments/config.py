@@ -436,6 +436,12 @@ def _check_strategies(exp: Experiment) -> None:
     if par.outer and par.outer not in MESH_AXES:
         raise ConfigError(f"parallelism.outer={par.outer!r} is not a mesh axis; valid: "
                           f"{', '.join(MESH_AXES)} (or leave it out: {MESH_AXES[0]} outermost)")
+    if par.tp_comm_overlap and not par.sequence_parallel:
+        # Megatron asserts the same: userbuffers overlap sequence parallelism's collectives
+        raise ConfigError("parallelism.tp_comm_overlap=true overlaps sequence parallelism's "
+                          "all-gathers and reduce-scatters over tensor with their GEMMs; "
+                          "set parallelism.sequence_parallel = true too (Megatron asks the "
+                          "same), or tp_comm_overlap = false")
     if par.context_mode not in CONTEXT_MODES:
         raise ConfigError(f"parallelism.context_mode={par.context_mode!r} is not one of "
                           f"{', '.join(CONTEXT_MODES)}")

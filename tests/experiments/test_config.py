@@ -62,6 +62,11 @@ BAD = {
                        "[system]: system override sharp='yes' must be true or false"),
     "measured": (TINY + "[measured]\nstep_time_s = -1\n",
                  "measured.step_time_s=-1 must be above 0"),
+    # Transformer Engine's userbuffers hide sequence parallelism's collectives; Megatron
+    # refuses --tp-comm-overlap without --sequence-parallel
+    "tp overlap without sp": (TINY.replace("fsdp = 4", "fsdp = 4\ntp_comm_overlap = true"),
+                              "parallelism.tp_comm_overlap=true overlaps sequence "
+                              "parallelism's all-gathers and reduce-scatters over tensor"),
     "rules": (TINY.replace("fsdp = 4", 'fsdp = 4\nrules = "megatron"'),
               "parallelism.rules='megatron' is not a rule preset; valid: default"),
     # decode writes the token after the cache's seq_len positions: position seq_len
