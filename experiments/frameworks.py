@@ -13,6 +13,7 @@ import dataclasses
 from experiments.config import ConfigError, Experiment
 from experiments.reference import toml_value
 from models.config import PRESETS
+from models.pipeline import Pipeline
 from models.program import CHECKPOINT_NAMES, expand_names
 from sharding.rules import MESH_AXES
 
@@ -107,13 +108,21 @@ def _chunk(exp: Experiment) -> int:
     return -(-exp.model.n_layers // (par.pipeline * par.virtual_stages))
 
 
+def _padding(exp: Experiment) -> tuple[int, int]:
+    """Empty layer slots before the first layer and after the last (models/pipeline.py)."""
+    par = exp.parallelism
+    return Pipeline(stages=par.pipeline, microbatches=exp.workload.microbatches,
+                    layers=exp.model.n_layers, virtual=par.virtual_stages,
+                    schedule=par.pipeline_schedule).padding
+
+
 def _uneven(exp: Experiment, how: str) -> list[str]:
-    par, layers = exp.parallelism, exp.model.n_layers
-    slots = par.pipeline * par.virtual_stages * _chunk(exp)
-    if slots == layers:
+    front, back = _padding(exp)
+    if not front + back:
         return []
-    return [f"# {layers} layers in {slots} pipeline slots (shardscope leaves the last "
-            f"{slots - layers} empty): {how}"]
+    slots = exp.model.n_layers + front + back
+    return [f"# {exp.model.n_layers} layers in {slots} pipeline slots (shardscope leaves "
+            f"{front} empty before the first layer and {back} after the last): {how}"]
 
 
 def check(exp: Experiment, to: str, flag: str = "export --to") -> None:
@@ -309,8 +318,7 @@ def megatron(exp: Experiment) -> list[str]:
         if not par.overlap_p2p_comm:
             lines.append("--no-overlap-p2p-communication")
     if par.pipeline > 1:
-        lines += _uneven(exp, "Megatron: --decoder-first-pipeline-num-layers and "
-                         "--decoder-last-pipeline-num-layers")
+        lines += _uneven(exp, _megatron_uneven(exp))
     if par.pipeline > 1 and par.pipeline_schedule != "1f1b":
         lines.append(f"# parallelism.pipeline_schedule={par.pipeline_schedule!r}: Megatron "
                      f"runs 1F1B (no GPipe schedule)")
@@ -352,6 +360,17 @@ def megatron(exp: Experiment) -> list[str]:
     lines += [f"--lr {exp.train.learning_rate}", f"--weight-decay {exp.train.weight_decay}",
               "--optimizer adam"]
     return lines
+
+
+def _megatron_uneven(exp: Experiment) -> str:
+    """Megatron's flags for shardscope's uneven stages: without virtual stages, the padding
+    is the first and the last stage's; interleaved, it spreads over several chunks."""
+    (front, back), chunk = _padding(exp), _chunk(exp)
+    if exp.parallelism.virtual_stages > 1 or max(front, back) >= chunk:
+        return ("Megatron's --decoder-first-pipeline-num-layers and "
+                "--decoder-last-pipeline-num-layers split them otherwise")
+    return (f"Megatron: --decoder-first-pipeline-num-layers {chunk - front} "
+            f"--decoder-last-pipeline-num-layers {chunk - back}")
 
 
 def _megatron_launch(exp: Experiment) -> list[str]:

@@ -330,6 +330,23 @@ def test_a_systems_overrides_go_out_and_come_back(tmp_path, capsys):
         "gb200-nvl72:512", {"gpus_per_domain": 64})
 
 
+def test_uneven_pipeline_stages_are_said_as_shardscope_lays_them(capsys):
+    # 80 layers over 6 stages: 6 x 14 = 84 slots; shardscope leaves 2 empty before the first
+    # layer and 2 after the last (models/pipeline.py Pipeline.padding), so the first and
+    # last stages hold 12 layers and the 4 others 14 each: 12 + 4 x 14 + 12 = 80.
+    six = ["--set", "parallelism.pipeline=6", "--set", "parallelism.virtual_stages=1",
+           "--set", "parallelism.data=1", "--set", "parallelism.tensor=8",
+           "--set", "system.name=h100:48", "--set", "workload.global_batch=12",
+           "--set", "workload.microbatches=12"]
+    name = "llama3-70b-h100-64-tp4-pp8-interleaved"
+    out = _export(capsys, name, "--to", "megatron", *six)
+    assert ("# 80 layers in 84 pipeline slots (shardscope leaves 2 empty before the first "
+            "layer and 2 after the last): Megatron: --decoder-first-pipeline-num-layers 12 "
+            "--decoder-last-pipeline-num-layers 12") in out.splitlines()
+    out = _export(capsys, name, "--to", "maxtext", *six)
+    assert "shardscope leaves 2 empty before the first layer and 2 after the last" in out
+
+
 def test_megatron_export_says_the_systems_overrides(capsys):
     # The system and its [system] overrides are the launch's, not Megatron flags: said in
     # `#` lines (NCCL's environment for NVLS and IB SHARP), not dropped.
