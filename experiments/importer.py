@@ -87,11 +87,16 @@ def scalar(text: str):
 def parse_yaml(text: str) -> tuple[dict, str]:
     """The top-level `key: value` lines (nested blocks skipped) and the system a
     `# shardscope system: NAME` line names ("" if none)."""
-    out, system = {}, ""
+    out, system, block = {}, "", None  # block: the key whose value is an empty line
     for number, line in enumerate(text.splitlines(), 1):
         if line.startswith(SYSTEM_LINE):
             system = line[len(SYSTEM_LINE):].strip()
-        if not line.strip() or line[0] in " \t-#[]{}'\"":
+        item = line.strip()
+        if block is not None and (item == "-" or item.startswith("- ")):
+            # a block-style list (`key:` then `  - value` lines), e.g. mlp_activations
+            out[block] = [*(out[block] or []), scalar(item[1:].split(" #", 1)[0])]
+            continue
+        if not item or line[0] in " \t-#[]{}'\"":
             continue
         key, colon, value = line.partition(":")
         if not colon or not key.strip():
@@ -99,6 +104,7 @@ def parse_yaml(text: str) -> tuple[dict, str]:
                               f"(a YAML top-level line); fix the file")
         value = value.split(" #", 1)[0]
         out[key.strip()] = scalar(value)
+        block = key.strip() if out[key.strip()] is None else None
     return out, system
 
 

@@ -204,6 +204,20 @@ def test_a_line_that_is_not_key_value_is_named(tmp_path, capsys):
     assert not (tmp_path / "b.toml").exists()
 
 
+def test_a_block_style_list_is_read(tmp_path, capsys):
+    # YAML's block list (`key:` then `- item` lines) is MaxText's flow list written the
+    # other way: read as the same list, not as an empty value
+    yml = tmp_path / "m.yml"
+    yml.write_text("base_emb_dim: 64\nbase_num_query_heads: 4\nbase_num_kv_heads: 2\n"
+                   "base_mlp_dim: 128\nbase_num_decoder_layers: 2\nhead_dim: 16\n"
+                   "vocab_size: 256\nmlp_activations:\n  # its activation\n  - \"gelu\"\n"
+                   "ici_fsdp_parallelism: 8\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--system", "h100:8", "--out",
+                            str(tmp_path / "m.toml")], capsys)
+    assert code == 0, err
+    assert config.load(tmp_path / "m.toml").model.mlp == "gelu"
+
+
 def test_bad_framework_and_missing_system_are_one_line(tmp_path, capsys):
     code, _, err = run_cli(["export", "tiny-h100-dp-tp", "--to", "jax"], capsys)
     assert code == 2 and "maxtext, megatron" in err and "Traceback" not in err
