@@ -204,6 +204,14 @@ def test_a_line_that_is_not_key_value_is_named(tmp_path, capsys):
     assert not (tmp_path / "b.toml").exists()
 
 
+def test_import_help_says_out_is_required(capsys):
+    # import writes no stdout (the experiment is named after --out's file): its help must
+    # not promise the shared --out's "default: stdout"
+    code, out, _ = run_cli(["import", "--help"], capsys)
+    assert code == 0 and "--out EXP.toml" in out and "required" in out
+    assert "stdout" not in out
+
+
 def test_a_block_style_list_is_read(tmp_path, capsys):
     # YAML's block list (`key:` then `- item` lines) is MaxText's flow list written the
     # other way: read as the same list, not as an empty value
