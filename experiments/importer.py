@@ -39,13 +39,14 @@ DEFAULTS = {"ici_fsdp_parallelism": -1, "dcn_data_parallelism": -1,
             "weight_dtype": "float32", "dtype": "bfloat16", "quantization": "",
             "shard_optimizer_over_data": False, "num_vocab_tiling": 1, "opt_type": "adamw",
             "capacity_factor": -1.0,  # -1: dropless
-            "context_parallel_strategy": "all_gather"}
+            "context_parallel_strategy": "all_gather", "num_pipeline_repeats": -1,
+            "pipeline_parallel_layers": -1}
 # MaxText's context_parallel_strategy -> parallelism.context_mode
 CONTEXT_STRATEGIES = {"all_gather": "allgather", "ring": "ring"}
 # The other MaxText keys read here (overrides of them are not typos)
 READ_KEYS = ("model_name", "override_model_config", "attention", "attention_type",
              "decoder_block", "mlp_activations", "logits_via_embedding",
-             "first_num_dense_layers", "base_moe_mlp_dim")
+             "first_num_dense_layers", "base_moe_mlp_dim", "pipeline_delay_activation_forwarding")
 # MaxText mesh axes shardscope has no axis for: they must stay 1
 UNSUPPORTED_AXES = ("fsdp_transpose", "tensor_transpose", "tensor_sequence", "autoregressive",
                     "context_autoregressive", "stage")
@@ -320,6 +321,40 @@ def _latent_attention(keys: dict) -> dict:
     return {field: keys[k] for k, field in fields.items()}
 
 
+def _repeats(keys: dict, model: dict, stages: int) -> int:
+    """The circular pipeline's repeats (parallelism.virtual_stages), refused where MaxText's
+    config check refuses them: stages x repeats x num_layers_per_pipeline_stage must be the
+    pipelined layers (a DeepSeek block's MoE layers, its dense first ones apart)."""
+    base = config_mod.preset(model["preset"]) if "preset" in model else None
+    layers = model.get("n_layers") or base.n_layers
+    dense = model.get("n_dense_layers", base.n_dense_layers if base else 0)
+    piped = layers - dense
+    if _int(keys, "pipeline_parallel_layers") not in (-1, piped):
+        raise ConfigError(f"pipeline_parallel_layers={keys['pipeline_parallel_layers']}: "
+                          f"shardscope pipelines every layer ({piped}); set it to -1")
+    per_stage, repeats = (_int(keys, "num_layers_per_pipeline_stage"),
+                          _int(keys, "num_pipeline_repeats"))
+    if per_stage < 1:
+        raise ConfigError(f"num_layers_per_pipeline_stage={per_stage} must be 1 or more")
+    fits = ", ".join(str(d) for d in range(1, piped + 1) if piped % (stages * d) == 0)
+    how = (f"(MaxText refuses it too); set num_layers_per_pipeline_stage to one of {fits} "
+           f"and num_pipeline_repeats=-1" if fits else
+           f"(MaxText refuses it too): {stages} stages do not divide {piped} layers; choose "
+           f"a pipeline size that does")
+    if repeats == -1:
+        if piped % (stages * per_stage):
+            raise ConfigError(f"{stages} pipeline stages x num_layers_per_pipeline_stage="
+                              f"{per_stage} does not divide the {piped} pipelined layers {how}")
+        repeats = piped // (stages * per_stage)
+    if stages * repeats * per_stage != piped:
+        raise ConfigError(f"{stages} pipeline stages x num_pipeline_repeats={repeats} x "
+                          f"num_layers_per_pipeline_stage={per_stage} = "
+                          f"{stages * repeats * per_stage} layers, not the {piped} pipelined "
+                          f"ones {how}")
+    # shardscope pipelines the dense first layers too (docs/limits.md): their slots added
+    return -(-layers // (stages * per_stage)) if dense else repeats
+
+
 def to_experiment(keys: dict, system_name: str, name: str) -> dict:
     """The experiment's tables (as a TOML file holds them), checked by the config loader."""
     # a name and the system overrides an export wrote beside it ("NAME key=value ...")
@@ -344,11 +379,13 @@ def to_experiment(keys: dict, system_name: str, name: str) -> dict:
         par["context_mode"] = CONTEXT_STRATEGIES[strategy]
     micro, ga = _int(keys, "num_pipeline_microbatches"), _int(keys, "gradient_accumulation_steps")
     pipelined = par.get("pipeline", 1) > 1
+    if pipelined and micro == -1:  # MaxText's default: a microbatch per stage (two if delayed)
+        micro = par["pipeline"] * (2 if keys.get("pipeline_delay_activation_forwarding") else 1)
     if pipelined and micro != -1 and ga > 1:
         raise ConfigError(f"gradient_accumulation_steps={ga} with num_pipeline_microbatches="
                           f"{micro}: shardscope's microbatches are both; set "
                           f"gradient_accumulation_steps=1")
-    microbatches = (micro if micro != -1 else par["pipeline"]) if pipelined else ga
+    microbatches = micro if pipelined else ga
     per_device = keys.get("per_device_batch_size", DEFAULTS["per_device_batch_size"])
     if isinstance(per_device, bool) or not isinstance(per_device, int | float):
         raise ConfigError(f"per_device_batch_size={per_device!r} must be a number of sequences, "
@@ -359,9 +396,7 @@ def to_experiment(keys: dict, system_name: str, name: str) -> dict:
                           f"is {batch:g} sequences; make it a whole number")
     model = _model(keys)
     if pipelined:
-        layers = model.get("n_layers") or config_mod.preset(model["preset"]).n_layers
-        per_stage = _int(keys, "num_layers_per_pipeline_stage")
-        par["virtual_stages"] = -(-layers // (par["pipeline"] * per_stage))
+        par["virtual_stages"] = _repeats(keys, model, par["pipeline"])
     raw = {"name": name, "model": model, "system": {"name": system.name, **overrides},
            "parallelism": par,
            "workload": {"seq_len": _int(keys, "max_target_length"),

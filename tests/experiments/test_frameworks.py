@@ -212,6 +212,37 @@ def test_import_help_says_out_is_required(capsys):
     assert "stdout" not in out
 
 
+@pytest.mark.parametrize("overrides, want", [
+    # MaxText's defaults: 32 layers / 2 stages = 16 repeats of one layer, a microbatch per
+    # stage (two with the delayed forwarding)
+    ([], (16, 2)),
+    (["ici_pipeline_parallelism=8", "ici_fsdp_parallelism=1", "override_model_config=true",
+      "base_num_decoder_layers=30"], "8 stages do not divide 30 layers"),
+    (["pipeline_delay_activation_forwarding=true"], (16, 4)),
+    (["num_layers_per_pipeline_stage=4"], (4, 2)),
+    (["num_pipeline_repeats=2", "num_layers_per_pipeline_stage=8"], (2, 2)),
+    # what MaxText's config check refuses: 2 x 3 does not divide 32, 2 x 4 x 1 != 32
+    (["num_layers_per_pipeline_stage=3"], "num_layers_per_pipeline_stage=3 does not divide "
+                                          "the 32 pipelined layers"),
+    (["num_pipeline_repeats=4"], "num_pipeline_repeats=4 x num_layers_per_pipeline_stage=1"
+                                 " = 8 layers, not the 32 pipelined ones"),
+    (["num_layers_per_pipeline_stage=0"], "num_layers_per_pipeline_stage=0 must be 1 or more"),
+    (["pipeline_parallel_layers=16"], "shardscope pipelines every layer (32)"),
+])
+def test_import_reads_the_pipeline_as_maxtext_checks_it(overrides, want, tmp_path, capsys):
+    yml, toml = tmp_path / "p.yml", tmp_path / "p.toml"
+    yml.write_text("model_name: llama2-7b\nici_pipeline_parallelism: 2\n"
+                   "ici_fsdp_parallelism: 4\nper_device_batch_size: 2\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), *overrides, "--system", "h100:8",
+                            "--out", str(toml)], capsys)
+    if isinstance(want, str):
+        assert code == 2 and want in err and "Traceback" not in err
+        return
+    assert code == 0, err
+    exp = config.load(toml)
+    assert (exp.parallelism.virtual_stages, exp.workload.microbatches) == want
+
+
 def test_a_block_style_list_is_read(tmp_path, capsys):
     # YAML's block list (`key:` then `- item` lines) is MaxText's flow list written the
     # other way: read as the same list, not as an empty value
@@ -337,9 +368,10 @@ def test_context_parallel_strategy_goes_out_and_comes_back(tmp_path, capsys):
 
 def test_a_systems_overrides_go_out_and_come_back(tmp_path, capsys):
     # 8 racks used 64 GPUs of 72 each (gpus_per_domain): written beside the system's name,
-    # read back with it (the import refused 512 GPUs as no whole number of 72-GPU racks)
+    # read back with it (the import refused 512 GPUs as no whole number of 72-GPU racks).
+    # 128 layers: MaxText's pipeline (and so the import) needs a whole number per stage.
     code, out, _ = run_cli(["export", "llama3-405b-gb200-512-tp4-pp8-cp2-fp8", "--to",
-                            "maxtext"], capsys)
+                            "maxtext", "--set", "model.n_layers=128"], capsys)
     assert code == 0 and "# shardscope system: gb200-nvl72:512 gpus_per_domain=64" in out
     yml = tmp_path / "x.yml"
     yml.write_text(out)
