@@ -29,7 +29,7 @@ from experiments.frameworks import (
 )
 from meshes import get_system
 from models.program import CHECKPOINT_NAMES
-from sharding.rules import MESH_AXES
+from sharding.rules import MESH_AXES, divisors
 
 # MaxText's base.yml defaults of the keys read here (`-1`: the devices left over)
 DEFAULTS = {"ici_fsdp_parallelism": -1, "dcn_data_parallelism": -1,
@@ -166,7 +166,12 @@ def _resolve(ways: dict[str, int], total: int, level: str) -> dict[str, int]:
     if len(auto) > 1:
         raise ConfigError(f"{', '.join(f'{level}_{MAXTEXT_AXES[a]}_parallelism' for a in auto)}"
                           f" are all -1; keep at most one -1 per {level}_*")
-    if total % known or (not auto and known != total):
+    if auto and total % known:
+        key = f"{level}_{MAXTEXT_AXES[auto[0]]}_parallelism"
+        raise ConfigError(f"{level}_*_parallelism other than {key}=-1 multiply to {known}, "
+                          f"which does not divide the {total} {what}; make their product "
+                          f"one of {divisors(total)}")
+    if not auto and known != total:
         raise ConfigError(f"{level}_*_parallelism multiply to {known}, but the system has "
                           f"{total} {what}; make their product {total} or set one to -1")
     if auto:

@@ -183,6 +183,18 @@ def test_import_refuses_what_shardscope_cannot_express(override, named, tmp_path
     assert not (tmp_path / "b.toml").exists()
 
 
+def test_a_size_the_leftover_axis_cannot_take_is_named(tmp_path, capsys):
+    # ici_fsdp_parallelism is MaxText's -1 (the devices left over): tensor 3 leaves no
+    # whole number of the 8, which is the fix to name (not "set one to -1": one is)
+    yml = tmp_path / "x.yml"
+    yml.write_text("model_name: llama3-8b\nici_tensor_parallelism: 3\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--system", "tpu-v6e:2x4",
+                            "--out", str(tmp_path / "b.toml")], capsys)
+    assert code == 2 and ("ici_*_parallelism other than ici_fsdp_parallelism=-1 multiply to "
+                          "3, which does not divide the 8 devices") in err
+    assert "1, 2, 4, 8" in err and "set one to -1" not in err
+
+
 def test_overrides_that_change_nothing_modelled_are_said_in_the_file(tmp_path, capsys):
     yml = tmp_path / "m.yml"
     yml.write_text("model_name: llama3-8b\n")
