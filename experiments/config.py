@@ -467,6 +467,26 @@ def _check_strategies(exp: Experiment) -> None:
                      virtual=par.virtual_stages, schedule=par.pipeline_schedule)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        _check_idle_stages(stages, par.virtual_stages, m.n_layers)
     elif par.virtual_stages != 1:
         raise ConfigError(f"parallelism.virtual_stages={par.virtual_stages} needs pipeline "
                           f"stages; set parallelism.pipeline > 1 or virtual_stages = 1")
+
+
+def _idle_stages(stages: int, virtual: int, layers: int) -> int:
+    """Pipeline stages that hold no layer at all: models/pipeline.py pads before the first
+    layer and after the last, which may leave whole stages empty."""
+    plan = Pipeline(stages=stages, microbatches=stages, layers=layers, virtual=virtual)
+    return sum(not any(map(any, chunks)) for chunks in plan.valid_mask())
+
+
+def _check_idle_stages(stages: int, virtual: int, layers: int) -> None:
+    """Uneven stages are fine (126 layers in 128 slots); a stage with no layer at all is a
+    pipeline no framework runs (Megatron and MaxText refuse it)."""
+    idle = _idle_stages(stages, virtual, layers)
+    if idle:
+        fits = [p for p in range(2, stages) if not _idle_stages(p, virtual, layers)]
+        raise ConfigError(f"parallelism.pipeline={stages} x virtual_stages={virtual} over "
+                          f"model.n_layers={layers} leaves {idle} of the {stages} stages "
+                          f"without a layer; use fewer stages"
+                          + (f" (at most {fits[-1]})" if fits else "") + " or more layers")

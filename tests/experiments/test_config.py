@@ -67,6 +67,13 @@ BAD = {
     "tp overlap without sp": (TINY.replace("fsdp = 4", "fsdp = 4\ntp_comm_overlap = true"),
                               "parallelism.tp_comm_overlap=true overlaps sequence "
                               "parallelism's all-gathers and reduce-scatters over tensor"),
+    # tiny's 2 layers over 8 stages of one slot: 3 empty before the first layer and 3 after
+    # the last (models/pipeline.py pads both ends); uneven stages are fine, idle ones not
+    "idle stages": (TINY.replace("data = 2\nfsdp = 4", "pipeline = 8")
+                    .replace("global_batch = 16", "global_batch = 16\nmicrobatches = 8"),
+                    "parallelism.pipeline=8 x virtual_stages=1 over model.n_layers=2 leaves 6 "
+                    "of the 8 stages without a layer; use fewer stages (at most 2) or more "
+                    "layers"),
     "rules": (TINY.replace("fsdp = 4", 'fsdp = 4\nrules = "megatron"'),
               "parallelism.rules='megatron' is not a rule preset; valid: default"),
     # decode writes the token after the cache's seq_len positions: position seq_len
