@@ -452,8 +452,9 @@ def _megatron_model(exp: Experiment) -> list[str]:
         # refuses a capacity factor with any other)
         out += [f"--num-experts {m.n_experts}", f"--moe-router-topk {m.experts_per_token}",
                 "--moe-token-dispatcher-type alltoall"]
-        if not m.dropless:
-            out.append(f"--moe-expert-capacity-factor {_number(m.capacity_factor)}")
+        if not m.dropless:  # every expert's slots computed, full or not, as shardscope's
+            out += [f"--moe-expert-capacity-factor {_number(m.capacity_factor)}",
+                    "--moe-pad-expert-input-to-capacity"]
         if m.n_shared_experts:
             out.append(f"--moe-shared-expert-intermediate-size "
                        f"{m.n_shared_experts * m.d_ff}")

@@ -396,6 +396,17 @@ def test_a_systems_overrides_go_out_and_come_back(tmp_path, capsys):
         "gb200-nvl72:512", {"gpus_per_domain": 64})
 
 
+def test_megatron_pads_experts_to_capacity_as_shardscope_computes_them(capsys):
+    # A capacity factor drops tokens past it; shardscope computes every expert's slots
+    # (GShard's dense dispatch), which Megatron does only with the padding flag.
+    flags = _export(capsys, "mixtral-8x22b-h100-64-ep-fp8", "--to", "megatron").splitlines()
+    assert {"--moe-expert-capacity-factor 1.25", "--moe-pad-expert-input-to-capacity"} <= \
+        set(flags)
+    flags = _export(capsys, "mixtral-8x22b-h100-64-ep-fp8", "--to", "megatron", "--set",
+                    "model.dropless=true").splitlines()
+    assert not any(f.startswith(("--moe-expert-capacity", "--moe-pad")) for f in flags)
+
+
 def test_uneven_pipeline_stages_are_said_as_shardscope_lays_them(capsys):
     # 80 layers over 6 stages: 6 x 14 = 84 slots; shardscope leaves 2 empty before the first
     # layer and 2 after the last (models/pipeline.py Pipeline.padding), so the first and
