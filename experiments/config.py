@@ -443,8 +443,14 @@ def _check_strategies(exp: Experiment) -> None:
                           "set parallelism.sequence_parallel = true too (Megatron asks the "
                           "same), or tp_comm_overlap = false")
     if par.context_mode not in CONTEXT_MODES:
+        # the frameworks' names: Megatron's --cp-comm-type, MaxText's context_parallel_strategy
+        theirs = {"p2p": "ring", "all_gather": "allgather", "all-gather": "allgather"}
+        hint = (f"; Megatron's / MaxText's {par.context_mode!r} is {theirs[par.context_mode]!r}"
+                if par.context_mode in theirs else
+                "; Megatron's a2a (Ulysses) and a2a+p2p are not modelled"
+                if par.context_mode.startswith("a2a") else "")
         raise ConfigError(f"parallelism.context_mode={par.context_mode!r} is not one of "
-                          f"{', '.join(CONTEXT_MODES)}")
+                          f"{', '.join(CONTEXT_MODES)}{hint}")
     if rules.ways("seq", sizes) > 1 and w.kind == "train":
         ranks = rules.ways("seq", sizes)
         if w.seq_len % (2 * ranks):

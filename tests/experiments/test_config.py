@@ -74,6 +74,10 @@ BAD = {
                     "parallelism.pipeline=8 x virtual_stages=1 over model.n_layers=2 leaves 6 "
                     "of the 8 stages without a layer; use fewer stages (at most 2) or more "
                     "layers"),
+    # Megatron's --cp-comm-type names the ring p2p: said, with shardscope's name
+    "context mode": (TINY.replace("fsdp = 4", 'fsdp = 4\ncontext_mode = "p2p"'),
+                     "parallelism.context_mode='p2p' is not one of ring, allgather; "
+                     "Megatron's / MaxText's 'p2p' is 'ring'"),
     "rules": (TINY.replace("fsdp = 4", 'fsdp = 4\nrules = "megatron"'),
               "parallelism.rules='megatron' is not a rule preset; valid: default"),
     # decode writes the token after the cache's seq_len positions: position seq_len
