@@ -436,9 +436,21 @@ def _check_strategies(exp: Experiment) -> None:
     if par.outer and par.outer not in MESH_AXES:
         raise ConfigError(f"parallelism.outer={par.outer!r} is not a mesh axis; valid: "
                           f"{', '.join(MESH_AXES)} (or leave it out: {MESH_AXES[0]} outermost)")
+    if par.tp_comm_overlap and not par.sequence_parallel:
+        # Megatron asserts the same: userbuffers overlap sequence parallelism's collectives
+        raise ConfigError("parallelism.tp_comm_overlap=true overlaps sequence parallelism's "
+                          "all-gathers and reduce-scatters over tensor with their GEMMs; "
+                          "set parallelism.sequence_parallel = true too (Megatron asks the "
+                          "same), or tp_comm_overlap = false")
     if par.context_mode not in CONTEXT_MODES:
+        # the frameworks' names: Megatron's --cp-comm-type, MaxText's context_parallel_strategy
+        theirs = {"p2p": "ring", "all_gather": "allgather", "all-gather": "allgather"}
+        hint = (f"; Megatron's / MaxText's {par.context_mode!r} is {theirs[par.context_mode]!r}"
+                if par.context_mode in theirs else
+                "; Megatron's a2a (Ulysses) and a2a+p2p are not modelled"
+                if par.context_mode.startswith("a2a") else "")
         raise ConfigError(f"parallelism.context_mode={par.context_mode!r} is not one of "
-                          f"{', '.join(CONTEXT_MODES)}")
+                          f"{', '.join(CONTEXT_MODES)}{hint}")
     if rules.ways("seq", sizes) > 1 and w.kind == "train":
         ranks = rules.ways("seq", sizes)
         if w.seq_len % (2 * ranks):
@@ -461,6 +473,26 @@ def _check_strategies(exp: Experiment) -> None:
                      virtual=par.virtual_stages, schedule=par.pipeline_schedule)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        _check_idle_stages(stages, par.virtual_stages, m.n_layers)
     elif par.virtual_stages != 1:
         raise ConfigError(f"parallelism.virtual_stages={par.virtual_stages} needs pipeline "
                           f"stages; set parallelism.pipeline > 1 or virtual_stages = 1")
+
+
+def _idle_stages(stages: int, virtual: int, layers: int) -> int:
+    """Pipeline stages that hold no layer at all: models/pipeline.py pads before the first
+    layer and after the last, which may leave whole stages empty."""
+    plan = Pipeline(stages=stages, microbatches=stages, layers=layers, virtual=virtual)
+    return sum(not any(map(any, chunks)) for chunks in plan.valid_mask())
+
+
+def _check_idle_stages(stages: int, virtual: int, layers: int) -> None:
+    """Uneven stages are fine (126 layers in 128 slots); a stage with no layer at all is a
+    pipeline no framework runs (Megatron and MaxText refuse it)."""
+    idle = _idle_stages(stages, virtual, layers)
+    if idle:
+        fits = [p for p in range(2, stages) if not _idle_stages(p, virtual, layers)]
+        raise ConfigError(f"parallelism.pipeline={stages} x virtual_stages={virtual} over "
+                          f"model.n_layers={layers} leaves {idle} of the {stages} stages "
+                          f"without a layer; use fewer stages"
+                          + (f" (at most {fits[-1]})" if fits else "") + " or more layers")

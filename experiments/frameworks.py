@@ -13,6 +13,7 @@ import dataclasses
 from experiments.config import ConfigError, Experiment
 from experiments.reference import toml_value
 from models.config import PRESETS
+from models.pipeline import Pipeline
 from models.program import CHECKPOINT_NAMES, expand_names
 from sharding.rules import MESH_AXES
 
@@ -90,6 +91,13 @@ def ici_dcn(sizes: dict[str, int], outer: str, n_granules: int, what: str = "sli
     return out
 
 
+def system_line(exp: Experiment) -> str:
+    """The `# shardscope system:` comment: the system and its [system] overrides, which an
+    import reads back."""
+    return f"{SYSTEM_LINE}{exp.system.name}" + "".join(
+        f" {k}={toml_value(v)}" for k, v in sorted(exp.system.overrides.items()))
+
+
 def _number(x: float) -> int | float:
     return int(x) if float(x).is_integer() else x
 
@@ -100,13 +108,21 @@ def _chunk(exp: Experiment) -> int:
     return -(-exp.model.n_layers // (par.pipeline * par.virtual_stages))
 
 
+def _padding(exp: Experiment) -> tuple[int, int]:
+    """Empty layer slots before the first layer and after the last (models/pipeline.py)."""
+    par = exp.parallelism
+    return Pipeline(stages=par.pipeline, microbatches=exp.workload.microbatches,
+                    layers=exp.model.n_layers, virtual=par.virtual_stages,
+                    schedule=par.pipeline_schedule).padding
+
+
 def _uneven(exp: Experiment, how: str) -> list[str]:
-    par, layers = exp.parallelism, exp.model.n_layers
-    slots = par.pipeline * par.virtual_stages * _chunk(exp)
-    if slots == layers:
+    front, back = _padding(exp)
+    if not front + back:
         return []
-    return [f"# {layers} layers in {slots} pipeline slots (shardscope leaves the last "
-            f"{slots - layers} empty): {how}"]
+    slots = exp.model.n_layers + front + back
+    return [f"# {exp.model.n_layers} layers in {slots} pipeline slots (shardscope leaves "
+            f"{front} empty before the first layer and {back} after the last): {how}"]
 
 
 def check(exp: Experiment, to: str, flag: str = "export --to") -> None:
@@ -136,8 +152,7 @@ def maxtext(exp: Experiment) -> list[str]:
     where = (f"{count} {what}s of {n // count} joined by dcn_*" if count > 1
              else f"one {what}: dcn_* all 1")
     lines = [f"# MaxText settings of {exp.name} (shardscope export; {n} devices, {where})",
-             f"{SYSTEM_LINE}{exp.system.name}"
-             + "".join(f" {k}={toml_value(v)}" for k, v in sorted(exp.system.overrides.items()))]
+             system_line(exp)]
     if count > 1 and what == "slice":
         lines.append(f"# MaxText counts the {count} slices from the devices (train_compile.py: "
                      f"compile_topology_num_slices={count})")
@@ -295,6 +310,7 @@ def megatron(exp: Experiment) -> list[str]:
              *([f"# system.name={exp.system.name!r} is not a GPU system: Megatron-LM runs "
                 f"on GPUs; these flags are the same split on as many"]
                if not hasattr(exp.system, "domain_size") else []),
+             system_line(exp), *_megatron_launch(exp),
              f"--tensor-model-parallel-size {par.tensor}",
              f"--pipeline-model-parallel-size {par.pipeline}"]
     if par.virtual_stages > 1:
@@ -302,8 +318,7 @@ def megatron(exp: Experiment) -> list[str]:
         if not par.overlap_p2p_comm:
             lines.append("--no-overlap-p2p-communication")
     if par.pipeline > 1:
-        lines += _uneven(exp, "Megatron: --decoder-first-pipeline-num-layers and "
-                         "--decoder-last-pipeline-num-layers")
+        lines += _uneven(exp, _megatron_uneven(exp))
     if par.pipeline > 1 and par.pipeline_schedule != "1f1b":
         lines.append(f"# parallelism.pipeline_schedule={par.pipeline_schedule!r}: Megatron "
                      f"runs 1F1B (no GPipe schedule)")
@@ -345,6 +360,34 @@ def megatron(exp: Experiment) -> list[str]:
     lines += [f"--lr {exp.train.learning_rate}", f"--weight-decay {exp.train.weight_decay}",
               "--optimizer adam"]
     return lines
+
+
+def _megatron_uneven(exp: Experiment) -> str:
+    """Megatron's flags for shardscope's uneven stages: without virtual stages, the padding
+    is the first and the last stage's; interleaved, it spreads over several chunks."""
+    (front, back), chunk = _padding(exp), _chunk(exp)
+    if exp.parallelism.virtual_stages > 1 or max(front, back) >= chunk:
+        return ("Megatron's --decoder-first-pipeline-num-layers and "
+                "--decoder-last-pipeline-num-layers split them otherwise")
+    return (f"Megatron: --decoder-first-pipeline-num-layers {chunk - front} "
+            f"--decoder-last-pipeline-num-layers {chunk - back}")
+
+
+def _megatron_launch(exp: Experiment) -> list[str]:
+    """The [system] overrides that are the launch's settings, not Megatron flags: NCCL's
+    environment and where the job's ranks sit."""
+    o, env = exp.system.overrides, []
+    if "nvls" in o:  # NVLink SHARP in NCCL's all-reduces
+        env.append(f"NCCL_NVLS_ENABLE={int(o['nvls'])}")
+    if "sharp" in o:  # IB SHARP: NCCL's CollNet (the SHARP plugin)
+        env.append(f"NCCL_COLLNET_ENABLE={int(o['sharp'])}")
+    out = [f"# launch with {' '.join(env)} (NCCL's environment, no Megatron flag)"] \
+        if env else []
+    if "gpus_per_domain" in o:
+        out.append(f"# system.gpus_per_domain={o['gpus_per_domain']}: the job's ranks on "
+                   f"{o['gpus_per_domain']} GPUs of each NVLink domain (the launcher's "
+                   f"placement, no Megatron flag)")
+    return out
 
 
 def _megatron_remat(exp: Experiment) -> list[str]:
@@ -409,8 +452,9 @@ def _megatron_model(exp: Experiment) -> list[str]:
         # refuses a capacity factor with any other)
         out += [f"--num-experts {m.n_experts}", f"--moe-router-topk {m.experts_per_token}",
                 "--moe-token-dispatcher-type alltoall"]
-        if not m.dropless:
-            out.append(f"--moe-expert-capacity-factor {_number(m.capacity_factor)}")
+        if not m.dropless:  # every expert's slots computed, full or not, as shardscope's
+            out += [f"--moe-expert-capacity-factor {_number(m.capacity_factor)}",
+                    "--moe-pad-expert-input-to-capacity"]
         if m.n_shared_experts:
             out.append(f"--moe-shared-expert-intermediate-size "
                        f"{m.n_shared_experts * m.d_ff}")

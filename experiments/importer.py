@@ -29,7 +29,7 @@ from experiments.frameworks import (
 )
 from meshes import get_system
 from models.program import CHECKPOINT_NAMES
-from sharding.rules import MESH_AXES
+from sharding.rules import MESH_AXES, divisors
 
 # MaxText's base.yml defaults of the keys read here (`-1`: the devices left over)
 DEFAULTS = {"ici_fsdp_parallelism": -1, "dcn_data_parallelism": -1,
@@ -39,13 +39,14 @@ DEFAULTS = {"ici_fsdp_parallelism": -1, "dcn_data_parallelism": -1,
             "weight_dtype": "float32", "dtype": "bfloat16", "quantization": "",
             "shard_optimizer_over_data": False, "num_vocab_tiling": 1, "opt_type": "adamw",
             "capacity_factor": -1.0,  # -1: dropless
-            "context_parallel_strategy": "all_gather"}
+            "context_parallel_strategy": "all_gather", "num_pipeline_repeats": -1,
+            "pipeline_parallel_layers": -1}
 # MaxText's context_parallel_strategy -> parallelism.context_mode
 CONTEXT_STRATEGIES = {"all_gather": "allgather", "ring": "ring"}
 # The other MaxText keys read here (overrides of them are not typos)
 READ_KEYS = ("model_name", "override_model_config", "attention", "attention_type",
              "decoder_block", "mlp_activations", "logits_via_embedding",
-             "first_num_dense_layers", "base_moe_mlp_dim")
+             "first_num_dense_layers", "base_moe_mlp_dim", "pipeline_delay_activation_forwarding")
 # MaxText mesh axes shardscope has no axis for: they must stay 1
 UNSUPPORTED_AXES = ("fsdp_transpose", "tensor_transpose", "tensor_sequence", "autoregressive",
                     "context_autoregressive", "stage")
@@ -87,11 +88,16 @@ def scalar(text: str):
 def parse_yaml(text: str) -> tuple[dict, str]:
     """The top-level `key: value` lines (nested blocks skipped) and the system a
     `# shardscope system: NAME` line names ("" if none)."""
-    out, system = {}, ""
+    out, system, block = {}, "", None  # block: the key whose value is an empty line
     for number, line in enumerate(text.splitlines(), 1):
         if line.startswith(SYSTEM_LINE):
             system = line[len(SYSTEM_LINE):].strip()
-        if not line.strip() or line[0] in " \t-#[]{}'\"":
+        item = line.strip()
+        if block is not None and (item == "-" or item.startswith("- ")):
+            # a block-style list (`key:` then `  - value` lines), e.g. mlp_activations
+            out[block] = [*(out[block] or []), scalar(item[1:].split(" #", 1)[0])]
+            continue
+        if not item or line[0] in " \t-#[]{}'\"":
             continue
         key, colon, value = line.partition(":")
         if not colon or not key.strip():
@@ -99,6 +105,7 @@ def parse_yaml(text: str) -> tuple[dict, str]:
                               f"(a YAML top-level line); fix the file")
         value = value.split(" #", 1)[0]
         out[key.strip()] = scalar(value)
+        block = key.strip() if out[key.strip()] is None else None
     return out, system
 
 
@@ -159,7 +166,12 @@ def _resolve(ways: dict[str, int], total: int, level: str) -> dict[str, int]:
     if len(auto) > 1:
         raise ConfigError(f"{', '.join(f'{level}_{MAXTEXT_AXES[a]}_parallelism' for a in auto)}"
                           f" are all -1; keep at most one -1 per {level}_*")
-    if total % known or (not auto and known != total):
+    if auto and total % known:
+        key = f"{level}_{MAXTEXT_AXES[auto[0]]}_parallelism"
+        raise ConfigError(f"{level}_*_parallelism other than {key}=-1 multiply to {known}, "
+                          f"which does not divide the {total} {what}; make their product "
+                          f"one of {divisors(total)}")
+    if not auto and known != total:
         raise ConfigError(f"{level}_*_parallelism multiply to {known}, but the system has "
                           f"{total} {what}; make their product {total} or set one to -1")
     if auto:
@@ -314,6 +326,40 @@ def _latent_attention(keys: dict) -> dict:
     return {field: keys[k] for k, field in fields.items()}
 
 
+def _repeats(keys: dict, model: dict, stages: int) -> int:
+    """The circular pipeline's repeats (parallelism.virtual_stages), refused where MaxText's
+    config check refuses them: stages x repeats x num_layers_per_pipeline_stage must be the
+    pipelined layers (a DeepSeek block's MoE layers, its dense first ones apart)."""
+    base = config_mod.preset(model["preset"]) if "preset" in model else None
+    layers = model.get("n_layers") or base.n_layers
+    dense = model.get("n_dense_layers", base.n_dense_layers if base else 0)
+    piped = layers - dense
+    if _int(keys, "pipeline_parallel_layers") not in (-1, piped):
+        raise ConfigError(f"pipeline_parallel_layers={keys['pipeline_parallel_layers']}: "
+                          f"shardscope pipelines every layer ({piped}); set it to -1")
+    per_stage, repeats = (_int(keys, "num_layers_per_pipeline_stage"),
+                          _int(keys, "num_pipeline_repeats"))
+    if per_stage < 1:
+        raise ConfigError(f"num_layers_per_pipeline_stage={per_stage} must be 1 or more")
+    fits = ", ".join(str(d) for d in range(1, piped + 1) if piped % (stages * d) == 0)
+    how = (f"(MaxText refuses it too); set num_layers_per_pipeline_stage to one of {fits} "
+           f"and num_pipeline_repeats=-1" if fits else
+           f"(MaxText refuses it too): {stages} stages do not divide {piped} layers; choose "
+           f"a pipeline size that does")
+    if repeats == -1:
+        if piped % (stages * per_stage):
+            raise ConfigError(f"{stages} pipeline stages x num_layers_per_pipeline_stage="
+                              f"{per_stage} does not divide the {piped} pipelined layers {how}")
+        repeats = piped // (stages * per_stage)
+    if stages * repeats * per_stage != piped:
+        raise ConfigError(f"{stages} pipeline stages x num_pipeline_repeats={repeats} x "
+                          f"num_layers_per_pipeline_stage={per_stage} = "
+                          f"{stages * repeats * per_stage} layers, not the {piped} pipelined "
+                          f"ones {how}")
+    # shardscope pipelines the dense first layers too (docs/limits.md): their slots added
+    return -(-layers // (stages * per_stage)) if dense else repeats
+
+
 def to_experiment(keys: dict, system_name: str, name: str) -> dict:
     """The experiment's tables (as a TOML file holds them), checked by the config loader."""
     # a name and the system overrides an export wrote beside it ("NAME key=value ...")
@@ -338,11 +384,13 @@ def to_experiment(keys: dict, system_name: str, name: str) -> dict:
         par["context_mode"] = CONTEXT_STRATEGIES[strategy]
     micro, ga = _int(keys, "num_pipeline_microbatches"), _int(keys, "gradient_accumulation_steps")
     pipelined = par.get("pipeline", 1) > 1
+    if pipelined and micro == -1:  # MaxText's default: a microbatch per stage (two if delayed)
+        micro = par["pipeline"] * (2 if keys.get("pipeline_delay_activation_forwarding") else 1)
     if pipelined and micro != -1 and ga > 1:
         raise ConfigError(f"gradient_accumulation_steps={ga} with num_pipeline_microbatches="
                           f"{micro}: shardscope's microbatches are both; set "
                           f"gradient_accumulation_steps=1")
-    microbatches = (micro if micro != -1 else par["pipeline"]) if pipelined else ga
+    microbatches = micro if pipelined else ga
     per_device = keys.get("per_device_batch_size", DEFAULTS["per_device_batch_size"])
     if isinstance(per_device, bool) or not isinstance(per_device, int | float):
         raise ConfigError(f"per_device_batch_size={per_device!r} must be a number of sequences, "
@@ -353,9 +401,7 @@ def to_experiment(keys: dict, system_name: str, name: str) -> dict:
                           f"is {batch:g} sequences; make it a whole number")
     model = _model(keys)
     if pipelined:
-        layers = model.get("n_layers") or config_mod.preset(model["preset"]).n_layers
-        per_stage = _int(keys, "num_layers_per_pipeline_stage")
-        par["virtual_stages"] = -(-layers // (par["pipeline"] * per_stage))
+        par["virtual_stages"] = _repeats(keys, model, par["pipeline"])
     raw = {"name": name, "model": model, "system": {"name": system.name, **overrides},
            "parallelism": par,
            "workload": {"seq_len": _int(keys, "max_target_length"),

@@ -135,6 +135,13 @@ def _gpu_system(f: GpuFamily, name: str, size: str, overrides: dict) -> GpuSyste
     if domain > f.domain_size:
         raise ValueError(f"system override gpus_per_domain={domain} exceeds the {f.domain_size} "
                          f"GPUs of a {f.name} NVLink domain; use at most {f.domain_size}")
+    if overrides.get("pod_gpus", domain) % domain:  # a pod is whole nodes (racks)
+        raise ValueError(f"system override pod_gpus={overrides['pod_gpus']} is not whole "
+                         f"NVLink domains of {domain} GPUs; use a multiple of {domain}")
+    if overrides.get("pod_oversubscription", 1) < 1:
+        raise ValueError(f"system override pod_oversubscription="
+                         f"{overrides['pod_oversubscription']} must be at least 1 (1: a "
+                         f"non-blocking spine; 7 for 7:1)")
     nic = overrides.get("nic_gbps")
     kw = dict(nic_bytes_per_s=nic * 1e9 / 8 if nic else None,
               sharp=bool(overrides.get("sharp", False)),

@@ -189,7 +189,12 @@ def build_parser() -> Parser:
     ex.add_argument("--to", required=True, metavar="FRAMEWORK",
                     help="maxtext (its config keys) or megatron (its command-line flags)")
     im = command("import", "a framework's config as an experiment config",
-                 commands.cmd_import, "out")
+                 commands.cmd_import)
+    # its own --out: required (the experiment is named after the file), not stdout
+    im.add_argument("--out", metavar="EXP.toml", help="the experiment config to write "
+                    "(required; its name is the file's); an existing file is kept unless "
+                    "--force")
+    im.add_argument("--force", action="store_true", help="overwrite --out's file")
     im.add_argument("framework", metavar="FRAMEWORK", help="maxtext")
     im.add_argument("source", metavar="CONFIG.yml", help="the framework's config file")
     im.add_argument("overrides", nargs="*", metavar="KEY=VALUE",

@@ -62,6 +62,22 @@ BAD = {
                        "[system]: system override sharp='yes' must be true or false"),
     "measured": (TINY + "[measured]\nstep_time_s = -1\n",
                  "measured.step_time_s=-1 must be above 0"),
+    # Transformer Engine's userbuffers hide sequence parallelism's collectives; Megatron
+    # refuses --tp-comm-overlap without --sequence-parallel
+    "tp overlap without sp": (TINY.replace("fsdp = 4", "fsdp = 4\ntp_comm_overlap = true"),
+                              "parallelism.tp_comm_overlap=true overlaps sequence "
+                              "parallelism's all-gathers and reduce-scatters over tensor"),
+    # tiny's 2 layers over 8 stages of one slot: 3 empty before the first layer and 3 after
+    # the last (models/pipeline.py pads both ends); uneven stages are fine, idle ones not
+    "idle stages": (TINY.replace("data = 2\nfsdp = 4", "pipeline = 8")
+                    .replace("global_batch = 16", "global_batch = 16\nmicrobatches = 8"),
+                    "parallelism.pipeline=8 x virtual_stages=1 over model.n_layers=2 leaves 6 "
+                    "of the 8 stages without a layer; use fewer stages (at most 2) or more "
+                    "layers"),
+    # Megatron's --cp-comm-type names the ring p2p: said, with shardscope's name
+    "context mode": (TINY.replace("fsdp = 4", 'fsdp = 4\ncontext_mode = "p2p"'),
+                     "parallelism.context_mode='p2p' is not one of ring, allgather; "
+                     "Megatron's / MaxText's 'p2p' is 'ring'"),
     "rules": (TINY.replace("fsdp = 4", 'fsdp = 4\nrules = "megatron"'),
               "parallelism.rules='megatron' is not a rule preset; valid: default"),
     # decode writes the token after the cache's seq_len positions: position seq_len

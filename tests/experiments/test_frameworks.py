@@ -183,6 +183,18 @@ def test_import_refuses_what_shardscope_cannot_express(override, named, tmp_path
     assert not (tmp_path / "b.toml").exists()
 
 
+def test_a_size_the_leftover_axis_cannot_take_is_named(tmp_path, capsys):
+    # ici_fsdp_parallelism is MaxText's -1 (the devices left over): tensor 3 leaves no
+    # whole number of the 8, which is the fix to name (not "set one to -1": one is)
+    yml = tmp_path / "x.yml"
+    yml.write_text("model_name: llama3-8b\nici_tensor_parallelism: 3\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--system", "tpu-v6e:2x4",
+                            "--out", str(tmp_path / "b.toml")], capsys)
+    assert code == 2 and ("ici_*_parallelism other than ici_fsdp_parallelism=-1 multiply to "
+                          "3, which does not divide the 8 devices") in err
+    assert "1, 2, 4, 8" in err and "set one to -1" not in err
+
+
 def test_overrides_that_change_nothing_modelled_are_said_in_the_file(tmp_path, capsys):
     yml = tmp_path / "m.yml"
     yml.write_text("model_name: llama3-8b\n")
@@ -202,6 +214,59 @@ def test_a_line_that_is_not_key_value_is_named(tmp_path, capsys):
                             "--out", str(tmp_path / "b.toml")], capsys)
     assert code == 2 and "line 2: 'ici_fsdp_parallelism 8' is not `key: value`" in err
     assert not (tmp_path / "b.toml").exists()
+
+
+def test_import_help_says_out_is_required(capsys):
+    # import writes no stdout (the experiment is named after --out's file): its help must
+    # not promise the shared --out's "default: stdout"
+    code, out, _ = run_cli(["import", "--help"], capsys)
+    assert code == 0 and "--out EXP.toml" in out and "required" in out
+    assert "stdout" not in out
+
+
+@pytest.mark.parametrize("overrides, want", [
+    # MaxText's defaults: 32 layers / 2 stages = 16 repeats of one layer, a microbatch per
+    # stage (two with the delayed forwarding)
+    ([], (16, 2)),
+    (["ici_pipeline_parallelism=8", "ici_fsdp_parallelism=1", "override_model_config=true",
+      "base_num_decoder_layers=30"], "8 stages do not divide 30 layers"),
+    (["pipeline_delay_activation_forwarding=true"], (16, 4)),
+    (["num_layers_per_pipeline_stage=4"], (4, 2)),
+    (["num_pipeline_repeats=2", "num_layers_per_pipeline_stage=8"], (2, 2)),
+    # what MaxText's config check refuses: 2 x 3 does not divide 32, 2 x 4 x 1 != 32
+    (["num_layers_per_pipeline_stage=3"], "num_layers_per_pipeline_stage=3 does not divide "
+                                          "the 32 pipelined layers"),
+    (["num_pipeline_repeats=4"], "num_pipeline_repeats=4 x num_layers_per_pipeline_stage=1"
+                                 " = 8 layers, not the 32 pipelined ones"),
+    (["num_layers_per_pipeline_stage=0"], "num_layers_per_pipeline_stage=0 must be 1 or more"),
+    (["pipeline_parallel_layers=16"], "shardscope pipelines every layer (32)"),
+])
+def test_import_reads_the_pipeline_as_maxtext_checks_it(overrides, want, tmp_path, capsys):
+    yml, toml = tmp_path / "p.yml", tmp_path / "p.toml"
+    yml.write_text("model_name: llama2-7b\nici_pipeline_parallelism: 2\n"
+                   "ici_fsdp_parallelism: 4\nper_device_batch_size: 2\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), *overrides, "--system", "h100:8",
+                            "--out", str(toml)], capsys)
+    if isinstance(want, str):
+        assert code == 2 and want in err and "Traceback" not in err
+        return
+    assert code == 0, err
+    exp = config.load(toml)
+    assert (exp.parallelism.virtual_stages, exp.workload.microbatches) == want
+
+
+def test_a_block_style_list_is_read(tmp_path, capsys):
+    # YAML's block list (`key:` then `- item` lines) is MaxText's flow list written the
+    # other way: read as the same list, not as an empty value
+    yml = tmp_path / "m.yml"
+    yml.write_text("base_emb_dim: 64\nbase_num_query_heads: 4\nbase_num_kv_heads: 2\n"
+                   "base_mlp_dim: 128\nbase_num_decoder_layers: 2\nhead_dim: 16\n"
+                   "vocab_size: 256\nmlp_activations:\n  # its activation\n  - \"gelu\"\n"
+                   "ici_fsdp_parallelism: 8\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--system", "h100:8", "--out",
+                            str(tmp_path / "m.toml")], capsys)
+    assert code == 0, err
+    assert config.load(tmp_path / "m.toml").model.mlp == "gelu"
 
 
 def test_bad_framework_and_missing_system_are_one_line(tmp_path, capsys):
@@ -315,9 +380,10 @@ def test_context_parallel_strategy_goes_out_and_comes_back(tmp_path, capsys):
 
 def test_a_systems_overrides_go_out_and_come_back(tmp_path, capsys):
     # 8 racks used 64 GPUs of 72 each (gpus_per_domain): written beside the system's name,
-    # read back with it (the import refused 512 GPUs as no whole number of 72-GPU racks)
+    # read back with it (the import refused 512 GPUs as no whole number of 72-GPU racks).
+    # 128 layers: MaxText's pipeline (and so the import) needs a whole number per stage.
     code, out, _ = run_cli(["export", "llama3-405b-gb200-512-tp4-pp8-cp2-fp8", "--to",
-                            "maxtext"], capsys)
+                            "maxtext", "--set", "model.n_layers=128"], capsys)
     assert code == 0 and "# shardscope system: gb200-nvl72:512 gpus_per_domain=64" in out
     yml = tmp_path / "x.yml"
     yml.write_text(out)
@@ -328,6 +394,48 @@ def test_a_systems_overrides_go_out_and_come_back(tmp_path, capsys):
                                                   "llama3-405b-gb200-512-tp4-pp8-cp2-fp8"))
     assert (got.name, got.overrides) == (want.name, want.overrides) == (
         "gb200-nvl72:512", {"gpus_per_domain": 64})
+
+
+def test_megatron_pads_experts_to_capacity_as_shardscope_computes_them(capsys):
+    # A capacity factor drops tokens past it; shardscope computes every expert's slots
+    # (GShard's dense dispatch), which Megatron does only with the padding flag.
+    flags = _export(capsys, "mixtral-8x22b-h100-64-ep-fp8", "--to", "megatron").splitlines()
+    assert {"--moe-expert-capacity-factor 1.25", "--moe-pad-expert-input-to-capacity"} <= \
+        set(flags)
+    flags = _export(capsys, "mixtral-8x22b-h100-64-ep-fp8", "--to", "megatron", "--set",
+                    "model.dropless=true").splitlines()
+    assert not any(f.startswith(("--moe-expert-capacity", "--moe-pad")) for f in flags)
+
+
+def test_uneven_pipeline_stages_are_said_as_shardscope_lays_them(capsys):
+    # 80 layers over 6 stages: 6 x 14 = 84 slots; shardscope leaves 2 empty before the first
+    # layer and 2 after the last (models/pipeline.py Pipeline.padding), so the first and
+    # last stages hold 12 layers and the 4 others 14 each: 12 + 4 x 14 + 12 = 80.
+    six = ["--set", "parallelism.pipeline=6", "--set", "parallelism.virtual_stages=1",
+           "--set", "parallelism.data=1", "--set", "parallelism.tensor=8",
+           "--set", "system.name=h100:48", "--set", "workload.global_batch=12",
+           "--set", "workload.microbatches=12"]
+    name = "llama3-70b-h100-64-tp4-pp8-interleaved"
+    out = _export(capsys, name, "--to", "megatron", *six)
+    assert ("# 80 layers in 84 pipeline slots (shardscope leaves 2 empty before the first "
+            "layer and 2 after the last): Megatron: --decoder-first-pipeline-num-layers 12 "
+            "--decoder-last-pipeline-num-layers 12") in out.splitlines()
+    out = _export(capsys, name, "--to", "maxtext", *six)
+    assert "shardscope leaves 2 empty before the first layer and 2 after the last" in out
+
+
+def test_megatron_export_says_the_systems_overrides(capsys):
+    # The system and its [system] overrides are the launch's, not Megatron flags: said in
+    # `#` lines (NCCL's environment for NVLS and IB SHARP), not dropped.
+    out = _export(capsys, "tiny-h100-dp-tp", "--to", "megatron", "--set", "system.nvls=false",
+                  "--set", "system.sharp=true", "--set", "system.gpus_per_domain=4")
+    lines = out.splitlines()
+    assert "# shardscope system: h100:8 gpus_per_domain=4 nvls=false sharp=true" in lines
+    assert any("NCCL_NVLS_ENABLE=0 NCCL_COLLNET_ENABLE=1" in ln for ln in lines)
+    assert any(ln.startswith("# system.gpus_per_domain=4") for ln in lines)
+    plain = _export(capsys, "tiny-h100-dp-tp", "--to", "megatron").splitlines()
+    assert "# shardscope system: h100:8" in plain
+    assert not any("NCCL_" in ln or "gpus_per_domain" in ln for ln in plain)
 
 
 def test_latent_attention_and_dense_layers_export_and_come_back(tmp_path, capsys):

@@ -33,8 +33,15 @@ def test_device_ids_outside_the_system_are_an_error():
     ("h100:8", {"nic_gbps": -1}, "must be a positive float"),
     ("gb200-nvl72:72", {"gpus_per_domain": 96}, "exceeds the 72 GPUs"),
     ("tpu-v5e:4x4", {"dcn_gbps": 100}, "one slice"),
+    # a pod is whole nodes, and a spine tapers (below 1 it was read as non-blocking)
+    ("h100:64", {"pod_gpus": 12}, "pod_gpus=12 is not whole NVLink domains of 8 GPUs"),
+    ("gb200-nvl72:512", {"pod_gpus": 128, "gpus_per_domain": 64}, None),
+    ("h100:64", {"pod_oversubscription": 0.5}, "pod_oversubscription=0.5 must be at least 1"),
 ])
 def test_bad_overrides_say_what_is_valid(name, overrides, fragment):
+    if fragment is None:  # valid: 2 racks of 64 used GPUs in each pod
+        get_system(name, **overrides)
+        return
     with pytest.raises(ValueError, match=fragment) as e:
         get_system(name, **overrides)
     assert "\n" not in str(e.value)
