@@ -67,7 +67,8 @@ def load(path: str | Path, *, preset: str | None = None) -> tuple[dict, tuple[st
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"model.hf_config={str(path)!r} not found; give the path of a Hugging "
-                         f"Face config.json, relative to the experiment's TOML file")
+                         f"Face config.json: in the TOML file relative to its folder, with "
+                         f"--set relative to the working directory")
     try:
         config = json.loads(p.read_text())
     except json.JSONDecodeError as e:
