@@ -152,9 +152,11 @@ class Pipeline:
         kind = ("GPipe" if self.schedule == "gpipe" else
                 f"interleaved 1F1B, {self.virtual} virtual stages" if self.virtual > 1
                 else "1F1B")
-        front, back = self.padding
-        uneven = (f"; {self.layers} layers in {self.slots} slots, first stage "
-                  f"{front} and last stage {back} lighter" if front + back else "")
+        uneven = ""
+        if self.slots > self.layers:
+            empty = [self.slots_per_stage - sum(map(sum, stage)) for stage in self.valid_mask()]
+            lighter = ", ".join(f"stage {s} by {k}" for s, k in enumerate(empty) if k)
+            uneven = f"; {self.layers} layers in {self.slots} slots, lighter: {lighter}"
         return (f"{self.stages} stages x {self.microbatches} microbatches ({kind}); bubble "
                 f"{self.bubble:.1%} of the step ((P-1)/(MV) = {self.bubble_over_ideal:.1%} "
                 f"of the ideal){uneven}")

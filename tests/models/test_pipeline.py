@@ -84,8 +84,15 @@ def test_uneven_stages_pad_the_first_and_last_stage():
     # Interleaved: chunk v of stage p is model chunk v P + p.
     plan = Pipeline(stages=2, microbatches=2, layers=4, virtual=2)
     assert plan.layer_order() == [0, 2, 1, 3]
-    assert "126 layers in 128 slots" in Pipeline(stages=8, microbatches=8,
-                                                   layers=126).describe()
+    assert "126 layers in 128 slots, lighter: stage 0 by 1, stage 7 by 1" in Pipeline(
+        stages=8, microbatches=8, layers=126).describe()
+    # Interleaved, 80 layers on 8 x 3 chunks of 4: the 16 empty slots are the first chunks
+    # of stages 0 and 1 and the last of stages 6 and 7, not 8 on the first stage.
+    plan = Pipeline(stages=8, microbatches=16, layers=80, virtual=3)
+    assert [sum(sum(c) for c in stage) for stage in plan.valid_mask()] == \
+        [8, 8, 12, 12, 12, 12, 8, 8]
+    assert plan.describe().endswith(
+        "80 layers in 96 slots, lighter: stage 0 by 4, stage 1 by 4, stage 6 by 4, stage 7 by 4")
 
 
 def test_the_last_stage_s_padding_absorbs_the_output_layer_first():
