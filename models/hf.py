@@ -110,6 +110,13 @@ class _Translation:
         value = self.config.get(key)
         return default if value is None else value
 
+    def table(self, key: str) -> Mapping | None:
+        """A field that holds a JSON object (rope_scaling, quantization_config), or None."""
+        value = self.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            self.refuse(key, "must be a JSON object ({...}) or null; fix the config.json")
+        return value
+
     def refuse(self, key: str, why: str):
         raise ValueError(f"{self.where}: {key}={self.config.get(key)!r} {why}")
 
@@ -144,10 +151,10 @@ class _Translation:
         self.rope_scaling()
 
     def rope_scaling(self) -> None:
-        params = self.get("rope_parameters")  # newer transformers: theta and scaling in one
+        params = self.table("rope_parameters")  # newer transformers: theta and scaling in one
         if params:
             self.fields["rope_theta"] = float(params.get("rope_theta", self.fields["rope_theta"]))
-        for key, scaling in (("rope_scaling", self.get("rope_scaling")),
+        for key, scaling in (("rope_scaling", self.table("rope_scaling")),
                              ("rope_parameters", params)):
             if not scaling:
                 continue
@@ -194,7 +201,10 @@ class _Translation:
 
     def _qwen3_moe_layers(self) -> None:
         f = self.fields
-        dense = list(self.get("mlp_only_layers", []))
+        dense = self.get("mlp_only_layers", [])
+        if not isinstance(dense, list):
+            self.refuse("mlp_only_layers", "must be a list of layer indices (e.g. [0, 1]); fix "
+                        "the config.json")
         if self.get("decoder_sparse_step", 1) != 1:
             self.refuse("decoder_sparse_step", "(MoE every few layers) is not modelled; "
                         "shardscope's dense layers come first (model.n_dense_layers)")
@@ -230,6 +240,9 @@ class _Translation:
     def approximations(self) -> None:
         window = self.get("sliding_window")
         types = self.get("layer_types")
+        if types is not None and not isinstance(types, list):
+            self.refuse("layer_types", "must be a list with one entry per layer (e.g. "
+                        "[\"full_attention\", ...]); fix the config.json")
         used = window and (self.kind in ("mistral", "gpt_oss")
                            or self.config.get("use_sliding_window"))
         if used:
@@ -241,7 +254,7 @@ class _Translation:
         elif types and any(t != "full_attention" for t in types):
             self.refuse("layer_types", "has layers other than full attention without a "
                         "sliding_window")
-        quant = self.get("quantization_config")
+        quant = self.table("quantization_config")
         if quant:
             self.notes.append(f"the checkpoint's {quant.get('quant_method', '?')} storage "
                               f"(quantization_config) is not the run's: [precision] decides "

@@ -86,6 +86,11 @@ LLAMA = json.loads((HF / "meta-llama-3-8b.json").read_text())
     ({"intermediate_size": None}, "missing intermediate_size"),
     ({"num_attention_heads": "32"}, "num_attention_heads='32' must be a number"),
     ({"tie_word_embeddings": "no"}, "tie_word_embeddings='no' must be true or false"),
+    # nested fields of the wrong JSON type: named, not an AttributeError from inside
+    ({"rope_scaling": "linear"}, "rope_scaling='linear' must be a JSON object"),
+    ({"rope_parameters": 10000}, "rope_parameters=10000 must be a JSON object"),
+    ({"quantization_config": "fp8"}, "quantization_config='fp8' must be a JSON object"),
+    ({"layer_types": "full_attention"}, "layer_types='full_attention' must be a list"),
 ])
 def test_what_changes_the_math_and_cannot_be_modelled_is_refused_by_name(change, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -98,6 +103,8 @@ def test_moe_layers_that_are_not_a_dense_prefix_are_refused():
         hf.translate({**qwen, "decoder_sparse_step": 2})
     with pytest.raises(ValueError, match=r"mlp_only_layers=\[5\]"):
         hf.translate({**qwen, "mlp_only_layers": [5]})
+    with pytest.raises(ValueError, match="mlp_only_layers=3 must be a list"):
+        hf.translate({**qwen, "mlp_only_layers": 3})
     fields, _ = hf.translate({**qwen, "mlp_only_layers": [0, 1]})
     assert (fields["n_dense_layers"], fields["dense_d_ff"]) == (2, 6144)
 
