@@ -24,7 +24,7 @@ from meshes.calibration import Calibration, calibration_from_dict, catalog_calib
 from meshes.catalog import OVERRIDES
 from meshes.power import Cost
 from models import hf
-from models.config import PRESETS, ModelConfig, preset
+from models.config import PRESETS, ModelConfig, preset, preset_notes
 from models.context import MODES as CONTEXT_MODES
 from models.pipeline import SCHEDULES, Pipeline
 from models.program import Precision, Train, Workload, described
@@ -96,7 +96,7 @@ class Experiment:
     train: Train
     measured: Measured | None = None
     cost: Cost = dataclasses.field(default_factory=Cost)
-    notes: tuple[str, ...] = ()  # what the model approximates (models/hf.py); not a table
+    notes: tuple[str, ...] = ()  # what the model approximates (hf.py, PRESET_NOTES)
 
     def to_dict(self) -> dict:
         """The config as run, table by table (every default filled in), for --json."""
@@ -269,7 +269,7 @@ def _model(raw: Mapping) -> tuple[ModelConfig, tuple[str, ...]]:
             if name not in PRESETS:
                 raise ConfigError(f"model.preset={name!r} is unknown; valid: "
                                   f"{', '.join(PRESETS)} (or give the dimensions explicitly)")
-            return preset(name, **fields), ()
+            return preset(name, **fields), preset_notes(name)
         missing = [k for k in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim",
                                "d_ff", "vocab") if k not in fields]
         if missing:

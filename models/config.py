@@ -318,6 +318,49 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
 }
 
 
+def sliding_window_note(window: int, layers: str) -> str:
+    """What running a sliding-window attention as full causal attention overcounts."""
+    return (f"sliding_window={window} ({layers}): modelled with full causal attention (the "
+            f"same up to {window} tokens; beyond it those layers' attention FLOPs are "
+            f"overcounted, and in serving their KV cache: its memory and the bytes each decode "
+            f"step reads are seq_len positions per layer, not {window})")
+
+
+QK_NORM_NOTE = ("qwen3's per-head RMSNorm of q and k (qk-norm) is not modelled (2 x head_dim "
+                "parameters per layer, an elementwise pass)")
+MTP_NOTE = ("the multi-token-prediction module is not modelled (the main model's step)")
+
+# What a preset leaves out of the published model, listed among the run's warnings as a
+# Hugging Face config's approximations are (models/hf.py words them the same way).
+PRESET_NOTES: dict[str, tuple[str, ...]] = {
+    # GPT-3 (Brown et al. 2020, section 2.1): GPT-2's layers, with biases in every
+    # projection (q, k, v 3 x 12288, out 12288, MLP 49152 + 12288: 110,592 per layer), and
+    # "alternating dense and locally banded sparse attention patterns".
+    "gpt3-175b": ("GPT-3's biases (110,592 parameters per layer, an add each) are not "
+                  "modelled, and its alternating locally banded sparse attention layers run "
+                  "as dense causal attention (as Megatron's GPT-3 runs them)",),
+    # gpt-oss model card (OpenAI, 2025) and openai/gpt-oss-120b's config.json (bundled:
+    # experiments/configs/hf): layer_types alternate sliding (window 128) and full
+    # attention; sinks; biases in q, k, v, o, the experts and the router (40M parameters:
+    # 116.83B published, 116.79B here).
+    "gpt-oss-120b": (
+        sliding_window_note(128, "18 layers"),
+        "gpt-oss's attention sinks (a learned logit per head), its clamped SwiGLU and its "
+        "biases (q, k, v, o, the experts' and the router's: 40M parameters) are modelled as "
+        "plain softmax attention and SwiGLU without biases"),
+    "qwen3-235b-a22b": (QK_NORM_NOTE,),
+    "deepseek-v3": ("DeepSeek's routing (sigmoid scores, group-limited top-8, "
+                    "routed_scaling_factor 2.5) is modelled as softmax top-k over every expert "
+                    "(models/moe.py): the same experts per token, dispatch and combine bytes",
+                    MTP_NOTE),
+}
+
+
+def preset_notes(name: str) -> tuple[str, ...]:
+    """What the preset `name` leaves out of the published model (empty: nothing known)."""
+    return PRESET_NOTES.get(name, ())
+
+
 def preset(name: str, /, **overrides) -> ModelConfig:
     """A preset, with explicit fields overriding it."""
     if name not in PRESETS:

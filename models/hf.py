@@ -16,6 +16,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from models.config import MTP_NOTE, QK_NORM_NOTE, sliding_window_note
+
 # Fields that change neither the shapes nor the step's work.
 COSMETIC = frozenset({
     "_name_or_path", "architectures", "auto_map", "torch_dtype", "dtype",
@@ -193,8 +195,7 @@ class _Translation:
                     "same experts per token, dispatch and combine bytes")
             mtp = self.get("num_nextn_predict_layers", 0)
             if mtp:
-                self.notes.append(f"num_nextn_predict_layers={mtp}: the multi-token-prediction "
-                                  f"module is not modelled (the main model's step)")
+                self.notes.append(f"num_nextn_predict_layers={mtp}: {MTP_NOTE}")
         if self.kind in ("mixtral", "qwen3_moe") and not self.get("norm_topk_prob", True):
             self.notes.append("norm_topk_prob=false: the chosen experts' weights are "
                               "renormalised here (the same work)")
@@ -230,14 +231,27 @@ class _Translation:
         if self.get("mlp_bias", False):
             self.notes.append("mlp_bias: the MLP's biases are not modelled (an add each)")
         if self.kind in ("qwen3", "qwen3_moe"):
-            self.notes.append("qwen3's per-head RMSNorm of q and k (qk-norm) is not modelled "
-                              "(2 x head_dim parameters per layer, an elementwise pass)")
+            self.notes.append(QK_NORM_NOTE)
         if self.kind == "gpt_oss":
-            self.notes.append("gpt-oss's attention sinks (a learned logit per head) and its "
-                              f"clamped SwiGLU (swiglu_limit={self.get('swiglu_limit')}) are "
-                              "modelled as plain softmax attention and SwiGLU")
+            # its experts' gate/up (2 x d_ff) and down (d_model) biases, and the router's
+            x, ff = f.get("n_experts", 1), f["d_ff"]
+            n = x * (2 * ff + f["d_model"]) + x
+            self.notes.append("gpt-oss's attention sinks (a learned logit per head), its "
+                              f"clamped SwiGLU (swiglu_limit={self.get('swiglu_limit')}) and "
+                              f"its experts' and router's biases ({n:,} parameters per layer) "
+                              "are modelled as plain softmax attention and SwiGLU without "
+                              "biases")
 
     def approximations(self) -> None:
+        self.sliding_window()
+        quant = self.table("quantization_config")
+        if quant:
+            self.notes.append(f"the checkpoint's {quant.get('quant_method', '?')} storage "
+                              f"(quantization_config) is not the run's: [precision] decides "
+                              f"the dtypes")
+
+    def sliding_window(self) -> None:
+        """A note for the layers with a sliding window (all of them when no layer_types)."""
         window = self.get("sliding_window")
         types = self.get("layer_types")
         if types is not None and not isinstance(types, list):
@@ -245,20 +259,22 @@ class _Translation:
                         "[\"full_attention\", ...]); fix the config.json")
         used = window and (self.kind in ("mistral", "gpt_oss")
                            or self.config.get("use_sliding_window"))
-        if used:
-            sliding = (f"{sum(t == 'sliding_attention' for t in types)} layers" if types
-                       else "every layer")
-            self.notes.append(f"sliding_window={window} ({sliding}): modelled with full "
-                              f"causal attention (the same up to {window} tokens; beyond it the "
-                              f"attention FLOPs are overcounted)")
-        elif types and any(t != "full_attention" for t in types):
-            self.refuse("layer_types", "has layers other than full attention without a "
-                        "sliding_window")
-        quant = self.table("quantization_config")
-        if quant:
-            self.notes.append(f"the checkpoint's {quant.get('quant_method', '?')} storage "
-                              f"(quantization_config) is not the run's: [precision] decides "
-                              f"the dtypes")
+        if not used:
+            if types and any(t != "full_attention" for t in types):
+                self.refuse("layer_types", "has layers other than full attention without a "
+                            "sliding_window")
+            return
+        layers = self.fields["n_layers"]
+        if types is None and self.kind in ("qwen2", "qwen3", "qwen3_moe"):
+            # transformers' Qwen configs slide from layer max_window_layers on
+            first = self.config.get("max_window_layers") or 0
+            if not isinstance(first, int) or isinstance(first, bool):
+                self.refuse("max_window_layers", "must be a layer count; fix the config.json")
+            types = ["sliding_attention"] * max(layers - first, 0)
+        sliding = layers if types is None else sum(t == "sliding_attention" for t in types)
+        if sliding:
+            self.notes.append(sliding_window_note(
+                window, "every layer" if sliding == layers else f"{sliding} layers"))
 
     def check_all_read(self) -> None:
         unknown = sorted(k for k in self.config if k not in self.read)

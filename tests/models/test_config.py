@@ -53,3 +53,25 @@ def test_preset_overrides_and_bad_fields():
 def test_latent_attention_and_dense_layer_fields_are_checked(fields, message):
     with pytest.raises(ValueError, match=message):
         models.preset("tiny", **fields)
+
+
+@pytest.mark.parametrize("name, hf_name", [
+    ("gpt-oss-120b", "gpt-oss-120b"), ("qwen3-235b-a22b", "qwen3-235b-a22b"),
+    ("deepseek-v3", "deepseek-v3"),
+])
+def test_a_preset_notes_what_its_published_config_json_would(name, hf_name):
+    # The run's warnings list what a preset leaves out of the published model, as they do
+    # for the model's own config.json (experiments/configs/hf): the sliding windows of 18 of
+    # gpt-oss-120b's layers (its KV cache overcounted in serving), qwen3's qk-norm,
+    # DeepSeek-V3's multi-token prediction.
+    from experiments import config as config_mod
+    from models import hf
+
+    _, hf_notes = hf.load(config_mod.BUNDLED / "hf" / f"{hf_name}.json")
+    exp = config_mod.from_dict({"name": "x", "model": {"preset": name},
+                                "system": {"name": "h100:8"}, "parallelism": {"fsdp": 8},
+                                "workload": {"seq_len": 64, "global_batch": 8}})
+    for key in ("sliding_window=", "qk-norm", "multi-token", "routing", "sinks"):
+        assert (any(key in n for n in exp.notes) == any(key in n for n in hf_notes)), key
+    sliding = [n for n in hf_notes if n.startswith("sliding_window=")]
+    assert all(n in exp.notes for n in sliding)

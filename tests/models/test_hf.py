@@ -63,7 +63,15 @@ def test_mla_layer_and_its_cache_are_deepseek_v3s():
 
 def test_notes_say_what_is_approximated():
     _, notes = hf.load(HF / "mistral-7b-v0.1.json")
-    assert any("sliding_window=4096" in n and "full causal attention" in n for n in notes)
+    # a window run as full attention overcounts the serving KV cache too, not only FLOPs
+    assert any("sliding_window=4096 (every layer)" in n and "full causal attention" in n
+               and "KV cache" in n for n in notes)
+    # gpt-oss-120b: 18 of its 36 layer_types are sliding_attention
+    _, notes = hf.load(HF / "gpt-oss-120b.json")
+    assert any("sliding_window=128 (18 layers)" in n for n in notes)
+    # its experts' gate/up (2 x 2880) and down (2880) biases and the router's: 128 x 8640
+    # + 128 per layer (the 40M parameters between 116.79B here and the card's 116.83B)
+    assert any(f"biases ({128 * 8640 + 128:,} parameters per layer)" in n for n in notes)
     _, notes = hf.load(HF / "qwen3-30b-a3b.json")
     assert any("qk-norm" in n for n in notes)
     _, notes = hf.load(HF / "deepseek-v3.json")
@@ -72,6 +80,17 @@ def test_notes_say_what_is_approximated():
 
 
 LLAMA = json.loads((HF / "meta-llama-3-8b.json").read_text())
+
+
+def test_a_qwen_sliding_window_covers_the_layers_from_max_window_layers():
+    # transformers' Qwen2Config: with use_sliding_window, layer i slides when i >=
+    # max_window_layers (Qwen2-7B has 28 layers)
+    qwen = {**json.loads((HF / "qwen2-7b.json").read_text()), "use_sliding_window": True,
+            "sliding_window": 4096}
+    notes = hf.translate({**qwen, "max_window_layers": 24})[1]
+    assert any("sliding_window=4096 (4 layers)" in n for n in notes)
+    notes = hf.translate({**qwen, "max_window_layers": 28})[1]
+    assert not any("sliding_window" in n for n in notes)
 
 
 @pytest.mark.parametrize("change, message", [
