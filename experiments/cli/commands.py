@@ -63,9 +63,10 @@ def cmd_run(args) -> int:
 def model_params(exp) -> dict:
     """The model's parameters, all (the embedding counted once when tied) and those a
     token's matmuls touch: its experts, not the embedding table (the output projection
-    counted), as DeepSeek and OpenAI count "activated" parameters."""
+    counted, tied to the table or not), as DeepSeek and OpenAI count "activated"
+    parameters and MFU's 6 x N does."""
     return {"model_params": exp.model.param_count(),
-            "active_params": exp.model.active_param_count()}
+            "active_params": exp.model.matmul_param_count()}
 
 
 def cmd_measure(args) -> int:
@@ -269,10 +270,11 @@ def cmd_models(args) -> int:
                    if c.n_experts > 1 else "-")
         rows.append((name, c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_ff, c.vocab,
                      c.mlp, experts, f"{c.param_count() / 1e9:.2f}B",
-                     f"{c.active_param_count() / 1e9:.2f}B"))
+                     f"{c.matmul_param_count() / 1e9:.2f}B"))
     print(format_columns(header, rows))
-    print("\nparams: all parameters with the embedding; active: the non-embedding parameters "
-          "a token's matmuls touch (what MFU's 6 x N counts, with attention on top)")
+    print("\nparams: all parameters with the embedding; active: the parameters a token's "
+          "matmuls touch, the output projection but not the embedding lookup, tied or not "
+          "(what MFU's 6 x N counts, with attention on top)")
     return 0
 
 

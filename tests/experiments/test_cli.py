@@ -65,6 +65,21 @@ def test_run_prints_report_and_writes_json(tmp_path, capsys, cpu_devices):
     assert d["config"]["backend"] == "cpu" and d["config"]["tool_version"] == "0.1.0"
 
 
+def test_active_params_count_a_tied_output_projection():
+    from types import SimpleNamespace
+
+    from experiments.cli.commands import model_params
+
+    # tiny, tied: 2 layers of attention 64 x 16 x (4 + 2 x 2) + 4 x 16 x 64, SwiGLU
+    # 3 x 64 x 128 and 2 norms of 64; the final norm; the 256 x 64 table, which the output
+    # projection multiplies by: every parameter but none twice is a matmul's (as
+    # Llama-3.2-1B's 1.24B, tie_word_embeddings true).
+    layer = 64 * 16 * 8 + 4 * 16 * 64 + 3 * 64 * 128 + 2 * 64
+    total = 2 * layer + 64 + 256 * 64
+    tied = SimpleNamespace(model=models.preset("tiny", tie_embeddings=True))
+    assert model_params(tied) == {"model_params": total, "active_params": total}
+
+
 def test_set_overrides_a_key(tmp_path, capsys, cpu_devices):
     code, out, _ = run_cli(["run", write(tmp_path, TINY), "--set", "parallelism.data=8",
                             "--set", "parallelism.fsdp=1"], capsys)
@@ -167,6 +182,12 @@ def test_systems_and_models_list_the_catalog(capsys):
     assert all(ln[end - 1] == "B" for ln in rows), rows
     mixtral = next(ln for ln in rows if ln.startswith("mixtral-8x7b "))
     assert "8 top-2" in mixtral and mixtral.split()[-1] == "12.75B"
+    # GPT-3 ties its output projection to the embedding table: a token's matmuls touch it
+    # all the same. 96 layers x (12 x 12288^2 + 4 x 12288 norm weights and biases) + the
+    # final norm's 2 x 12288 + the 50257-token table padded to 50304, x 12288.
+    gpt3 = next(ln for ln in rows if ln.startswith("gpt3-175b "))
+    active = 96 * (12 * 12288**2 + 4 * 12288) + 2 * 12288 + 50304 * 12288
+    assert gpt3.split()[-1] == f"{active / 1e9:.2f}B" == "174.57B"
 
 
 def test_bundled_configs_run_by_name(capsys, cpu_devices):
