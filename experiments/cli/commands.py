@@ -260,21 +260,26 @@ def _host_cpu_lines() -> str:
 def cmd_models(args) -> int:
     from models import PRESETS
 
-    header = ("preset", "layers", "d_model", "heads", "kv", "d_ff", "vocab", "mlp", "experts",
-              "params", "active")
+    header = ("preset", "layers", "d_model", "heads", "kv", "d_ff", "vocab", "mlp",
+              "attention", "kv_cache", "experts", "params", "active")
     rows = []
     for name, make in PRESETS.items():
         c = make()
         experts = (f"{c.n_experts} top-{c.experts_per_token}"
                    + (f" +{c.n_shared_experts} shared" if c.n_shared_experts else "")
+                   + (f", first {c.n_dense_layers} dense {c.dense_layers_d_ff}"
+                      if c.n_dense_layers else "")
                    if c.n_experts > 1 else "-")
+        attention = (f"mla {c.kv_lora_rank}+{c.qk_rope_dim}" if c.mla else
+                     "mha" if c.n_kv_heads == c.n_heads else "gqa")
         rows.append((name, c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_ff, c.vocab,
-                     c.mlp, experts, f"{c.param_count() / 1e9:.2f}B",
-                     f"{c.matmul_param_count() / 1e9:.2f}B"))
+                     c.mlp, attention, f"{2 * c.kv_cache_values_per_token():,} B", experts,
+                     f"{c.param_count() / 1e9:.2f}B", f"{c.matmul_param_count() / 1e9:.2f}B"))
     print(format_columns(header, rows))
     print("\nparams: all parameters with the embedding; active: the parameters a token's "
           "matmuls touch, the output projection but not the embedding lookup, tied or not "
-          "(what MFU's 6 x N counts, with attention on top)")
+          "(what MFU's 6 x N counts, with attention on top); kv_cache: bytes per token and "
+          "layer in bf16 (an 8-bit cache: half, and its scales)")
     return 0
 
 

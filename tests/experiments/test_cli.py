@@ -185,6 +185,14 @@ def test_systems_and_models_list_the_catalog(capsys):
     # GPT-3 ties its output projection to the embedding table: a token's matmuls touch it
     # all the same. 96 layers x (12 x 12288^2 + 4 x 12288 norm weights and biases) + the
     # final norm's 2 x 12288 + the 50257-token table padded to 50304, x 12288.
+    # The KV cache per token and layer in bf16: Llama 3 8B's 8 kv heads of 128, keys and
+    # values, 2 x 8 x 128 x 2 bytes; DeepSeek-V3's MLA latent of 512 and RoPE key of 64
+    # (its paper, section 2.1.1), 576 x 2 bytes, where its 128 "kv" heads would be 64 KiB.
+    llama = next(ln for ln in rows if ln.startswith("llama3-8b "))
+    assert " gqa " in llama and f" {2 * 8 * 128 * 2:,} B " in llama
+    deepseek = next(ln for ln in rows if ln.startswith("deepseek-v3 "))
+    assert " mla 512+64 " in deepseek and f" {576 * 2:,} B " in deepseek
+    assert "256 top-8 +1 shared, first 3 dense 18432" in deepseek
     gpt3 = next(ln for ln in rows if ln.startswith("gpt3-175b "))
     active = 96 * (12 * 12288**2 + 4 * 12288) + 2 * 12288 + 50304 * 12288
     assert gpt3.split()[-1] == f"{active / 1e9:.2f}B" == "174.57B"
