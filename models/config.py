@@ -143,11 +143,14 @@ class ModelConfig:
                              f"qk_rope_dim of 2 or more (DeepSeek-V3: 64)")
 
     def _check_dense_layers(self) -> None:
-        if self.n_dense_layers and (self.n_experts == 1
-                                    or self.n_dense_layers >= self.n_layers):
+        if self.n_dense_layers and self.n_experts == 1:
             raise ValueError(f"model.n_dense_layers={self.n_dense_layers} needs a mixture of "
-                             f"experts (model.n_experts > 1) with more than that many layers "
-                             f"(model.n_layers={self.n_layers}); remove it for a dense model")
+                             f"experts (model.n_experts > 1); set it to 0 for a dense model")
+        if self.n_dense_layers >= self.n_layers:
+            raise ValueError(f"model.n_dense_layers={self.n_dense_layers} leaves no MoE layer "
+                             f"of model.n_layers={self.n_layers}; set model.n_layers above "
+                             f"{self.n_dense_layers} or model.n_dense_layers below "
+                             f"{self.n_layers}")
         if self.dense_d_ff and not self.n_dense_layers:
             raise ValueError(f"model.dense_d_ff={self.dense_d_ff} is the hidden width of the "
                              f"first dense layers; set model.n_dense_layers too, or remove it")

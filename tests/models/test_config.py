@@ -48,6 +48,10 @@ def test_preset_overrides_and_bad_fields():
     ({"n_kv_heads": 4, "kv_lora_rank": 32}, "model.qk_rope_dim=0: multi-head latent"),
     ({"q_lora_rank": 16}, "model.q_lora_rank=16 belongs to multi-head latent attention"),
     ({"n_dense_layers": 1}, "model.n_dense_layers=1 needs a mixture of experts"),
+    # a MoE model cut to fewer layers than its dense prefix: the fix is a count, not removal
+    ({"n_experts": 4, "n_dense_layers": 2}, "model.n_dense_layers=2 leaves no MoE layer of "
+                                            "model.n_layers=2; set model.n_layers above 2 or "
+                                            "model.n_dense_layers below 2"),
     ({"n_experts": 4, "dense_d_ff": 64}, "model.dense_d_ff=64 is the hidden width of the first"),
 ])
 def test_latent_attention_and_dense_layer_fields_are_checked(fields, message):
