@@ -6,8 +6,9 @@ headline figures (for ranking without reading the reports), the JSON report, the
 and the compiled HLO (zlib) with what the estimate was made from and the program as read
 (sharding/plan.py), so that `--reestimate` re-times it without compiling or reading the HLO
 again (a store written before plans were kept gains the column when opened), and the
-calibration its figures were made under (`calibration`: `Calibration.to_dict()` as JSON, NULL
-for the catalog's; a store from before it was kept gains the column, its rows NULL).
+calibration its figures were made under (`calibration`: `Calibration.to_dict()` as JSON, the
+catalog's too; a store from before it was kept gains the column, its rows NULL, and rows from
+before the catalog's was written out read "": a rerun re-estimates both).
 Re-estimates on another system of the same size are kept per system beside it (table
 `estimates`). Reading (`results`, `diff`) opens the file read-only and changes nothing.
 Several searches may write one store at once: SQLite's lock serialises the writes and the
@@ -84,10 +85,14 @@ FIGURES = ("step_time_s", "tokens_per_s_per_device", "mfu", "memory_per_device_b
 
 
 def calibration_key(calibration) -> str:
-    """How a row records the calibration its figures were made under: "" for the catalog's
-    (None), else the calibration's tables as JSON."""
+    """How a row records the calibration its figures were made under: the calibration's
+    tables as JSON, the catalog's (meshes/calibration.toml) for None -- so that rows made
+    before a refit of the catalog are re-estimated too (stores written before this kept
+    "" for the catalog's, which now reads as another calibration)."""
     if calibration is None:
-        return ""
+        from meshes.calibration import catalog_calibration
+
+        calibration = catalog_calibration()
     return json.dumps(calibration.to_dict(), sort_keys=True, default=str)
 
 
@@ -135,7 +140,7 @@ class Result:
     timings: dict = dataclasses.field(default_factory=dict)
     created: float = 0.0
     retimed_on: str = ""  # the system of a re-estimate; "" when as compiled
-    calibration: str = ""  # calibration_key() of the figures' calibration; "" the catalog's
+    calibration: str = ""  # calibration_key() of the figures' calibration
 
     @property
     def system(self) -> str:

@@ -511,6 +511,23 @@ def test_a_rerun_re_estimates_stored_programs_under_its_calibration(tmp_path, ca
     assert "re-estimated" not in capsys.readouterr().out
 
 
+def test_rows_made_under_an_older_catalog_fit_are_re_estimated(tmp_path, capsys, whole):
+    # A refit of meshes/calibration.toml changes the catalog's calibration without a new
+    # tool version: rows stored under another catalog fit (here: the "" older stores
+    # wrote for the catalog's) are re-timed by a rerun that takes the catalog's.
+    store = tmp_path / "s.sqlite"
+    shutil.copy(whole, store)
+    with sqlite3.connect(store) as db:
+        assert db.execute("SELECT COUNT(*) FROM results WHERE calibration LIKE "
+                          "'%kernel_overhead_s%'").fetchone()[0] == 3
+        db.execute("UPDATE results SET calibration = ''")
+    assert _search_here(store) == 0
+    assert "3 of them re-estimated under this calibration, no compile" in \
+        capsys.readouterr().out
+    assert _search_here(store) == 0
+    assert "re-estimated" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv,says", [
     (["--vary", "train.bogus=1,2"], "unknown key 'train.bogus'"),
     (["--vary", "train.remat=full,bogus"], "fix or drop 'bogus'"),
