@@ -137,6 +137,11 @@ class TpuSystem(System):
                 latency_s=0.0, efficiency=1.0,
                 source="config override" if dcn_bytes_per_s_per_chip else family.source)
 
+    def link_scope(self, link: str) -> str:
+        # the torus's figure is one link's (a chip has two per axis); the DCN's a chip's,
+        # whatever its TensorCores
+        return "per link" if link == self.fast else "per chip"
+
     def _axis_wraps(self, axis: int) -> bool:
         if self.family.wrap_rule == "16":
             return self.shape[axis] == 16
