@@ -202,3 +202,16 @@ def test_compare_refuses_an_output_it_cannot_write_before_compiling(tmp_path, ca
     assert cli.main(["compare", TINY, "--systems", "h100:8", "--quiet", flag, str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{flag} " in err and "does not exist" in err
+
+
+def test_compare_says_a_torus_links_figure_is_one_links(capsys, cpu_devices):
+    # The row read "nvlink 450, infiniband 50 | ici 45": an H100's NVLink figure is the
+    # GPU's whole bandwidth, a v5e's ICI figure one of its chip's four links (180 GB/s one
+    # way in all), and TPU7x's DCN figure one chip's, two devices'.
+    code = cli.main(["compare", TINY, "--systems", "h100:8,tpu-v5e:2x4,tpu7x:1x1x1*4",
+                     "--quiet"])
+    assert code == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines()
+               if ln.startswith("links GB/s per device"))
+    assert row.split()[4:] == ["nvlink", "450,", "infiniband", "50", "ici", "45/link",
+                               "ici", "90/link,", "dcn", "12/chip"]
