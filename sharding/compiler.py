@@ -262,7 +262,8 @@ def resolve_backend(backend: str, system: System) -> str:
     real = REAL_COMPILERS.get(backend)
     if real is not None:
         if not real.builds_for(system):
-            others = [b for b in ("cpu", *REAL_COMPILERS) if b != backend]
+            # the CPU path, and the compilers that build for this system (none for trn2)
+            others = ["cpu", *(b for b, c in REAL_COMPILERS.items() if c.builds_for(system))]
             raise ValueError(f"backend {backend!r} compiles for {backend.upper()} systems; "
                              f"{system.name} is not one; choose "
                              f"{' or '.join(map(repr, others))}")
