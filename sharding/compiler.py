@@ -182,6 +182,9 @@ GPU_EXTRA = "pip install 'shardscope[gpu]'  (the CUDA 12 plugin, several GB; mak
 # System family -> libtpu topology name prefix.
 _TPU_TOPOLOGY = {"tpu-v4": "v4", "tpu-v5e": "v5e", "tpu-v5p": "v5p", "tpu-v6e": "v6e",
                  "tpu7x": "tpu7x"}
+# libtpu's "default" v4 chip shows its two TensorCores as two devices; the catalog's v4 is
+# a megacore chip, one device (reference/hardware.md), as v5p's default already is.
+_TPU_CHIP_CONFIG = {"tpu-v4": "megacore"}
 
 
 def tpu_compiler_installed() -> bool:
@@ -404,7 +407,8 @@ def tpu_devices(system: TpuSystem) -> list:
     per_host = tuple(min(h, d) for h, d in zip((2, 2, 1), dims))
     with capture_stderr():  # libtpu warns about TPU env vars it does not need here
         topo = topologies.get_topology_desc(
-            platform="tpu", topology_name=topology_name(system), chip_config_name="default",
+            platform="tpu", topology_name=topology_name(system),
+            chip_config_name=_TPU_CHIP_CONFIG.get(system.family.name, "default"),
             chips_per_host_bounds=per_host, num_slices=system.num_slices)
     devices = list(topo.devices)
     if len(devices) != system.num_devices:

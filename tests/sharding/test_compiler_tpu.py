@@ -28,6 +28,21 @@ def test_tpu_devices_carry_the_catalog_placement():
         assert backends.system_device_id(system, d) == i
 
 
+def test_a_v4_chip_is_one_megacore_device_as_in_the_catalog(tmp_path, capsys, cpu_devices):
+    # libtpu's default v4 chip config shows each TensorCore as a device: --backend tpu on
+    # any v4 system ended in "libtpu's v4:2x2x2 has 16 devices, the catalog's
+    # tpu-v4:2x2x2 8".
+    system = get_system("tpu-v4:2x2x2")
+    devices = backends.tpu_devices(system)
+    assert len(devices) == 8
+    assert [backends.system_device_id(system, d) for d in devices] == list(range(8))
+    v4 = TPU_TINY.replace('"tpu-v5e:2x4"', '"tpu-v4:2x2x2"')
+    code, stdout, err = run_cli(["run", write(tmp_path, v4), "--backend", "tpu", "--quiet"],
+                                capsys)
+    assert code == 0, err
+    assert "HLO from the TPU compiler (libtpu, deviceless v4:2x2x2)" in stdout
+
+
 def test_run_on_the_tpu_compiler_says_so_and_keeps_noise_away(tmp_path, capsys, cpu_devices):
     out = tmp_path / "r.json"
     code, stdout, err = run_cli(["run", write(tmp_path, TPU_TINY), "--backend", "tpu",
