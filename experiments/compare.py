@@ -348,8 +348,16 @@ def format_compare(entries: Sequence[Entry]) -> str:
         return get_system(e.system, **e.overrides).chip
 
     def per_device_links(e: Entry) -> str:
+        # A torus's figure is one of a chip's several links (ICI: four on v5e and v6e, six
+        # on v5p), not a device's whole bandwidth as NVLink's is: say so beside it.
         s = get_system(e.system, **e.overrides)
-        return ", ".join(f"{link.name} {link.bytes_per_s / 1e9:.0f}"
+
+        def unit(link) -> str:
+            scope = s.link_scope(link.name)
+            return "/link" if scope == "per link" else (
+                "/chip" if scope == "per chip" and s.chip.devices_per_chip > 1 else "")
+
+        return ", ".join(f"{link.name} {link.bytes_per_s / 1e9:.0f}{unit(link)}"
                          for link in s.links.values())
 
     rows = [

@@ -355,9 +355,13 @@ def _check_devices(exp: Experiment) -> None:
     par, n = exp.parallelism, exp.system.num_devices
     if par.num_devices != n:
         sizes = " x ".join(f"{a}={s}" for a, s in par.sizes().items() if s > 1) or "1"
+        k = exp.system.chip.devices_per_chip
+        # TPU7x: sizes count TensorCores, not the chips its slice names are made of
+        cores = f" ({n // k} chips x {k} TensorCores, each a JAX device)" if k > 1 else ""
         raise ConfigError(
             f"parallelism {sizes} = {par.num_devices} devices, but system.name="
-            f"{exp.system.name!r} has {n}; make the product of the [parallelism] sizes {n}"
+            f"{exp.system.name!r} has {n}{cores}; make the product of the [parallelism] "
+            f"sizes {n}"
         )
 
 

@@ -240,20 +240,33 @@ def fit(exp: Experiment, *, backend: str = "cpu", calibration=None, limit: int =
     fit. On the CPU path the verdict is the memory model's (no compile); with the system's
     own compiler (backend tpu, gpu, auto) it is that compiler's buffer assignment."""
     from sharding import compiler
+    from sharding.mesh import CPU_MAX_DEVICES
 
-    if compiler.resolve_backend(backend, exp.system) == "cpu":
+    resolved = compiler.resolve_backend(backend, exp.system)
+    # `auto` reads a pod past what XLA:CPU fakes from the memory model, as `run` does
+    if backend == "auto" and exp.system.num_devices > CPU_MAX_DEVICES:
+        resolved = "cpu"
+    refused = ()
+    if resolved == "cpu":
         memory = memory_of(exp)
     else:
-        memory = runner.run(exp, backend=backend, calibration=calibration).memory
+        # the resolved backend, not `auto`: a refusal is the verdict, not a fallback to
+        # the CPU path and the memory model's figure
+        try:
+            memory = runner.run(exp, backend=resolved, calibration=calibration).memory
+        except runner.TargetRefused as e:
+            memory = memory_of(exp)
+            refused = (f"{compiler.compiler_name(resolved, exp.system)} refused it: "
+                       f"{e.reason}",)
     cap = exp.system.chip.hbm_bytes
-    fits = memory.total_bytes <= cap
+    fits = memory.total_bytes <= cap and not refused
     # each suggestion compiled and timed by the same compiler as the verdict
     suggestions = () if fits else tuple(search(exp, limit=limit, compile=compile,
-                                               backend=backend, calibration=calibration))
+                                               backend=resolved, calibration=calibration))
     return Verdict(name=exp.name, system=exp.system.label, fits=fits,
                    memory_per_device_bytes=memory.total_bytes, hbm_capacity_bytes=cap,
                    breakdown=(*memory.components, *memory.reserved), source=memory.source,
-                   notes=memory.notes, suggestions=suggestions,
+                   notes=(*refused, *memory.notes), suggestions=suggestions,
                    compiler_bytes=memory.compiler_bytes, compiler_source=memory.compiler_source)
 
 

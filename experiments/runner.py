@@ -35,6 +35,14 @@ class Unfit(ConfigError):
     """The memory model says the step cannot fit in HBM; it was not compiled."""
 
 
+class TargetRefused(ConfigError):
+    """The system's own compiler refused the step for lack of HBM; `reason` is its word."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 def run(exp: Experiment, *, backend: str = "cpu",
         calibration: Calibration | None = None, compile_unfit: bool = True,
         max_compile_devices: int = CPU_MAX_DEVICES, advise: Advisor | None = None) -> Report:
@@ -69,8 +77,8 @@ def run(exp: Experiment, *, backend: str = "cpu",
                     compile_unfit=compile_unfit, advise=advise)
     except compiler.DoesNotFit as e:
         if backend != "auto":
-            raise ConfigError(f"{e} (compile with --backend cpu to see its collectives "
-                              f"anyway, or shard more / rematerialise more)") from None
+            raise TargetRefused(f"{e} (compile with --backend cpu to see its collectives "
+                                f"anyway, or shard more / rematerialise more)", str(e)) from None
         return _run(exp, backend="cpu", calibration=calibration, advise=advise,
                     warnings=(f"TPU compiler: {e}",))
 

@@ -172,10 +172,13 @@ def _tpu_system(f: TpuFamily, name: str, size: str, overrides: dict) -> TpuSyste
     if len(shape) != f.ndim:
         raise ValueError(f"system {name!r}: {f.name} slices are {f.ndim}D; give {f.ndim} "
                          f"dimensions like {f.name}:{example}")
-    why = f.shape_error(shape) or ("a system has at least one slice" if slices < 1 else None)
+    if slices < 1:
+        raise ValueError(f"system {name!r}: *{slices} slices; give at least one, e.g. "
+                         f"{f.name}:{m.group(1)}*2 for two slices over DCN")
+    why = f.shape_error(shape)
     if why:
-        raise ValueError(f"system {name!r}: {why} ({m.group(1)} is not); e.g. "
-                         f"{f.name}:{'x'.join(map(str, f.example_shape))}")
+        raise ValueError(f"system {name!r}: {why}; {m.group(1)} is not; e.g. "
+                         f"{f.example_for(shape)}")
     dcn = overrides.get("dcn_gbps")
     if dcn and slices == 1:
         raise ValueError(f"system override dcn_gbps applies to several slices over DCN; "

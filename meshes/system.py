@@ -124,6 +124,11 @@ class System(abc.ABC):
             rows += [("chip", f"{c.name}: {figures(k)} ({k} devices)"),
                      ("device", f"{figures(1)} [{c.source}]")]
         for link in self.links.values():
-            rows.append((link.name, f"{link.bytes_per_s / 1e9:.1f} GB/s per device per "
-                                     f"direction [{link.source}]"))
+            rows.append((link.name, f"{link.bytes_per_s / 1e9:.1f} GB/s "
+                                     f"{self.link_scope(link.name)} per direction "
+                                     f"[{link.source}]"))
         return rows
+
+    def link_scope(self, link: str) -> str:
+        """What one `bytes_per_s` of link class `link` belongs to, in words."""
+        return "per device"

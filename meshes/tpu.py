@@ -44,14 +44,26 @@ class TpuFamily:
         """Why a slice cannot have this shape, or None. A TPU slice is made of hosts of
         2 x 2 chips (a smaller slice is part of one): each of its first two dimensions is
         1 or even (libtpu refuses the others, e.g. v5e:3x3)."""
-        if len(shape) != self.ndim or any(s < 1 for s in shape):
+        if len(shape) != self.ndim:
             return f"{self.name} slices are {self.ndim}D"
+        if any(s < 1 for s in shape):
+            return f"each dimension of a {self.name} slice is at least 1"
         if any(s > m for s, m in zip(shape, self.max_shape, strict=True)):
-            return f"the largest {self.name} slice is {'x'.join(map(str, self.max_shape))}"
+            return (f"the largest {self.name} slice is {'x'.join(map(str, self.max_shape))} "
+                    f"(more chips are slices over DCN, *N)")
         if self.compiler == "tpu" and any(s != 1 and s % 2 for s in shape[:2]):
             return (f"a {self.name} slice is made of hosts of 2x2 chips, so each of its first "
                     f"two dimensions is 1 or even")
         return None
+
+    def example_for(self, shape: tuple[int, ...]) -> str:
+        """A valid system name near a refused `shape`: as many largest slices over DCN when
+        it has that many chips (MaxText's 4 x v5e-256 written `4x256`), else the catalog's."""
+        largest = "x".join(map(str, self.max_shape))
+        slices, rest = divmod(math.prod(shape), math.prod(self.max_shape))
+        if slices > 1 and not rest:
+            return f"{self.name}:{largest}*{slices} ({slices} slices over DCN)"
+        return f"{self.name}:{'x'.join(map(str, self.example_shape))}"
 
 
 TPU_FAMILIES: dict[str, TpuFamily] = {
@@ -136,6 +148,11 @@ class TpuSystem(System):
                 bytes_per_s=dcn_bytes_per_s_per_chip or family.dcn_bytes_per_s_per_chip,
                 latency_s=0.0, efficiency=1.0,
                 source="config override" if dcn_bytes_per_s_per_chip else family.source)
+
+    def link_scope(self, link: str) -> str:
+        # the torus's figure is one link's (a chip has two per axis); the DCN's a chip's,
+        # whatever its TensorCores
+        return "per link" if link == self.fast else "per chip"
 
     def _axis_wraps(self, axis: int) -> bool:
         if self.family.wrap_rule == "16":

@@ -16,6 +16,7 @@ reported as one.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 
 from meshes import COLLECTIVE_KINDS, bus_factor
@@ -280,6 +281,25 @@ def _reader_op_name(comp, inst: Instruction) -> str:
     return ""
 
 
+_DCN_TRANSFER = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
+
+
+def _not_understood(comp_name: str, inst: Instruction) -> str:
+    """What an op that looks like a collective but is not read is, in one line. A
+    multi-slice TPU program is one slice's: its collectives across slices are host
+    transfers to the DCN runtime (a send and a recv each, the send said)."""
+    where = f"{comp_name}/{inst.name}: {inst.opcode} (line {inst.line})"
+    dcn = _DCN_TRANSFER.search(inst.attr_text)
+    if not dcn:
+        return where
+    if inst.opcode != "send":
+        return f"{where}: the receiving half of a DCN transfer across TPU slices (its send says)"
+    kind = dcn.group(1).lower().replace("_", "-")
+    return (f"{where}: {'an' if kind[0] in 'aeiou' else 'a'} {kind} across TPU slices over "
+            f"DCN, run by the multi-slice runtime as a host transfer: not among the "
+            f"collectives, nor in the step time (this is one slice's program)")
+
+
 def extract_collectives(
     module: HloModule,
     *,
@@ -304,7 +324,7 @@ def extract_collectives(
             kind = op[: -len("-start")] if async_start else op
             if kind not in KINDS:
                 if is_collective(op):
-                    unknown.append(f"{comp.name}/{inst.name}: {op} (line {inst.line})")
+                    unknown.append(_not_understood(comp.name, inst))
                 continue
             groups = _groups(kind, inst, module.num_partitions)
             inner = inst

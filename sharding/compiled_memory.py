@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 
 from sharding.report import Memory
+from sharding.units import fmt_bytes
 
 _MEMORY_FIELDS = ("argument", "output", "alias", "temp", "host_argument", "host_output",
                   "host_temp")
@@ -65,15 +66,15 @@ def compiled_memory(stats: Mapping[str, int] | None, *, on_cpu: bool = True) -> 
         return Memory(components=(), source="no compiler memory analysis")
     host = sum(stats[f"host_{k}"] for k in ("argument", "output", "temp"))
     temp = stats.get("hbm_temp", stats["temp"])
-    notes = (f"in host memory, not HBM: {host / 1e9:.2f} GB (offloaded)",) if host else ()
+    notes = (f"in host memory, not HBM: {fmt_bytes(host)} (offloaded)",) if host else ()
     if temp != stats["temp"]:
         # The memory analysis' figure and the assignment's need not agree: on a v5e-256
         # program the analysis counted 3.4 GB more than every memory space of the
         # assignment together, while its own peak matched the HBM assignment. The
         # assignment is the verdict; the difference is said.
-        notes += (f"the compiler's memory analysis counts {stats['temp'] / 1e9:.2f} GB of "
-                  f"temporaries; its buffer assignment places {temp / 1e9:.2f} GB in HBM "
-                  f"and {stats.get('other_spaces', 0) / 1e9:.2f} GB in other memory spaces "
+        notes += (f"the compiler's memory analysis counts {fmt_bytes(stats['temp'])} of "
+                  f"temporaries; its buffer assignment places {fmt_bytes(temp)} in HBM "
+                  f"and {fmt_bytes(stats.get('other_spaces', 0))} in other memory spaces "
                   f"(VMEM, host): the verdict counts the HBM assignment",)
     return Memory(
         components=(

@@ -182,6 +182,9 @@ GPU_EXTRA = "pip install 'shardscope[gpu]'  (the CUDA 12 plugin, several GB; mak
 # System family -> libtpu topology name prefix.
 _TPU_TOPOLOGY = {"tpu-v4": "v4", "tpu-v5e": "v5e", "tpu-v5p": "v5p", "tpu-v6e": "v6e",
                  "tpu7x": "tpu7x"}
+# libtpu's "default" v4 chip shows its two TensorCores as two devices; the catalog's v4 is
+# a megacore chip, one device (reference/hardware.md), as v5p's default already is.
+_TPU_CHIP_CONFIG = {"tpu-v4": "megacore"}
 
 
 def tpu_compiler_installed() -> bool:
@@ -201,6 +204,19 @@ def _is_gpu(system: System) -> bool:
     return isinstance(system, GpuSystem)
 
 
+def tpu_refusal(system: System) -> str:
+    """Why the TPU compiler's program cannot be read for `system` ("" when it can): libtpu
+    builds several slices as one program per slice, its DCN collectives as host transfers
+    (send/recv to the megascale runtime) whose bytes and groups the HLO reader does not
+    take."""
+    if not isinstance(system, TpuSystem) or system.num_slices == 1:
+        return ""
+    one = system.name.split("*")[0]
+    return (f"the TPU compiler builds {system.name} as one program per slice, its DCN "
+            f"collectives as host transfers that shardscope does not read; use --backend cpu "
+            f"for all {system.num_slices} slices, or --backend tpu on one slice ({one})")
+
+
 @dataclasses.dataclass(frozen=True)
 class RealCompiler:
     """A deviceless compiler for a kind of system: which systems it builds for, whether its
@@ -213,6 +229,12 @@ class RealCompiler:
     install: str
     name: Callable[[System | None], str]
     devices: Callable[[System], list]
+    # Why it cannot compile a system it builds for ("" when it can).
+    refusal: Callable[[System], str] = lambda s: ""
+
+    def compiles(self, system: System) -> bool:
+        """Whether it builds for `system`, is installed and does not refuse it."""
+        return self.builds_for(system) and self.installed() and not self.refusal(system)
 
 
 # backend -> its compiler (the CPU path, on fake devices, is the default and not listed).
@@ -222,7 +244,7 @@ REAL_COMPILERS: dict[str, RealCompiler] = {
         "the TPU compiler", is_tpu, lambda: tpu_compiler_installed(), "libtpu", TPU_EXTRA,
         lambda s: "the TPU compiler (libtpu, deviceless"
                   + (f" {topology_name(s)})" if isinstance(s, TpuSystem) else ")"),
-        lambda s: tpu_devices(s)),
+        lambda s: tpu_devices(s), tpu_refusal),
     "gpu": RealCompiler(
         "XLA:GPU", _is_gpu, lambda: gpu_compiler_installed(), "the CUDA plugin", GPU_EXTRA,
         lambda s: "XLA:GPU (CUDA plugin, deviceless"
@@ -238,15 +260,18 @@ def resolve_backend(backend: str, system: System) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if backend == "auto":
-        return next((name for name, c in REAL_COMPILERS.items()
-                     if c.builds_for(system) and c.installed()), "cpu")
+        return next((name for name, c in REAL_COMPILERS.items() if c.compiles(system)),
+                    "cpu")
     real = REAL_COMPILERS.get(backend)
     if real is not None:
         if not real.builds_for(system):
-            others = [b for b in ("cpu", *REAL_COMPILERS) if b != backend]
+            # the CPU path, and the compilers that build for this system (none for trn2)
+            others = ["cpu", *(b for b, c in REAL_COMPILERS.items() if c.builds_for(system))]
             raise ValueError(f"backend {backend!r} compiles for {backend.upper()} systems; "
                              f"{system.name} is not one; choose "
                              f"{' or '.join(map(repr, others))}")
+        if real.refusal(system):
+            raise ValueError(f"backend {backend!r}: {real.refusal(system)}")
         if not real.installed():
             raise ValueError(f"backend {backend!r} needs {real.package}: {real.install}")
     return backend
@@ -255,8 +280,7 @@ def resolve_backend(backend: str, system: System) -> str:
 def available_backends(system: System) -> list[str]:
     """The backends that can compile for `system` here: XLA:CPU always, and the system's
     own compiler when its extra is installed."""
-    return ["cpu", *(name for name, c in REAL_COMPILERS.items()
-                     if c.builds_for(system) and c.installed())]
+    return ["cpu", *(name for name, c in REAL_COMPILERS.items() if c.compiles(system))]
 
 
 def own_compiler(system: System) -> RealCompiler | None:
@@ -383,7 +407,8 @@ def tpu_devices(system: TpuSystem) -> list:
     per_host = tuple(min(h, d) for h, d in zip((2, 2, 1), dims))
     with capture_stderr():  # libtpu warns about TPU env vars it does not need here
         topo = topologies.get_topology_desc(
-            platform="tpu", topology_name=topology_name(system), chip_config_name="default",
+            platform="tpu", topology_name=topology_name(system),
+            chip_config_name=_TPU_CHIP_CONFIG.get(system.family.name, "default"),
             chips_per_host_bounds=per_host, num_slices=system.num_slices)
     devices = list(topo.devices)
     if len(devices) != system.num_devices:

@@ -134,8 +134,9 @@ def _run_all_backends(args, exp, config) -> int:
     print(format_side_by_side(reports))
     own = own_compiler(exp.system)
     if len(backends) == 1:
+        why = own.refusal(exp.system) if own else ""
         print(f"\nonly XLA:CPU can compile for {exp.system.name} here"
-              + (f"; for its own compiler: {own.install}" if own else ""))
+              + (f": {why}" if why else f"; for its own compiler: {own.install}" if own else ""))
     if args.json:
         write_json(args.json, {"backends": [{**r.to_dict(groups=args.groups), "backend": b}
                                             for b, r in reports], **model_params(exp),

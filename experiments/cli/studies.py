@@ -113,6 +113,14 @@ def cmd_search(args) -> int:
         raise ConfigError(f"--system {args.system}: only with --reestimate (re-time the stored "
                           f"programs on it); to search on {args.system}, use --set "
                           f"system.name={args.system}")
+    if not args.reestimate and "system.name" not in dict(vary):
+        # a backend that cannot build the system refuses every config alike: say it once
+        from sharding.compiler import resolve_backend
+
+        try:
+            resolve_backend(args.backend, exp.system)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if args.export:  # the flag's mistake before anything compiles
         from experiments import frameworks
 

@@ -240,3 +240,16 @@ def test_the_configs_chip_price_prices_its_own_chip_only(tmp_path, cpu_devices):
             price * 8 / 3600 / s["tokens_per_s"] * 1e6)
     assert systems["b200:8"]["usd_per_million_tokens"] is None
     assert "usd_per_chip_hour prices its h100: not applied" in systems["b200:8"]["note"]
+
+
+def test_compare_says_a_torus_links_figure_is_one_links(capsys, cpu_devices):
+    # The row read "nvlink 450, infiniband 50 | ici 45": an H100's NVLink figure is the
+    # GPU's whole bandwidth, a v5e's ICI figure one of its chip's four links (180 GB/s one
+    # way in all), and TPU7x's DCN figure one chip's, two devices'.
+    code = cli.main(["compare", TINY, "--systems", "h100:8,tpu-v5e:2x4,tpu7x:1x1x1*4",
+                     "--quiet"])
+    assert code == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines()
+               if ln.startswith("links GB/s per device"))
+    assert row.split()[4:] == ["nvlink", "450,", "infiniband", "50", "ici", "45/link",
+                               "ici", "90/link,", "dcn", "12/chip"]

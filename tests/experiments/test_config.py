@@ -21,6 +21,10 @@ BAD = {
                 "divides both 64 and the 72 devices: 1, 2, 4, 8"),
     "product": (TINY.replace("fsdp = 4", "fsdp = 2"),
                 "= 4 devices, but system.name='h100:8' has 8"),
+    # TPU7x sizes count TensorCores: a MaxText user's 64 chips are 128 devices
+    "tpu7x cores": (TINY.replace('"h100:8"', '"tpu7x:4x4x4"').replace("fsdp = 4", "fsdp = 32"),
+                    "= 64 devices, but system.name='tpu7x:4x4x4' has 128 (64 chips x 2 "
+                    "TensorCores, each a JAX device); make the product"),
     "indivisible": (TINY.replace("data = 2\nfsdp = 4", "data = 2\ntensor = 4"),
                     "parallelism.tensor=4 does not divide model.n_kv_heads=2; make its ways one "
                     "that divides both 2 and the 8 devices: 1, 2"),

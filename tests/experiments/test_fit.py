@@ -102,3 +102,37 @@ def test_a_large_data_axis_can_move_whole_to_fsdp():
     found = fit.search(exp, compile=False, limit=3)
     assert {"parallelism.data": 1, "parallelism.fsdp": 32} in [s.changes for s in found]
     assert all(s.memory_per_device_bytes <= exp.system.chip.hbm_bytes for s in found)
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("backend", ["tpu", "auto"])
+def test_a_step_the_tpu_compiler_refuses_is_a_verdict_not_an_error(tmp_path, capsys,
+                                                                   cpu_devices, monkeypatch,
+                                                                   backend):
+    # The TPU compiler's out-of-memory refusal, given here so that it costs a tiny compile
+    # (tests/sharding/test_compiler_tpu.py has it for real). `fit --backend tpu` ended in
+    # "error: the program does not fit: ... (compile with --backend cpu ...)", exit 2,
+    # without the verdict or the changes `fit` exists for; `--backend auto` fell back to
+    # the CPU path and said "fits" from the memory model, the TPU compiler's refusal lost.
+    from sharding import api
+    from sharding import compiler as backends
+
+    real = api.compile_to_hlo
+
+    def refusing(fn, *args, final_hlo=False, **kw):
+        if final_hlo:  # the TPU target's compile
+            raise backends.DoesNotFit("the program does not fit: Ran out of memory on HBM")
+        return real(fn, *args, final_hlo=final_hlo, **kw)
+
+    monkeypatch.setattr(api, "compile_to_hlo", refusing)
+    path = tmp_path / "t.toml"
+    path.write_text(config_mod.resolve("tiny-h100-dp-tp").read_text().replace(
+        '"h100:8"', '"tpu-v5e:2x4"'))
+    out = tmp_path / "f.json"
+    code = cli.main(["fit", str(path), "--backend", backend, "--quiet", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    d = json.loads(out.read_text())
+    assert not d["fits"] and "DOES NOT FIT" in text.splitlines()[0]
+    assert any(n.startswith("the TPU compiler (libtpu, deviceless v5e:2x4) refused it: the "
+                            "program does not fit") for n in d["notes"])

@@ -537,6 +537,8 @@ def test_rows_made_under_an_older_catalog_fit_are_re_estimated(tmp_path, capsys,
      "--vary workload.kind=bogus: workload.kind='bogus'"),
     (["--axes", "data,data"], "data given twice"),
     (["--system", "a100:8"], "only with --reestimate"),
+    # every config refused alike, exit 0, was how a wrong backend showed
+    (["--backend", "tpu"], "backend 'tpu' compiles for TPU systems; h100:8 is not one"),
     (["--json", "nodir/s.json"], "nodir' does not exist"),
     (["--html", "nodir/s.html"], "nodir' does not exist"),
 ])

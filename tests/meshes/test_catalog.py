@@ -13,6 +13,12 @@ MB = 1e6
     ("b20O:8", "unknown system family 'b20O' in 'b20O:8'; did you mean b200:8\\? valid:"),
     ("tpu-v5e:4x4x4", "2D"),
     ("tpu-v5e:32x32", "the largest tpu-v5e slice is 16x16"),
+    # MaxText's "4 slices of 256" written as a shape: the message names the *N form
+    ("tpu-v5e:4x256", "the largest tpu-v5e slice is 16x16 .more chips are slices over "
+                      "DCN, \\*N.; 4x256 is not; e.g. tpu-v5e:16x16\\*4 .4 slices over DCN"),
+    # a zero dimension is not a wrong dimension count; a zero slice count is not the shape's
+    ("tpu-v5e:0x4", "each dimension of a tpu-v5e slice is at least 1; 0x4 is not"),
+    ("tpu-v5e:2x4*0", "\\*0 slices; give at least one, e.g. tpu-v5e:2x4\\*2"),
 ])
 def test_bad_system_names_say_what_is_valid(name, fragment):
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(")) as e:

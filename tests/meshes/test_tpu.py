@@ -204,3 +204,14 @@ def test_a_trn2_ultraserver_rings_its_four_instances_at_half_the_link_rate():
     assert across.link == "neuronlink"
     # UltraServers are joined by EFA: the same chip in two of them goes over it.
     assert s.collective_timing("all-gather", S, [[0, 64]]).link == "efa"
+
+
+def test_systems_says_the_torus_figure_is_one_links_and_the_dcns_one_chips():
+    # `shardscope systems` printed "90.0 GB/s per device per direction" for TPU7x's ICI:
+    # the figure is one link's (a 3D-torus chip has six), and a TPU7x device is half a
+    # chip; the DCN's is per chip (meshes/tpu.py times it per chip).
+    rows = dict(get_system("tpu7x:4x4x4*2").describe())
+    assert rows["ici"].startswith("90.0 GB/s per link per direction [")
+    assert rows["dcn"].startswith("12.5 GB/s per chip per direction [")
+    assert dict(get_system("h100:8").describe())["nvlink"].startswith(
+        "450.0 GB/s per device per direction [")

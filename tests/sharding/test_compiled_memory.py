@@ -35,8 +35,14 @@ def test_the_verdict_counts_the_hbm_temporaries_only():
                           on_cpu=False)
     assert dict(mem.components)["temporaries"] == hbm_temp
     assert mem.program_bytes == 405420544
-    assert ("the compiler's memory analysis counts 0.45 GB of temporaries; its buffer "
-            "assignment places 0.35 GB in HBM and 0.12 GB in other memory spaces (VMEM, "
+    assert ("the compiler's memory analysis counts 445.99 MB of temporaries; its buffer "
+            "assignment places 351.85 MB in HBM and 117.44 MB in other memory spaces (VMEM, "
             "host): the verdict counts the HBM assignment") in mem.notes
+    # a small program's figures keep their digits: a tiny model on v5e 2x4 read "counts
+    # 0.00 GB of temporaries ... places 0.00 GB in HBM" beside "1.90 MB temporaries"
+    small = compiled_memory({**STATS, "temp": 2_600_000, "hbm_temp": 1_900_000,
+                             "other_spaces": 700_000}, on_cpu=False)
+    assert ("counts 2.60 MB of temporaries; its buffer assignment places 1.90 MB in HBM and "
+            "700.00 KB in other memory spaces") in small.notes[0]
     # without the report (a cached entry of an older version, XLA:CPU): the analysis' figure
     assert dict(compiled_memory(STATS, on_cpu=False).components)["temporaries"] == 445993984

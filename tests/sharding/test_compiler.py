@@ -67,3 +67,18 @@ def test_one_device_reads_the_module_before_xla_cpus_own_passes(cpu_devices):
     assert not any(i.opcode in ("while", "fusion") for i in insts)
     assert all("outer" in i.op_name and "/jit(<lambda>)/" in i.op_name
                for i in insts if i.opcode in ("gather", "scatter"))
+
+
+@pytest.mark.parametrize("system, backend, choices", [
+    ("trn2:4x4", "tpu", "choose 'cpu'$"),  # no deviceless Neuron compiler; XLA:GPU is not one
+    ("trn2:4x4", "gpu", "choose 'cpu'$"),
+    ("h100:8", "tpu", "choose 'cpu' or 'gpu'$"),
+    ("tpu-v5e:2x4", "gpu", "choose 'cpu' or 'tpu'$"),
+])
+def test_a_backend_for_another_kind_of_system_names_only_the_ones_that_build_it(
+        system, backend, choices):
+    from meshes import get_system
+    from sharding.compiler import resolve_backend
+
+    with pytest.raises(ValueError, match=choices):
+        resolve_backend(backend, get_system(system))

@@ -28,6 +28,21 @@ def test_tpu_devices_carry_the_catalog_placement():
         assert backends.system_device_id(system, d) == i
 
 
+def test_a_v4_chip_is_one_megacore_device_as_in_the_catalog(tmp_path, capsys, cpu_devices):
+    # libtpu's default v4 chip config shows each TensorCore as a device: --backend tpu on
+    # any v4 system ended in "libtpu's v4:2x2x2 has 16 devices, the catalog's
+    # tpu-v4:2x2x2 8".
+    system = get_system("tpu-v4:2x2x2")
+    devices = backends.tpu_devices(system)
+    assert len(devices) == 8
+    assert [backends.system_device_id(system, d) for d in devices] == list(range(8))
+    v4 = TPU_TINY.replace('"tpu-v5e:2x4"', '"tpu-v4:2x2x2"')
+    code, stdout, err = run_cli(["run", write(tmp_path, v4), "--backend", "tpu", "--quiet"],
+                                capsys)
+    assert code == 0, err
+    assert "HLO from the TPU compiler (libtpu, deviceless v4:2x2x2)" in stdout
+
+
 def test_run_on_the_tpu_compiler_says_so_and_keeps_noise_away(tmp_path, capsys, cpu_devices):
     out = tmp_path / "r.json"
     code, stdout, err = run_cli(["run", write(tmp_path, TPU_TINY), "--backend", "tpu",
@@ -202,3 +217,23 @@ def test_a_search_on_the_tpu_compiler_runs_its_workers_side_by_side(tmp_path, ca
         [(r.name, r.status, r.message) for r in rows]
     assert {r.backend for r in rows} == {"tpu"}
     assert all("TPU compiler" in r.report["compiler"] for r in ok)
+
+
+def test_a_multi_slice_system_is_left_to_the_cpu_path_in_one_line(tmp_path, capsys,
+                                                                   cpu_devices):
+    # libtpu builds tpu-v5e:2x2*2 as one 4-device program per slice, its DCN collectives
+    # as host transfers (send/recv to the megascale runtime) that the reader does not take:
+    # `--backend tpu` used to end in "the mesh ... has 8 devices but the program runs on
+    # 4 (num_partitions); give sizes whose product is 4", which no [parallelism] can do.
+    system = get_system("tpu-v5e:2x2*2")
+    assert backends.resolve_backend("auto", system) == "cpu"
+    assert backends.available_backends(system) == ["cpu"]
+    two = TPU_TINY.replace('"tpu-v5e:2x4"', '"tpu-v5e:2x2*2"')
+    code, _, err = run_cli(["run", write(tmp_path, two), "--backend", "tpu"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "one program per slice" in err and "--backend cpu" in err and "(tpu-v5e:2x2)" in err
+    code, stdout, err = run_cli(["run", write(tmp_path, two), "--backend", "all", "--quiet"],
+                                capsys)
+    assert code == 0, err
+    assert stdout.splitlines()[2].split() == ["cpu"]
+    assert "one program per slice" in stdout
