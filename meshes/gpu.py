@@ -348,7 +348,8 @@ class GpuSystem(System):
             t_out = nbytes * (n - m) / n / nic_bw
             t_in, _ = self._in_domain_time(kind, nbytes * m_most / n, m_most)
             return CollectiveTiming(t_out + t_in + self.net_fixed_s, "infiniband",
-                                    "hierarchical all-to-all")
+                                    "hierarchical all-to-all",
+                                    link_share=(n - m) / (n - 1))
         # Across domains NCCL runs flat rings, one channel per NIC, each laid through every
         # domain with one hop out of it: every rank moves S x bus factor, at the slower of
         # the NVLink ring inside a domain and the domain's NICs (m per domain used by the
@@ -403,7 +404,13 @@ class GpuSystem(System):
                 best = (t, "sharp", "Simple")
         t, algo, proto = best
         name = f"{algo} ({proto})"
-        return CollectiveTiming(t + self.net_fixed_s, "infiniband", name)
+        # What each GPU's NIC sends of its wire bytes: a ring's channels leave each domain
+        # once, through its m NICs; a tree's and NVLSTree's load and SHARP's one pass are
+        # the domain's, shared by its m NICs likewise
+        wire = nbytes * bus_factor(kind, n)
+        network = {"ring": wire, "sharp": nbytes}.get(algo, nbytes * tree_network_load(d))
+        return CollectiveTiming(t + self.net_fixed_s, "infiniband", name,
+                                link_share=network / m / wire)
 
 
 def _nccl_latency_s(kind: str, algo: str, proto: str, n: int, nodes: int, ppn: int) -> float:

@@ -33,11 +33,15 @@ class CollectiveTiming:
         time_s: wall time of one execution.
         link: the link class of the slowest stage ("nvlink", "infiniband", "ici", "dcn").
         algorithm: the algorithm assumed, e.g. "ring", "nvls", "hierarchical ring".
+        link_share: the share of what a device sends (its wire bytes) that crosses `link`,
+            where a collective across NVLink domains or slices sends the rest inside them
+            (a flat ring over m GPUs a node: 1/m through each GPU's NIC); 1 otherwise.
     """
 
     time_s: float
     link: str
     algorithm: str
+    link_share: float = 1.0
 
 
 def bus_factor(kind: str, n: int) -> float:

@@ -223,7 +223,11 @@ class TpuSystem(System):
             else:
                 per_chip = nbytes / chips * bus_factor(kind, len(slices))
             t_dcn = per_chip * share / dcn.bytes_per_s
-            return CollectiveTiming(in_slice + t_dcn, self.slow, "hierarchical")
+            # of what a device sends, the share that leaves the slice (its chip's DCN
+            # bytes over the chip's devices in the group)
+            wire = nbytes * bus_factor(kind, n)
+            return CollectiveTiming(in_slice + t_dcn, self.slow, "hierarchical",
+                                    link_share=per_chip * chips / len(here) / wire)
         t, algo = self._ici_time(kind, nbytes, coords, share=share)
         return CollectiveTiming(t, self.fast, algo)
 

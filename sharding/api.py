@@ -54,7 +54,8 @@ def _time_collectives(
         if key not in cache:
             cache[key] = system.collective_timing(c.kind, c.bytes, [list(g) for g in groups])
         t = cache[key]
-        out.append(dataclasses.replace(c, link=t.link, time_s=t.time_s, algorithm=t.algorithm))
+        out.append(dataclasses.replace(c, link=t.link, time_s=t.time_s, algorithm=t.algorithm,
+                                       link_share=t.link_share))
     return out
 
 

@@ -58,6 +58,7 @@ class Collective:
         computation: the HLO computation holding the instruction.
         compiled_dtype: the element type in the compiled HLO when it is not the program's
             (XLA:CPU's final HLO promotes 16-bit reductions to f32); "" otherwise.
+        link_share: the share of `wire_bytes` that crosses `link` (CollectiveTiming's).
     """
 
     kind: str
@@ -76,6 +77,7 @@ class Collective:
     algorithm: str = ""
     computation: str = ""
     compiled_dtype: str = ""
+    link_share: float = 1.0
 
     @property
     def total_bytes(self) -> int:

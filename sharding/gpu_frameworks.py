@@ -83,7 +83,8 @@ def _scaled_per_device(collectives: list[Collective], system: System,
                            if (r == rest[0]).all()])
         t = system.collective_timing(c.kind, c.bytes, groups)
         out.append(dataclasses.replace(c, link=t.link, time_s=t.time_s,
-                                       algorithm=f"{t.algorithm}, over tensor only"))
+                                       algorithm=f"{t.algorithm}, over tensor only",
+                                       link_share=t.link_share))
     return out
 
 
@@ -152,7 +153,8 @@ def in_gradient_buckets(collectives: list[Collective], system: System,
             continue
         n, t = timing[key(c)]
         out.append(dataclasses.replace(c, time_s=n * t.time_s * c.bytes / filled[key(c)],
-                                       algorithm=f"{t.algorithm}, in buckets"))
+                                       algorithm=f"{t.algorithm}, in buckets",
+                                       link_share=t.link_share))
     return out
 
 

@@ -286,8 +286,11 @@ class Report:
             in_switch = c.kind == "all-reduce" and (c.algorithm or "").split(" ")[0].rstrip(
                 ",") in ("nvls", "sharp")
             # NVLink SHARP and in-network reduction: the switch sums, each device sends its
-            # buffer once (a ring sends it twice over, 2(n - 1)/n)
-            d["wire_bytes"] += (c.bytes if in_switch else c.wire_bytes) * c.count
+            # buffer once (a ring sends it twice over, 2(n - 1)/n); across domains or slices
+            # the share of it that crosses the link (the rest moves inside them)
+            sent = c.wire_bytes * c.link_share if c.link_share != 1.0 else (
+                c.bytes if in_switch else c.wire_bytes)
+            d["wire_bytes"] += sent * c.count
             d["time_s"] += c.total_time_s
         return out
 

@@ -362,3 +362,20 @@ def test_nvls_off_runs_rings_and_trees_only():
     two = get_system("h100:16", nvls=False).collective_timing("all-reduce", S, [list(range(16))])
     assert "nvls" not in two.algorithm
     assert get_system("h100:16", nvls=False).label.endswith("[nvls=False]")
+
+
+def test_link_share_is_what_each_gpus_nic_sends_of_its_wire_bytes():
+    # A flat ring's channels leave each node once, through its 8 NICs: 1/8 of what a GPU
+    # sends crosses its NIC; an all-to-all sends the other nodes' (n - m)/n of its buffer,
+    # of (n - 1)/n in all; a double binary tree's 2 S a node over 4+ nodes, shared by 8.
+    s = get_system("h100:32")
+    everyone = [list(range(32))]
+    ring = s.collective_timing("all-gather", 8e9, everyone)
+    assert ring.algorithm.startswith("ring") and ring.link_share == pytest.approx(1 / 8)
+    a2a = s.collective_timing("all-to-all", 8e9, everyone)
+    assert a2a.link_share == pytest.approx((32 - 8) / 31)
+    tree = get_system("h100:64").collective_timing("all-reduce", 8e6, [list(range(64))])
+    assert tree.algorithm.startswith("tree")
+    assert tree.link_share == pytest.approx(2 / 8 / (2 * 63 / 64))
+    inside = s.collective_timing("all-reduce", 8e9, [list(range(8))])
+    assert inside.link == "nvlink" and inside.link_share == 1.0

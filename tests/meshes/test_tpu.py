@@ -215,3 +215,12 @@ def test_systems_says_the_torus_figure_is_one_links_and_the_dcns_one_chips():
     assert rows["dcn"].startswith("12.5 GB/s per chip per direction [")
     assert dict(get_system("h100:8").describe())["nvlink"].startswith(
         "450.0 GB/s per device per direction [")
+
+
+def test_across_slices_the_dcn_carries_a_chips_share():
+    # 2 slices of v6e 2x4, one all-reduce over all 16 chips: each chip sends S/8 x 2(2-1)/2
+    # = S/8 over DCN of its 2 S (15/16) of wire bytes.
+    s = get_system("tpu-v6e:2x4*2")
+    t = s.collective_timing("all-reduce", 1e9, [list(range(16))])
+    assert t.link == "dcn" and t.link_share == pytest.approx((1 / 8) / (2 * 15 / 16))
+    assert s.collective_timing("all-reduce", 1e9, [list(range(8))]).link_share == 1.0

@@ -298,3 +298,33 @@ def test_a_step_without_tokens_is_priced_per_step():
     [line] = [x for x in _energy_lines(types.SimpleNamespace(energy=e, fits=True))
               if x.startswith("cost")]
     assert line.startswith("cost           $0.0437 per step  ($4.916 per chip-hour")
+
+
+_ALL_REDUCE_1GIB_OVER_16 = """HloModule m, num_partitions=16
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(f32[] %a, f32[] %b)
+}
+
+ENTRY %main (p: f32[268435456]) -> f32[268435456] {
+  %p = f32[268435456] parameter(0)
+  ROOT %ar = f32[268435456] all-reduce(f32[268435456] %p), channel_id=1, """ \
+    """replica_groups={{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15}}, use_global_device_ids=true, """ \
+    """to_apply=%add
+}
+"""
+
+
+def test_the_slowest_hop_counts_what_crosses_the_link_not_the_nvlink_hops():
+    # 1 GiB all-reduced over two HGX nodes: each GPU sends 2 (15/16) GiB, but the NVLSTree
+    # sends S a node across (1/15 of it through each GPU's NIC): the rate read 459 GB/s
+    # "sent per device" over a 50 GB/s NIC.
+    r = sharding.analyze_hlo(_ALL_REDUCE_1GIB_OVER_16, system="h100:16")
+    (c,) = r.collectives
+    assert c.link == "infiniband" and c.link_share == pytest.approx(1 / 15)
+    ib = r.by_link()["infiniband"]
+    assert ib["wire_bytes"] == pytest.approx(2**30 / 8)
+    assert c.wire_bytes / c.time_s > 50e9 > ib["wire_bytes"] / ib["time_s"] > 0.5 * 45.75e9
+    assert r.slowest_hop().startswith("infiniband at ")
