@@ -227,9 +227,12 @@ def cmd_systems(args) -> int:
     for name in system_names():
         show(get_system(name))
     print(_host_cpu_lines())
-    print("\nSizes: GPUs by count (NVL72: up to 72, or whole racks); TPUs by torus shape, "
-          "'*N' for N slices over DCN.\nA TPU7x chip shows as two JAX devices; "
-          "parallelism sizes count devices.")
+    # The example is the catalog's own placement, so the line cannot drift from it.
+    print(f"\nSizes: GPUs by any count, the last NVLink domain partly filled "
+          f"(gb200-nvl72:256 is {get_system('gb200-nvl72:256').placement}; [system] "
+          f"gpus_per_domain sets a domain's size); TPUs and Trainium2 by torus shape, '*N' "
+          f"for N slices over DCN (Trainium2: N instances over EFA); host-cpu:N by device count.\n"
+          f"A TPU7x chip shows as two JAX devices; parallelism sizes count devices.")
     cal = catalog_calibration()
     print(f"\nCalibration (meshes/calibration.toml): {cal.source}")
     width = max(map(len, PARAMETERS)) + 2

@@ -152,6 +152,9 @@ def test_systems_and_models_list_the_catalog(capsys):
     assert "700 W TDP per chip [NVIDIA H100 SXM datasheet" in out
     assert "$4.916 per chip-hour [p5.48xlarge" in out
     assert out.count("power      no public figure") == 5  # v5e, v5p, v6e, trn2, trn2u
+    # the sizes it takes: any GPU count (a partial last NVLink domain), not "whole racks"
+    assert "gb200-nvl72:256 is 3 racks x 72 GPUs + 1 rack x 40 GPUs" in out
+    assert "whole racks" not in out
     # one system at the size asked, its links and power as the catalog lists them
     code, one, _ = run_cli(["systems", "h100:64"], capsys)
     assert code == 0 and one.splitlines()[0] == "h100:64" and "64 (1 per chip)" in one
