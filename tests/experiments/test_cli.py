@@ -392,3 +392,13 @@ def test_backend_all_refuses_the_scale_out_flags(flag, capsys):
     assert cli.main(["run", "tiny-h100-dp-tp", "--quiet", "--backend", "all", *flag]) == 2
     err = capsys.readouterr().err.strip()
     assert "--power-budget and --tokens take one backend" in err and "\n" not in err
+
+
+def test_every_argument_of_every_command_says_what_it_is():
+    # `shardscope COMMAND --help` is the reference a user reads first: no bare positional
+    # or flag (inspect's HLO and --system, results' STORE had none)
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    bare = [f"{name} {a.option_strings or a.dest}" for name, sub in commands.choices.items()
+            for a in sub._actions if not a.help]
+    assert not bare
