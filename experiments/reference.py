@@ -80,10 +80,11 @@ def missing_descriptions() -> list[str]:
     return [key for table in TABLES for key, _, help in entries(table) if not help]
 
 
-def markdown() -> str:
-    """The tables of docs/config.md (`shardscope keys --markdown`)."""
+def markdown(only: str | None = None) -> str:
+    """The tables of docs/config.md (`shardscope keys --markdown`), or one of them."""
     lines = []
-    for table, (_, what) in TABLES.items():
+    for table in [only] if only else TABLES:
+        what = TABLES[table][1]
         lines += [f"## `[{table}]`", "", what[0].upper() + what[1:] + ".", "",
                   "| key | default | meaning |", "|---|---|---|"]
         lines += [f"| `{key}` | {default} | {help.replace('|', '/')} |"

@@ -299,7 +299,7 @@ def cmd_keys(args) -> int:
     if args.table and args.table not in reference.TABLES:
         raise ConfigError(f"keys {args.table!r}: not a config table; choose one of "
                           f"{', '.join(reference.TABLES)}")
-    print(reference.markdown() if args.markdown else reference.text(args.table))
+    print(reference.markdown(args.table) if args.markdown else reference.text(args.table))
     return 0
 
 

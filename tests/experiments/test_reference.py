@@ -24,6 +24,14 @@ def test_every_key_has_a_description_and_keys_prints_them(capsys):
     assert "train.num_vocab_tiling" in out and "(default 1)" in out
 
 
+def test_keys_markdown_of_one_table_is_that_table(capsys):
+    # `keys parallelism --markdown` printed every table: the table named was ignored
+    assert cli.main(["keys", "parallelism", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## `[parallelism]`") and out.count("## `[") == 1
+    assert "`parallelism.tensor`" in out and "`model.preset`" not in out
+
+
 def test_an_unknown_table_is_one_line(capsys):
     assert cli.main(["keys", "modle"]) == 2
     err = capsys.readouterr().err
