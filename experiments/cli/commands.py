@@ -161,7 +161,12 @@ def cmd_inspect(args) -> int:
         except (OSError, EOFError) as e:
             raise ConfigError(f"HLO file {args.hlo!r} is a damaged gzip file ({e}); "
                               f"give the dump's text or an intact .gz of it") from None
-    module = sharding.parse_hlo(raw.decode(errors="replace"))
+    try:
+        module = sharding.parse_hlo(raw.decode(errors="replace"))
+    except sharding.HloParseError as e:  # which file, and what to give instead
+        first = str(e).strip().splitlines()[0]
+        raise ConfigError(f"HLO file {args.hlo!r}: {first}; give a whole HLO text dump such "
+                          f"as XLA's *after_optimizations.txt (or a .gz of one)") from None
     devices = 1
     for s in mesh_shape:
         devices *= s

@@ -143,6 +143,14 @@ def test_inspect_truncated_dump_is_one_line(tmp_path, capsys):
     bad = write(tmp_path, text[: len(text) // 2], "bad.hlo")
     code, _, err = run_cli(["inspect", bad, "--system", "h100:16"], capsys)
     assert code == 2 and "HLO line" in err and err.count("\n") == 1
+    assert "'" + bad + "'" in err and "after_optimizations" in err  # the file, and the fix
+
+
+def test_inspect_of_a_file_that_is_not_hlo_names_it_and_the_fix(tmp_path, capsys):
+    notes = write(tmp_path, "hello\nworld\n", "notes.txt")
+    code, _, err = run_cli(["inspect", notes, "--system", "h100:8"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "notes.txt" in err and "no HLO computations" in err and "after_optimizations" in err
 
 
 def test_systems_and_models_list_the_catalog(capsys):
