@@ -50,8 +50,10 @@ class Parallelism:
                             "batch split too)", 1)
     sequence: int = described("context parallelism (each sequence's positions split)", 1)
     tensor: int = described("tensor parallelism (heads and the MLP's hidden width split)", 1)
-    rules: str = described("the rule preset mapping logical axes to these mesh axes "
-                           "(sharding.rules.RULE_PRESETS)", "default")
+    rules: str = described("the rule preset mapping logical axes to these mesh axes: "
+                           "\"default\" or \"maxtext\" (the residual stream's activations "
+                           "split over tensor too, as MaxText's base.yml; what `import "
+                           "maxtext` writes) (sharding.rules.RULE_PRESETS)", "default")
     virtual_stages: int = described("interleaved pipeline: model chunks per stage (Megatron's "
                                     "virtual pipeline)", 1)
     pipeline_schedule: str = described('the pipeline\'s schedule: "1f1b" or "gpipe"', "1f1b")
