@@ -294,11 +294,15 @@ def _check_structure(raw: Mapping[str, Any]) -> None:
             _check_keys(raw[section], f"{section}.", valid)
     for key, inner in _REQUIRED.items():
         if key not in raw:
-            raise ConfigError(f"missing required key {key!r}"
-                              + (f" (a [{key}] section)" if key != "name" else ""))
+            raise ConfigError(
+                f"missing required key {key!r}; add name = \"my-experiment\" at the top of "
+                f"the file (the name reports and results stores show)" if key == "name" else
+                f"missing required key {key!r} (a [{key}] section); add it (`shardscope keys "
+                f"{key}` lists its keys, e.g. the bundled llama3-8b-nvl72.toml)")
         for k in inner or ():
             if k not in raw[key]:
-                raise ConfigError(f"missing required key {key}.{k}")
+                raise ConfigError(f"missing required key {key}.{k}; add {k} = ... under "
+                                  f"[{key}] (`shardscope keys {key}` says what it means)")
     if not isinstance(raw["name"], str):
         raise ConfigError(f"name={raw['name']!r} must be a string")
 
