@@ -50,8 +50,10 @@ class Parallelism:
                             "batch split too)", 1)
     sequence: int = described("context parallelism (each sequence's positions split)", 1)
     tensor: int = described("tensor parallelism (heads and the MLP's hidden width split)", 1)
-    rules: str = described("the rule preset mapping logical axes to these mesh axes "
-                           "(sharding.rules.RULE_PRESETS)", "default")
+    rules: str = described("the rule preset mapping logical axes to these mesh axes: "
+                           "\"default\" or \"maxtext\" (the residual stream's activations "
+                           "split over tensor too, as MaxText's base.yml; what `import "
+                           "maxtext` writes) (sharding.rules.RULE_PRESETS)", "default")
     virtual_stages: int = described("interleaved pipeline: model chunks per stage (Megatron's "
                                     "virtual pipeline)", 1)
     pipeline_schedule: str = described('the pipeline\'s schedule: "1f1b" or "gpipe"', "1f1b")
@@ -292,11 +294,15 @@ def _check_structure(raw: Mapping[str, Any]) -> None:
             _check_keys(raw[section], f"{section}.", valid)
     for key, inner in _REQUIRED.items():
         if key not in raw:
-            raise ConfigError(f"missing required key {key!r}"
-                              + (f" (a [{key}] section)" if key != "name" else ""))
+            raise ConfigError(
+                f"missing required key {key!r}; add name = \"my-experiment\" at the top of "
+                f"the file (the name reports and results stores show)" if key == "name" else
+                f"missing required key {key!r} (a [{key}] section); add it (`shardscope keys "
+                f"{key}` lists its keys, e.g. the bundled llama3-8b-nvl72.toml)")
         for k in inner or ():
             if k not in raw[key]:
-                raise ConfigError(f"missing required key {key}.{k}")
+                raise ConfigError(f"missing required key {key}.{k}; add {k} = ... under "
+                                  f"[{key}] (`shardscope keys {key}` says what it means)")
     if not isinstance(raw["name"], str):
         raise ConfigError(f"name={raw['name']!r} must be a string")
 

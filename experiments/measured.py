@@ -17,7 +17,8 @@ class Measured:
     source: str = described("where it was published (repository and path, or URL)", "")
     evidence: str = described('how it was obtained: "MEASURED-LOG" (a training log), '
                               '"MEASURED-TABLE" (a published table), with "DERIVED" for '
-                              'what was computed from them', "")
+                              'what was computed from them; "shardscope measure" (what '
+                              '`measure --out` writes)', "")
     tflops_per_chip: float = described("the published TFLOP/s per chip (0: not published)",
                                        0.0)
     mfu: float = described("the published MFU (0: not published)", 0.0)

@@ -31,8 +31,9 @@ TABLES = {
     "train": (Train, "the training recipe (ignored when serving)"),
     "cost": (Cost, "prices and the facility, for energy and cost: [power, energy and cost]"
                    "(power.md)"),
-    "measured": (Measured, "a published measurement, in validation configs only "
-                           "([validation](validation.md))"),
+    "measured": (Measured, "a measured step, in the configs `validate` and `calibrate` "
+                           "read: a published run ([validation](validation.md)) or one "
+                           "`shardscope measure --out` wrote ([measure](measure.md))"),
 }
 
 
@@ -63,8 +64,9 @@ def entries(table: str) -> list[tuple[str, str, str]]:
             for k, (kind, _, help) in OVERRIDES.items()]
     out = [(f"{table}.preset", "none", "a preset's name"),
            (f"{table}.hf_config", "none", "a Hugging Face config.json, the path from this TOML "
-            "file (llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, gpt_oss); "
-            "keys beside it override it")] if table == "model" else []
+            "file's folder (with --set: from the working directory) (llama, mistral, qwen2, "
+            "qwen3, qwen3_moe, mixtral, deepseek_v3, gpt_oss); keys beside it override it")] \
+        if table == "model" else []
     for f in dataclasses.fields(cls):
         default = _default(f)
         if table == "model" and default == "required":
@@ -78,10 +80,11 @@ def missing_descriptions() -> list[str]:
     return [key for table in TABLES for key, _, help in entries(table) if not help]
 
 
-def markdown() -> str:
-    """The tables of docs/config.md (`shardscope keys --markdown`)."""
+def markdown(only: str | None = None) -> str:
+    """The tables of docs/config.md (`shardscope keys --markdown`), or one of them."""
     lines = []
-    for table, (_, what) in TABLES.items():
+    for table in [only] if only else TABLES:
+        what = TABLES[table][1]
         lines += [f"## `[{table}]`", "", what[0].upper() + what[1:] + ".", "",
                   "| key | default | meaning |", "|---|---|---|"]
         lines += [f"| `{key}` | {default} | {help.replace('|', '/')} |"

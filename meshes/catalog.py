@@ -39,7 +39,9 @@ OVERRIDES = {
                                           "(nccl-tests, 8 B), us"),
     "pod_gpus": ("gpu", int, "GPUs per pod, the non-blocking fabric under the spine"),
     "pod_oversubscription": ("gpu", float, "the spine's taper above a pod (7 for 7:1)"),
-    "fabric": ("gpu", str, "a published cluster's fabric from meshes.catalog.FABRICS"),
+    "fabric": ("gpu", str, "a published cluster's fabric, \"meta-24k\", "
+                           "\"dgx-superpod-b200\" or \"dgx-superpod-gb200\", which sets "
+                           "pod_gpus and pod_oversubscription (meshes.catalog.FABRICS)"),
     "dcn_gbps": ("tpu", float, "DCN bandwidth per chip between slices, Gb/s"),
 }
 

@@ -95,8 +95,11 @@ def build_parser() -> Parser:
                     help="multi-host: this process's index, 0 to N-1")
     i = command("inspect", "collectives and estimate of any HLO text dump",
                 commands.cmd_inspect, "json", "groups")
-    i.add_argument("hlo")
-    i.add_argument("--system", required=True)
+    i.add_argument("hlo", help="an HLO text dump, e.g. XLA's *after_optimizations.txt or "
+                               "*after_spmd-partitioning*.txt (or a .gz of one)")
+    i.add_argument("--system", required=True,
+                   help="the system to time it on, e.g. h100:8 or tpu-v5e:4x4 (`shardscope "
+                        "systems` lists them)")
     i.add_argument("--mesh", help="mesh axes of the program, e.g. data=2,fsdp=4,tensor=2")
 
     for name, help, fn in (
@@ -152,7 +155,7 @@ def build_parser() -> Parser:
 
     rs = command("results", "the ranking in a search's results store", studies.cmd_results,
                  "top", "json", "html", "quiet")
-    rs.add_argument("store")
+    rs.add_argument("store", help="a results store that `shardscope search --store` wrote")
     rs.add_argument("--search", help="one search of the store (its config's name)")
     rs.add_argument("--system", help="the re-estimates kept for this system (search "
                                      "--reestimate --system); default: as compiled")

@@ -163,7 +163,12 @@ def cmd_inspect(args) -> int:
         except (OSError, EOFError) as e:
             raise ConfigError(f"HLO file {args.hlo!r} is a damaged gzip file ({e}); "
                               f"give the dump's text or an intact .gz of it") from None
-    module = sharding.parse_hlo(raw.decode(errors="replace"))
+    try:
+        module = sharding.parse_hlo(raw.decode(errors="replace"))
+    except sharding.HloParseError as e:  # which file, and what to give instead
+        first = str(e).strip().splitlines()[0]
+        raise ConfigError(f"HLO file {args.hlo!r}: {first}; give a whole HLO text dump such "
+                          f"as XLA's *after_optimizations.txt (or a .gz of one)") from None
     devices = 1
     for s in mesh_shape:
         devices *= s
@@ -229,9 +234,12 @@ def cmd_systems(args) -> int:
     for name in system_names():
         show(get_system(name))
     print(_host_cpu_lines())
-    print("\nSizes: GPUs by count (NVL72: up to 72, or whole racks); TPUs by torus shape, "
-          "'*N' for N slices over DCN.\nA TPU7x chip shows as two JAX devices; "
-          "parallelism sizes count devices.")
+    # The example is the catalog's own placement, so the line cannot drift from it.
+    print(f"\nSizes: GPUs by any count, the last NVLink domain partly filled "
+          f"(gb200-nvl72:256 is {get_system('gb200-nvl72:256').placement}; [system] "
+          f"gpus_per_domain sets a domain's size); TPUs and Trainium2 by torus shape, '*N' "
+          f"for N slices over DCN (Trainium2: N instances over EFA); host-cpu:N by device count.\n"
+          f"A TPU7x chip shows as two JAX devices; parallelism sizes count devices.")
     cal = catalog_calibration()
     print(f"\nCalibration (meshes/calibration.toml): {cal.source}")
     width = max(map(len, PARAMETERS)) + 2
@@ -304,7 +312,7 @@ def cmd_keys(args) -> int:
     if args.table and args.table not in reference.TABLES:
         raise ConfigError(f"keys {args.table!r}: not a config table; choose one of "
                           f"{', '.join(reference.TABLES)}")
-    print(reference.markdown() if args.markdown else reference.text(args.table))
+    print(reference.markdown(args.table) if args.markdown else reference.text(args.table))
     return 0
 
 

@@ -158,6 +158,14 @@ def test_inspect_truncated_dump_is_one_line(tmp_path, capsys):
     bad = write(tmp_path, text[: len(text) // 2], "bad.hlo")
     code, _, err = run_cli(["inspect", bad, "--system", "h100:16"], capsys)
     assert code == 2 and "HLO line" in err and err.count("\n") == 1
+    assert "'" + bad + "'" in err and "after_optimizations" in err  # the file, and the fix
+
+
+def test_inspect_of_a_file_that_is_not_hlo_names_it_and_the_fix(tmp_path, capsys):
+    notes = write(tmp_path, "hello\nworld\n", "notes.txt")
+    code, _, err = run_cli(["inspect", notes, "--system", "h100:8"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "notes.txt" in err and "no HLO computations" in err and "after_optimizations" in err
 
 
 def test_systems_and_models_list_the_catalog(capsys):
@@ -167,6 +175,9 @@ def test_systems_and_models_list_the_catalog(capsys):
     assert "700 W TDP per chip [NVIDIA H100 SXM datasheet" in out
     assert "$4.916 per chip-hour [p5.48xlarge" in out
     assert out.count("power      no public figure") == 5  # v5e, v5p, v6e, trn2, trn2u
+    # the sizes it takes: any GPU count (a partial last NVLink domain), not "whole racks"
+    assert "gb200-nvl72:256 is 3 racks x 72 GPUs + 1 rack x 40 GPUs" in out
+    assert "whole racks" not in out
     # one system at the size asked, its links and power as the catalog lists them
     code, one, _ = run_cli(["systems", "h100:64"], capsys)
     assert code == 0 and one.splitlines()[0] == "h100:64" and "64 (1 per chip)" in one
@@ -418,3 +429,13 @@ def test_backend_all_refuses_the_scale_out_flags(flag, capsys):
     assert cli.main(["run", "tiny-h100-dp-tp", "--quiet", "--backend", "all", *flag]) == 2
     err = capsys.readouterr().err.strip()
     assert "--power-budget and --tokens take one backend" in err and "\n" not in err
+
+
+def test_every_argument_of_every_command_says_what_it_is():
+    # `shardscope COMMAND --help` is the reference a user reads first: no bare positional
+    # or flag (inspect's HLO and --system, results' STORE had none)
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    bare = [f"{name} {a.option_strings or a.dest}" for name, sub in commands.choices.items()
+            for a in sub._actions if not a.help]
+    assert not bare

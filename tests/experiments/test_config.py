@@ -35,7 +35,12 @@ BAD = {
     "preset": (TINY.replace('"tiny"', '"llama5"'), "model.preset='llama5' is unknown; valid:"),
     "dtype": (TINY + '[precision]\ncompute = "fp16"\n',
               "precision.compute='fp16' is not one of 'bfloat16'"),
-    "missing": (TINY.replace("seq_len = 32\n", ""), "missing required key workload.seq_len"),
+    "missing": (TINY.replace("seq_len = 32\n", ""), "missing required key workload.seq_len; "
+                "add seq_len = ... under [workload] (`shardscope keys workload`"),
+    "missing name": ("\n".join(ln for ln in TINY.splitlines() if not ln.startswith("name = \"t")),
+                     "missing required key 'name'; add name = \"my-experiment\" at the top"),
+    "missing table": (TINY.split("[workload]")[0], "missing required key 'workload' (a "
+                      "[workload] section); add it (`shardscope keys workload` lists its keys"),
     "syntax": (TINY.replace("[workload]", "[workload"), "not valid TOML"),
     "batch": (TINY.replace("global_batch = 16", "global_batch = 12"),
               "not divisible by parallelism.data x parallelism.fsdp x parallelism.expert = 8"),

@@ -24,6 +24,26 @@ def test_every_key_has_a_description_and_keys_prints_them(capsys):
     assert "train.num_vocab_tiling" in out and "(default 1)" in out
 
 
+def test_keys_markdown_of_one_table_is_that_table(capsys):
+    # `keys parallelism --markdown` printed every table: the table named was ignored
+    assert cli.main(["keys", "parallelism", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## `[parallelism]`") and out.count("## `[") == 1
+    assert "`parallelism.tensor`" in out and "`model.preset`" not in out
+
+
+def test_keys_name_the_choices_of_the_named_presets():
+    # parallelism.rules and system.fabric pointed at a Python dict for their values
+    from meshes.catalog import FABRICS
+    from sharding.rules import RULE_PRESETS
+
+    text = reference.text()
+    rules = next(ln for ln in text.splitlines() if "parallelism.rules" in ln)
+    fabric = next(ln for ln in text.splitlines() if "system.fabric" in ln)
+    assert all(f'"{name}"' in rules for name in RULE_PRESETS)
+    assert all(f'"{name}"' in fabric for name in FABRICS)
+
+
 def test_an_unknown_table_is_one_line(capsys):
     assert cli.main(["keys", "modle"]) == 2
     err = capsys.readouterr().err
