@@ -223,8 +223,10 @@ def render_html(r: Report, *, chip: Chip, compute_dtype: str = "bfloat16") -> st
     title = r.name or "report"
     verdict = "" if r.fits is not False else (f"<p class=\"nofit\"><b>Does not fit</b>: "
                                  f"{html.escape(r.bottleneck())}; times are as if it fit.</p>")
+    devices = f"{r.num_devices} device{'s' if r.num_devices != 1 else ''}" + (
+        f" ({html.escape(r.placement)})" if r.placement else "")
     return page(title, f"""<h1>{html.escape(title)} on {html.escape(r.system)}</h1>{verdict}
-<p>{r.num_devices} devices{f" ({html.escape(r.placement)})" if r.placement else ""}; HLO
+<p>{devices}; HLO
 from {html.escape(r.compiler)}. Step
 {fmt_s(r.step_time_s)} (between {fmt_s(r.step_time_bounds_s[0])} with perfect overlap and
 {fmt_s(r.step_time_bounds_s[1])} with none). Bottleneck: {html.escape(r.bottleneck())}.</p>

@@ -75,7 +75,8 @@ def _collective_lines(r: Report) -> list[str]:
     title = f"{r.name}  " if r.name else ""
     placed = f": {r.placement}" if r.placement else ""
     system = r.system or "no system"
-    lines.append(f"{title}on {system} ({r.num_devices} devices{placed}), HLO from "
+    devices = f"{r.num_devices} device{'s' if r.num_devices != 1 else ''}"
+    lines.append(f"{title}on {system} ({devices}{placed}), HLO from "
                  f"{r.compiler}")
     if r.fits is False:
         lines.append(f"DOES NOT FIT: needs {fmt_bytes(r.memory_per_device_bytes)} of HBM per "

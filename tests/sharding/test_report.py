@@ -328,3 +328,12 @@ def test_the_slowest_hop_counts_what_crosses_the_link_not_the_nvlink_hops():
     assert ib["wire_bytes"] == pytest.approx(2**30 / 8)
     assert c.wire_bytes / c.time_s > 50e9 > ib["wire_bytes"] / ib["time_s"] > 0.5 * 45.75e9
     assert r.slowest_hop().startswith("infiniband at ")
+
+
+def test_one_device_is_singular():
+    from sharding.text import format_report
+
+    one = _ALL_REDUCE_1GIB_OVER_16.replace("num_partitions=16", "num_partitions=1").replace(
+        "{{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15}}", "{{0}}")
+    text = format_report(sharding.analyze_hlo(one, system="h100:1"))
+    assert "on h100:1 (1 device)," in text.splitlines()[0]
