@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from experiments.config import ConfigError, Experiment
+from experiments.config import ConfigError, Experiment, from_dict
 from experiments.reference import toml_value
 from models.config import PRESETS
 from models.pipeline import Pipeline
@@ -318,7 +318,7 @@ def megatron(exp: Experiment) -> list[str]:
         if not par.overlap_p2p_comm:
             lines.append("--no-overlap-p2p-communication")
     if par.pipeline > 1:
-        lines += _uneven(exp, _megatron_uneven(exp))
+        lines += _uneven(exp, _megatron_uneven(exp)) + _megatron_uneven_flags(exp)
     if par.pipeline > 1 and par.pipeline_schedule != "1f1b":
         lines.append(f"# parallelism.pipeline_schedule={par.pipeline_schedule!r}: Megatron "
                      f"runs 1F1B (no GPipe schedule)")
@@ -359,18 +359,53 @@ def megatron(exp: Experiment) -> list[str]:
                      f"flag (its fused cross-entropy keeps the whole logits)")
     lines += [f"--lr {exp.train.learning_rate}", f"--weight-decay {exp.train.weight_decay}",
               "--optimizer adam"]
-    return lines
+    return lines + _megatron_set_lines(exp, lines)
+
+
+def _megatron_set_lines(exp: Experiment, lines: list[str]) -> list[str]:
+    """`# shardscope set: table.key=value` lines for what the flags cannot say: where the
+    config differs from what `import megatron` reads from the flags alone."""
+    from experiments import megatron as reader  # it reads this module's tables
+
+    try:
+        raw, _ = reader.translate(reader.parse_flags(reader.read_script("\n".join(lines))[0],
+                                                     "export"), system_line(exp)[
+            len(SYSTEM_LINE):], exp.name)
+        back = from_dict(raw).to_dict()
+    except ConfigError as e:
+        return [f"# `shardscope import megatron` refuses these flags: {e}"]
+    want = exp.to_dict()
+    out = ["# no Megatron flag says these; `shardscope import megatron` reads them back:"]
+    for table in ("model", "parallelism", "workload", "precision", "train"):
+        for key, value in want[table].items():
+            if key != "name" and back[table][key] != value:
+                out.append(f"{reader.SET_LINE}{table}.{key}={toml_value(value)}")
+    return out if len(out) > 1 else []
 
 
 def _megatron_uneven(exp: Experiment) -> str:
-    """Megatron's flags for shardscope's uneven stages: without virtual stages, the padding
-    is the first and the last stage's; interleaved, it spreads over several chunks."""
+    """Megatron's flags for shardscope's uneven stages, said in the comment above them."""
+    flags = _megatron_uneven_flags(exp)
+    if flags:
+        return f"Megatron: {' '.join(flags)}"
+    return ("Megatron's --decoder-first-pipeline-num-layers and "
+            "--decoder-last-pipeline-num-layers split them otherwise")
+
+
+def _megatron_uneven_flags(exp: Experiment) -> list[str]:
+    """Megatron's flags for shardscope's uneven stages, where they can say it: the first and
+    last stage's layers (no virtual stages), or the embedding and the loss counted as a
+    layer each (the padding one slot at each end, or one before the first layer)."""
     (front, back), chunk = _padding(exp), _chunk(exp)
-    if exp.parallelism.virtual_stages > 1 or max(front, back) >= chunk:
-        return ("Megatron's --decoder-first-pipeline-num-layers and "
-                "--decoder-last-pipeline-num-layers split them otherwise")
-    return (f"Megatron: --decoder-first-pipeline-num-layers {chunk - front} "
-            f"--decoder-last-pipeline-num-layers {chunk - back}")
+    if not front + back:
+        return []
+    if exp.parallelism.virtual_stages == 1 and max(front, back) < chunk:
+        return [f"--decoder-first-pipeline-num-layers {chunk - front}",
+                f"--decoder-last-pipeline-num-layers {chunk - back}"]
+    if (front, back) in ((1, 1), (1, 0)):
+        return ["--account-for-embedding-in-pipeline-split",
+                *(["--account-for-loss-in-pipeline-split"] if back else [])]
+    return []
 
 
 def _megatron_launch(exp: Experiment) -> list[str]:
