@@ -141,8 +141,10 @@ def read_script(text: str) -> tuple[list[str | Unresolved], str, list[str]]:
                 env[name] = got if array else " ".join(got).split()
             continue
         words = [w for word in _words(line, number) for w in _expand(word, env)]
-        runs = [i for i, w in enumerate(words) if getattr(w, "text", w).endswith(".py")]
-        if runs and program is None:
+        names = [Path(getattr(w, "text", w)).name for w in words]
+        runs = [i for i, n in enumerate(names) if n.endswith(".py")]
+        # the training program (pretrain_gpt.py) rather than a tool the script runs first
+        if runs and (program is None or names[runs[0]].startswith("pretrain")):
             program = words[runs[0] + 1:]
         elif not runs:
             loose += words
@@ -227,7 +229,14 @@ class Flags:
         if name not in self.values:
             return False
         self.used.add(name)
-        if self.values[name]:
+        got = self.values[name]
+        if got and all(isinstance(w, Unresolved) for w in got):
+            # words of a variable the file does not assign (e.g. $EXTRA_ARGS), not its value
+            self.notes.append(f"{' '.join(w.text for w in got)} after --{name}: not assigned "
+                              f"in the file, so the flags it holds are not read; give them "
+                              f"as overrides")
+            return True
+        if got:
             raise ConfigError(f"--{name} is a switch and takes no value, got "
                               f"{self.values[name][0]!r}; write --{name} alone")
         return True

@@ -278,3 +278,15 @@ def test_every_flag_read_is_one_a_misspelling_is_checked_against():
     for flag in ("tensor-model-parallel-size", "moe-layer-freq", "recompute-num-layers",
                  "account-for-loss-in-pipeline-split", "fp4-format", "use-torch-fsdp2"):
         assert flag in megatron.READ
+
+
+def test_the_training_program_s_flags_are_read_and_unknown_variables_said(tmp_path, capsys):
+    # a tool run before the training program is not it; $EXTRA_ARGS, which the script does
+    # not assign, is said in the file rather than dropped
+    script = ("python tools/preprocess_data.py --tensor-model-parallel-size 8\n"
+              f"torchrun pretrain_gpt.py {SHAPE} --tensor-model-parallel-size 2 --bf16 "
+              f"$EXTRA_ARGS\n")
+    code, text, err = _import(tmp_path, capsys, script, "--system", "h100:8")
+    assert code == 0, err
+    assert config.load(tmp_path / "exp.toml").parallelism.tensor == 2
+    assert "# $EXTRA_ARGS after --bf16: not assigned in the file" in text
