@@ -498,7 +498,11 @@ def _model(f: Flags) -> dict:
                           f"{heads}; give --kv-channels (each head's width)")
     head_dim = f.int("kv-channels", d // heads)
     groups = f.int("num-query-groups", 1) if f.switch("group-query-attention") else heads
-    vocab = _required(f, "vocab-size", "128256")
+    vocab = f.int("vocab-size")
+    if vocab is None:
+        raise ConfigError("no --vocab-size: Megatron takes it from the tokenizer (--tokenizer-"
+                          "type, --vocab-file), which shardscope does not read; add "
+                          "--vocab-size N, e.g. vocab-size=50257 for GPT-2's")
     norm = f.choice("normalization", "LayerNorm", ("LayerNorm", "RMSNorm"))
     positions = f.choice("position-embedding-type", "learned_absolute",
                          ("rope", "learned_absolute"),

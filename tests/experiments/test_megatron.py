@@ -98,9 +98,10 @@ DISTRIBUTED_ARGS=(
     --nproc_per_node $GPUS_PER_NODE
     --nnodes $NNODES
 )
+CHECKPOINT_PATH=$1  # the script's first argument
 MODEL_ARGS=(
-    --num-layers 8  # eight
-    --hidden-size 256
+    --num-layers 8  # eight (a comment in an array)
+\t--hidden-size 256
     --num-attention-heads 8
     --group-query-attention --num-query-groups 4
     --swiglu --normalization RMSNorm --position-embedding-type rope
@@ -112,7 +113,8 @@ torchrun ${DISTRIBUTED_ARGS[@]} $MEGATRON/pretrain_gpt.py \\
     --micro-batch-size 2 --global-batch-size 64 --seq-length 1024 \\
     --vocab-size 32000 --bf16 --fp8-format hybrid \\
     --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 \\
-    --lr 1e-4 --lr-decay-style cosine --train-iters 1000 --data-path $DATA
+    --lr 1e-4 --lr-decay-style cosine --train-iters 1000 --data-path $DATA \\
+    --save $CHECKPOINT_PATH
 echo done
 """
 
@@ -134,7 +136,7 @@ def test_a_launch_script_is_read_with_its_variables(tmp_path, capsys):
     # torchrun's own flags are not Megatron's; the ones Megatron reads but shardscope does
     # not model are said in the file (--data-path's $DATA unresolved, but not read)
     assert "# Megatron flags read but not modelled: --lr-decay-style, --train-iters, " \
-           "--data-path" in text
+           "--data-path, --save" in text
     assert "nproc" not in text
 
 
@@ -197,6 +199,9 @@ def test_no_system_no_flags_and_a_stray_word(tmp_path, capsys):
     assert code == 2 and "give --system NAME" in err
     code, _, err = _import(tmp_path, capsys, "# nothing\n", "--system", "h100:8")
     assert code == 2 and "no Megatron flags" in err
+    code, _, err = _import(tmp_path, capsys, SHAPE.replace("--vocab-size 1024", ""),
+                           "--system", "h100:8")
+    assert code == 2 and "Megatron takes it from the tokenizer" in err
     code, _, err = _import(tmp_path, capsys, "tensor 4\n" + SHAPE, "--system", "h100:8")
     assert code == 2 and "'tensor' is not a Megatron flag" in err
     code, _, err = run_cli(["import", "megatron", str(tmp_path / "none.sh"), "--out",
