@@ -376,9 +376,10 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from experiments import importer, megatron
+    from experiments import importer, megatron, nemo
 
-    readers = {"maxtext": importer.import_maxtext, "megatron": megatron.import_megatron}
+    readers = {"maxtext": importer.import_maxtext, "megatron": megatron.import_megatron,
+               "nemo": nemo.import_nemo}
     if args.framework not in readers:
         raise ConfigError(f"import {args.framework!r}: shardscope imports {', '.join(readers)} "
                           f"configs; choose one of them")
