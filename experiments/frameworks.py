@@ -367,20 +367,23 @@ def _megatron_set_lines(exp: Experiment, lines: list[str]) -> list[str]:
     config differs from what `import megatron` reads from the flags alone."""
     from experiments import megatron as reader  # it reads this module's tables
 
+    want = exp.to_dict()
+    # FSDP first: the import takes its ranks from the data-parallel ones the flags give
+    sets = [f"parallelism.fsdp={exp.parallelism.fsdp}"] if exp.parallelism.fsdp > 1 else []
     try:
         raw, _ = reader.translate(reader.parse_flags(reader.read_script("\n".join(lines))[0],
                                                      "export"), system_line(exp)[
             len(SYSTEM_LINE):], exp.name)
+        reader.apply_sets(raw, sets, "export")
         back = from_dict(raw).to_dict()
     except ConfigError as e:
         return [f"# `shardscope import megatron` refuses these flags: {e}"]
-    want = exp.to_dict()
-    out = ["# no Megatron flag says these; `shardscope import megatron` reads them back:"]
     for table in ("model", "parallelism", "workload", "precision", "train"):
         for key, value in want[table].items():
             if key != "name" and back[table][key] != value:
-                out.append(f"{reader.SET_LINE}{table}.{key}={toml_value(value)}")
-    return out if len(out) > 1 else []
+                sets.append(f"{table}.{key}={toml_value(value)}")
+    return ["# no Megatron flag says these; `shardscope import megatron` reads them back:",
+            *(f"{reader.SET_LINE}{item}" for item in sets)] if sets else []
 
 
 def _megatron_uneven(exp: Experiment) -> str:

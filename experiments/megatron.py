@@ -34,8 +34,9 @@ SET_LINE = "# shardscope set: "
 # What Megatron's flags cannot say: the only keys an export writes in `# shardscope set:`
 # lines (tests/experiments/test_megatron.py holds every bundled config to it).
 NO_FLAG = frozenset({
-    # FSDP: Megatron's data-parallel ranks with --use-distributed-optimizer (the export's)
-    "parallelism.data", "parallelism.fsdp", "train.shard_optimizer_over_data",
+    # FSDP: some of Megatron's data-parallel ranks, with --use-distributed-optimizer (the
+    # export's for it); `parallelism.fsdp=K` takes K of them (apply_sets)
+    "parallelism.fsdp", "train.shard_optimizer_over_data",
     "parallelism.rules", "parallelism.pipeline_schedule", "parallelism.outer",
     "train.remat", "train.save", "train.offload", "train.offload_layers",
     "train.num_vocab_tiling",
@@ -681,6 +682,27 @@ def read_megatron(path: str | Path, overrides: list[str] = ()) -> tuple[dict, st
     return with_overrides(values, overrides), system, sets
 
 
+def apply_sets(raw: dict, sets: list[str], where: str) -> None:
+    """The `# shardscope set: table.key=value` lines, as `--set` applies them; but
+    `parallelism.fsdp=K` makes K of the data-parallel ranks the flags give FSDP ones, so that
+    it still holds when the flags change the data-parallel size."""
+    for item in sets:
+        key, _, value = item.partition("=")
+        par = raw["parallelism"]
+        if key.strip() == "parallelism.fsdp" and value.strip().isdigit():
+            fsdp, data = int(value), par.get("data", 1)
+            if data % fsdp:
+                raise ConfigError(f"{where}: {SET_LINE}{item}: {fsdp} FSDP ranks do not divide "
+                                  f"the data-parallel size {data} the flags give; edit or "
+                                  f"delete the line")
+            par.update(data=data // fsdp, fsdp=fsdp)
+            continue
+        try:
+            config_mod.apply_override(raw, item)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {SET_LINE}{item}: {e}") from None
+
+
 def _misspelt(f: Flags) -> None:
     for name in f.unused():
         near = difflib.get_close_matches(name, READ, n=1, cutoff=0.85)
@@ -701,12 +723,14 @@ def experiment(path: str | Path, overrides: list[str], system: str | None, name:
                           f"lists them)")
     raw, f = translate(values, system, name)
     _misspelt(f)
-    for item in sets:  # what the flags cannot say, written by `shardscope export`
-        try:
-            config_mod.apply_override(raw, item)
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {SET_LINE}{item}: {e}") from None
-    config_mod.from_dict(raw)  # its checks, naming the config's keys
+    apply_sets(raw, sets, str(path))
+    try:
+        config_mod.from_dict(raw)  # its checks, naming the config's keys
+    except ConfigError as e:
+        if not sets:
+            raise
+        raise ConfigError(f"{e} (with the file's `{SET_LINE.strip()}` lines applied: edit or "
+                          f"delete those that no longer fit the flags)") from None
     notes = list(f.notes)
     if f.unused():
         notes.append("Megatron flags read but not modelled: "

@@ -295,3 +295,23 @@ def test_the_training_program_s_flags_are_read_and_unknown_variables_said(tmp_pa
     assert code == 0, err
     assert config.load(tmp_path / "exp.toml").parallelism.tensor == 2
     assert "# $EXTRA_ARGS after --bf16: not assigned in the file" in text
+
+
+def test_fsdp_set_line_holds_when_the_flags_change(tmp_path, capsys):
+    # The export's `parallelism.fsdp=8` takes 8 of the data-parallel ranks the flags give:
+    # tensor 4 instead of 8 on 64 GPUs leaves 16, so FSDP 8 x data 2.
+    flags = tmp_path / "x.sh"
+    code, _, err = run_cli(["export", "llama3-70b-h100-64-fsdp-tp", "--to", "megatron",
+                            "--out", str(flags)], capsys)
+    assert code == 0, err
+    assert f"{megatron.SET_LINE}parallelism.fsdp=8" in flags.read_text().splitlines()
+    code, _, err = run_cli(["import", "megatron", str(flags), "--tensor-model-parallel-size",
+                            "4", "--out", str(tmp_path / "b.toml")], capsys)
+    assert code == 0, err
+    par = config.load(tmp_path / "b.toml").parallelism
+    assert (par.tensor, par.fsdp, par.data) == (4, 8, 2)
+    # tensor 16 leaves 4 data-parallel ranks, fewer than the line's 8: said, with the fix
+    code, _, err = run_cli(["import", "megatron", str(flags), "--tensor-model-parallel-size",
+                            "16", "--out", str(tmp_path / "c.toml")], capsys)
+    assert code == 2 and "8 FSDP ranks do not divide the data-parallel size 4" in err
+    assert "edit or delete the line" in err
