@@ -43,11 +43,44 @@ def test_megatron_export_then_import_gives_the_experiment_back(name, tmp_path, c
     code, _, err = run_cli(["import", "megatron", str(flags), "--out", str(back)], capsys)
     assert code == 0, err
     assert _tables(config.load(back)) == _tables(config.load(name))
-    # the `# shardscope set:` lines carry only what Megatron has no flag for: everything
-    # else came back from the flags themselves
+    # the `# shardscope set:` lines carry only what Megatron has no flag for, each where the
+    # config holds what the flags cannot say: everything else came back from the flags
     kept = {ln[len(megatron.SET_LINE):].partition("=")[0]
             for ln in flags.read_text().splitlines() if ln.startswith(megatron.SET_LINE)}
     assert kept <= megatron.NO_FLAG, kept - megatron.NO_FLAG
+    exp = config.load(name)
+    for key in kept:
+        assert WHY_SET[key](exp), key
+
+
+def _bf16(exp) -> bool:
+    return exp.precision.activations == "bfloat16"
+
+
+# Why a config needs each `# shardscope set:` key (what Megatron's flags would read otherwise)
+WHY_SET = {
+    "parallelism.fsdp": lambda e: e.parallelism.fsdp > 1,
+    # the export writes --use-distributed-optimizer for FSDP
+    "train.shard_optimizer_over_data": lambda e: e.parallelism.fsdp > 1,
+    "parallelism.rules": lambda e: e.parallelism.rules != "default",
+    "parallelism.pipeline_schedule": lambda e: e.parallelism.pipeline_schedule != "1f1b",
+    "parallelism.outer": lambda e: e.parallelism.outer != "",
+    **dict.fromkeys(("train.remat", "train.save", "train.offload"),
+                    lambda e: e.train.remat == "custom"),
+    "train.offload_layers": lambda e: e.train.offload_layers > 0,
+    "train.num_vocab_tiling": lambda e: e.train.num_vocab_tiling > 1,
+    # --bf16: bf16 weights with an fp32 copy; without it, fp32 weights
+    "precision.params": lambda e: e.precision.params != ("bfloat16" if _bf16(e) else "float32"),
+    "precision.master_weights": lambda e: e.precision.master_weights != (
+        "float32" if _bf16(e) else ""),
+    "model.moe_group_size": lambda e: e.model.moe_group_size != 4096,
+    # Megatron fuses q, k, v and SwiGLU's gate and up
+    "model.fused_qkv": lambda e: not e.model.fused_qkv,
+    "model.fused_mlp": lambda e: e.model.fused_mlp != (e.model.mlp == "swiglu"),
+    "model.max_seq_len": lambda e: e.model.positions == "rope",
+    "model.mlp": lambda e: e.model.mlp == "relu",
+    "model.attention": lambda e: e.model.attention == "tiled",
+}
 
 
 def test_flags_alone_read_as_megatron_runs_them(tmp_path, capsys):
