@@ -348,3 +348,9 @@ def test_fsdp_set_line_holds_when_the_flags_change(tmp_path, capsys):
                             "16", "--out", str(tmp_path / "c.toml")], capsys)
     assert code == 2 and "8 FSDP ranks do not divide the data-parallel size 4" in err
     assert "edit or delete the line" in err
+
+
+def test_an_unknown_framework_names_the_ones_imported(tmp_path, capsys):
+    code, _, err = run_cli(["import", "jax", str(tmp_path / "x"), "--out",
+                            str(tmp_path / "b.toml")], capsys)
+    assert code == 2 and "maxtext, megatron, nemo" in err and "Traceback" not in err
