@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from experiments.config import ConfigError, Experiment, from_dict
+from experiments.config import ConfigError, Experiment
 from experiments.reference import toml_value
 from models.config import PRESETS
 from models.pipeline import Pipeline
@@ -44,6 +44,8 @@ MAXTEXT_ACTIVATIONS = {"swiglu": ["silu", "linear"], "gelu": ["gelu"], "relu": [
 # shardscope's remat policies that MaxText names alike (custom: its per-tensor keys)
 MAXTEXT_REMAT = {"full": "full", "minimal": "minimal"}
 SYSTEM_LINE = "# shardscope system: "
+# what the Megatron flags cannot say, as `--set` takes it (`import megatron` applies it)
+SET_LINE = "# shardscope set: "
 MAXTEXT_FUSED = ("fused_qkv", "fused_mlp")  # the same names in MaxText and [model]
 
 
@@ -359,31 +361,53 @@ def megatron(exp: Experiment) -> list[str]:
                      f"flag (its fused cross-entropy keeps the whole logits)")
     lines += [f"--lr {exp.train.learning_rate}", f"--weight-decay {exp.train.weight_decay}",
               "--optimizer adam"]
-    return lines + _megatron_set_lines(exp, lines)
+    return lines + _megatron_set_lines(exp)
 
 
-def _megatron_set_lines(exp: Experiment, lines: list[str]) -> list[str]:
-    """`# shardscope set: table.key=value` lines for what the flags cannot say: where the
-    config differs from what `import megatron` reads from the flags alone."""
-    from experiments import megatron as reader  # it reads this module's tables
-
-    want = exp.to_dict()
-    # FSDP first: the import takes its ranks from the data-parallel ones the flags give
-    sets = [f"parallelism.fsdp={exp.parallelism.fsdp}"] if exp.parallelism.fsdp > 1 else []
-    try:
-        raw, _ = reader.translate(reader.parse_flags(reader.read_script("\n".join(lines))[0],
-                                                     "export"), system_line(exp)[
-            len(SYSTEM_LINE):], exp.name)
-        reader.apply_sets(raw, sets, "export")
-        back = from_dict(raw).to_dict()
-    except ConfigError as e:
-        return [f"# `shardscope import megatron` refuses these flags: {e}"]
-    for table in ("model", "parallelism", "workload", "precision", "train"):
-        for key, value in want[table].items():
-            if key != "name" and back[table][key] != value:
-                sets.append(f"{table}.{key}={toml_value(value)}")
+def _megatron_set_lines(exp: Experiment) -> list[str]:
+    """`# shardscope set: table.key=value` lines, which `import megatron` applies, for what
+    the flags above cannot say: each where the config differs from what they mean."""
+    par, t, p, m = exp.parallelism, exp.train, exp.precision, exp.model
+    bf16 = p.activations == "bfloat16"
+    default = {f.name: f.default for f in dataclasses.fields(m)}
+    # (key, the config's value, what Megatron's flags mean), FSDP first: it takes its ranks
+    # from the data-parallel ones the flags give
+    kept = [("parallelism.fsdp", par.fsdp, 1),
+            # --use-distributed-optimizer is written for FSDP too
+            ("train.shard_optimizer_over_data", t.shard_optimizer_over_data,
+             t.shard_optimizer_over_data or par.fsdp > 1),
+            ("parallelism.rules", par.rules, "default"),
+            ("parallelism.pipeline_schedule", par.pipeline_schedule, "1f1b"),
+            ("parallelism.outer", par.outer, ""),
+            # --bf16: bf16 weights with an fp32 copy; without it fp32 weights
+            ("precision.params", p.params, "bfloat16" if bf16 else "float32"),
+            ("precision.master_weights", p.master_weights, "float32" if bf16 else ""),
+            ("train.offload_layers", t.offload_layers, 0),
+            ("train.num_vocab_tiling", t.num_vocab_tiling, 1),
+            # Megatron fuses q, k, v (linear_qkv) and SwiGLU's gate and up (linear_fc1)
+            ("model.fused_qkv", m.fused_qkv, True),
+            ("model.fused_mlp", m.fused_mlp, m.mlp == "swiglu"),
+            ("model.mlp", m.mlp, "gelu" if m.mlp == "relu" else m.mlp),
+            ("model.attention", m.attention, "flash" if m.attention == "tiled" else m.attention),
+            # what the model's other settings leave unused: the import keeps the defaults
+            ("model.max_seq_len", m.max_seq_len,
+             default["max_seq_len"] if m.positions == "rope" else m.max_seq_len),
+            ("model.rope_theta", m.rope_theta,
+             default["rope_theta"] if m.positions == "learned" else m.rope_theta),
+            ("model.moe_group_size", m.moe_group_size, default["moe_group_size"]),
+            ("model.capacity_factor", m.capacity_factor,
+             default["capacity_factor"] if m.dropless or m.n_experts == 1
+             else m.capacity_factor)]
+    if m.n_experts == 1:
+        kept += [(f"model.{k}", getattr(m, k), default[k])
+                 for k in ("experts_per_token", "dropless")]
+    if t.remat == "custom":  # no Megatron flag names tensors
+        kept += [("train.remat", "custom", ""), ("train.save", list(t.save), []),
+                 ("train.offload", list(t.offload), [])]
+    lines = [f"{SET_LINE}{key}={toml_value(value)}" for key, value, means in kept
+             if value != means]
     return ["# no Megatron flag says these; `shardscope import megatron` reads them back:",
-            *(f"{reader.SET_LINE}{item}" for item in sets)] if sets else []
+            *lines] if lines else []
 
 
 def _megatron_uneven(exp: Experiment) -> str:

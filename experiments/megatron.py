@@ -11,8 +11,8 @@ by name; every other flag read is listed in the written file as read but not mod
 data-parallel size is what the system's devices leave, as Megatron implies it.
 
 What the flags cannot say (shardscope's FSDP axis, its rule preset, a custom remat, ...) the
-export writes as `# shardscope set: table.key=value` lines, which the import applies as
-`--set` would: export then import gives the experiment back.
+export writes as `# shardscope set: table.key=value` lines (frameworks.py), which the
+import applies as `--set` would: export then import gives the experiment back.
 """
 
 from __future__ import annotations
@@ -25,27 +25,11 @@ from pathlib import Path
 
 from experiments import config as config_mod
 from experiments.config import ConfigError
-from experiments.frameworks import SYSTEM_LINE
+from experiments.frameworks import SET_LINE, SYSTEM_LINE
 from experiments.importer import system_of, to_toml
 from models.pipeline import Pipeline
 from sharding.rules import divisors
 
-SET_LINE = "# shardscope set: "
-# What Megatron's flags cannot say: the only keys an export writes in `# shardscope set:`
-# lines (tests/experiments/test_megatron.py holds every bundled config to it).
-NO_FLAG = frozenset({
-    # FSDP: some of Megatron's data-parallel ranks, with --use-distributed-optimizer (the
-    # export's for it); `parallelism.fsdp=K` takes K of them (apply_sets)
-    "parallelism.fsdp", "train.shard_optimizer_over_data",
-    "parallelism.rules", "parallelism.pipeline_schedule", "parallelism.outer",
-    "train.remat", "train.save", "train.offload", "train.offload_layers",
-    "train.num_vocab_tiling",
-    "precision.params", "precision.master_weights",  # --bf16 is both
-    "model.moe_group_size", "model.fused_qkv", "model.fused_mlp",  # Megatron always fuses
-    "model.max_seq_len",  # with RoPE, no table
-    "model.mlp",  # relu
-    "model.attention",  # tiled
-})
 _VAR = re.compile(r"\$(?:\{([A-Za-z_]\w*)(?:\[[@*]\])?(?::?-([^}]*))?\}|([A-Za-z_]\w*))")
 _ASSIGN = re.compile(r"\s*(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?"
                      r"([A-Za-z_]\w*)=(.*)$", re.S)

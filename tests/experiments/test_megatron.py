@@ -3,7 +3,7 @@ scripts read back as experiments. Config transformations only, nothing compiled.
 
 import pytest
 
-from experiments import config, megatron
+from experiments import config, frameworks, megatron
 from tests.helpers import run_cli
 
 TRAINING = [n for n in config.bundled_names() if config.load(n).workload.kind == "train"]
@@ -43,44 +43,6 @@ def test_megatron_export_then_import_gives_the_experiment_back(name, tmp_path, c
     code, _, err = run_cli(["import", "megatron", str(flags), "--out", str(back)], capsys)
     assert code == 0, err
     assert _tables(config.load(back)) == _tables(config.load(name))
-    # the `# shardscope set:` lines carry only what Megatron has no flag for, each where the
-    # config holds what the flags cannot say: everything else came back from the flags
-    kept = {ln[len(megatron.SET_LINE):].partition("=")[0]
-            for ln in flags.read_text().splitlines() if ln.startswith(megatron.SET_LINE)}
-    assert kept <= megatron.NO_FLAG, kept - megatron.NO_FLAG
-    exp = config.load(name)
-    for key in kept:
-        assert WHY_SET[key](exp), key
-
-
-def _bf16(exp) -> bool:
-    return exp.precision.activations == "bfloat16"
-
-
-# Why a config needs each `# shardscope set:` key (what Megatron's flags would read otherwise)
-WHY_SET = {
-    "parallelism.fsdp": lambda e: e.parallelism.fsdp > 1,
-    # the export writes --use-distributed-optimizer for FSDP
-    "train.shard_optimizer_over_data": lambda e: e.parallelism.fsdp > 1,
-    "parallelism.rules": lambda e: e.parallelism.rules != "default",
-    "parallelism.pipeline_schedule": lambda e: e.parallelism.pipeline_schedule != "1f1b",
-    "parallelism.outer": lambda e: e.parallelism.outer != "",
-    **dict.fromkeys(("train.remat", "train.save", "train.offload"),
-                    lambda e: e.train.remat == "custom"),
-    "train.offload_layers": lambda e: e.train.offload_layers > 0,
-    "train.num_vocab_tiling": lambda e: e.train.num_vocab_tiling > 1,
-    # --bf16: bf16 weights with an fp32 copy; without it, fp32 weights
-    "precision.params": lambda e: e.precision.params != ("bfloat16" if _bf16(e) else "float32"),
-    "precision.master_weights": lambda e: e.precision.master_weights != (
-        "float32" if _bf16(e) else ""),
-    "model.moe_group_size": lambda e: e.model.moe_group_size != 4096,
-    # Megatron fuses q, k, v and SwiGLU's gate and up
-    "model.fused_qkv": lambda e: not e.model.fused_qkv,
-    "model.fused_mlp": lambda e: e.model.fused_mlp != (e.model.mlp == "swiglu"),
-    "model.max_seq_len": lambda e: e.model.positions == "rope",
-    "model.mlp": lambda e: e.model.mlp == "relu",
-    "model.attention": lambda e: e.model.attention == "tiled",
-}
 
 
 def test_flags_alone_read_as_megatron_runs_them(tmp_path, capsys):
@@ -91,7 +53,7 @@ def test_flags_alone_read_as_megatron_runs_them(tmp_path, capsys):
                              capsys)
     assert code == 0, err
     flags.write_text("\n".join(ln for ln in out.splitlines()
-                               if not ln.startswith(megatron.SET_LINE)))
+                               if not ln.startswith(frameworks.SET_LINE)))
     code, _, err = run_cli(["import", "megatron", str(flags), "--out",
                             str(tmp_path / "b.toml")], capsys)
     assert code == 0, err
@@ -337,7 +299,7 @@ def test_fsdp_set_line_holds_when_the_flags_change(tmp_path, capsys):
     code, _, err = run_cli(["export", "llama3-70b-h100-64-fsdp-tp", "--to", "megatron",
                             "--out", str(flags)], capsys)
     assert code == 0, err
-    assert f"{megatron.SET_LINE}parallelism.fsdp=8" in flags.read_text().splitlines()
+    assert f"{frameworks.SET_LINE}parallelism.fsdp=8" in flags.read_text().splitlines()
     code, _, err = run_cli(["import", "megatron", str(flags), "--tensor-model-parallel-size",
                             "4", "--out", str(tmp_path / "b.toml")], capsys)
     assert code == 0, err
@@ -354,3 +316,22 @@ def test_an_unknown_framework_names_the_ones_imported(tmp_path, capsys):
     code, _, err = run_cli(["import", "jax", str(tmp_path / "x"), "--out",
                             str(tmp_path / "b.toml")], capsys)
     assert code == 2 and "maxtext, megatron, nemo" in err and "Traceback" not in err
+
+
+def test_the_export_sets_only_what_no_flag_says(capsys):
+    # Megatron's own run (TP 4 x PP 8, bf16 with an fp32 copy, fused projections): the flags
+    # say it all
+    code, out, _ = run_cli(["export", "llama3-70b-h100-64-tp4-pp8-interleaved", "--to",
+                            "megatron"], capsys)
+    assert code == 0 and frameworks.SET_LINE not in out
+    # the TPU recipe: FSDP 8, fp32 weights, custom remat offloading five tensors, separate
+    # q/k/v and gate/up weights
+    code, out, _ = run_cli(["export", "tpu-recipes-v6e-8-llama3-8b", "--to", "megatron"],
+                           capsys)
+    sets = [ln[len(frameworks.SET_LINE):] for ln in out.splitlines()
+            if ln.startswith(frameworks.SET_LINE)]
+    assert sets == ["parallelism.fsdp=8", "train.shard_optimizer_over_data=false",
+                    'precision.params="float32"', 'precision.master_weights=""',
+                    "model.fused_qkv=false", "model.fused_mlp=false", 'train.remat="custom"',
+                    'train.offload=["decoder_layer_input", "query_proj", '
+                    '"key_proj", "value_proj", "out_proj"]']
