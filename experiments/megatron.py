@@ -687,10 +687,15 @@ def apply_sets(raw: dict, sets: list[str], where: str) -> None:
             raise ConfigError(f"{where}: {SET_LINE}{item}: {e}") from None
 
 
+# Megatron's own flags that are one letter or word from a flag read here (not misspellings)
+NEAR_READ = frozenset({"decoder-seq-length", "encoder-tensor-model-parallel-size",
+                       "encoder-pipeline-model-parallel-size"})
+
+
 def _misspelt(f: Flags) -> None:
     for name in f.unused():
         near = difflib.get_close_matches(name, READ, n=1, cutoff=0.85)
-        if near and name not in READ:
+        if near and name not in READ | NEAR_READ:
             raise ConfigError(f"--{name}: not a Megatron flag shardscope reads; did you mean "
                               f"--{near[0]}?")
 

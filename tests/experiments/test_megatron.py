@@ -280,6 +280,14 @@ def test_every_flag_read_is_one_a_misspelling_is_checked_against():
         assert flag in megatron.READ
 
 
+def test_megatrons_own_flags_near_one_read_are_noted_not_misspellings(tmp_path, capsys):
+    # --decoder-seq-length is one word from --encoder-seq-length: Megatron's (T5's), noted
+    code, text, err = _import(tmp_path, capsys, SHAPE + " --decoder-seq-length 128",
+                              "--system", "h100:8")
+    assert code == 0, err
+    assert "read but not modelled: --decoder-seq-length" in text
+
+
 def test_the_training_program_s_flags_are_read_and_unknown_variables_said(tmp_path, capsys):
     # a tool run before the training program is not it; $EXTRA_ARGS, which the script does
     # not assign, is said in the file rather than dropped
