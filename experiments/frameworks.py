@@ -44,6 +44,8 @@ MAXTEXT_ACTIVATIONS = {"swiglu": ["silu", "linear"], "gelu": ["gelu"], "relu": [
 # shardscope's remat policies that MaxText names alike (custom: its per-tensor keys)
 MAXTEXT_REMAT = {"full": "full", "minimal": "minimal"}
 SYSTEM_LINE = "# shardscope system: "
+# what the Megatron flags cannot say, as `--set` takes it (`import megatron` applies it)
+SET_LINE = "# shardscope set: "
 MAXTEXT_FUSED = ("fused_qkv", "fused_mlp")  # the same names in MaxText and [model]
 
 
@@ -318,7 +320,7 @@ def megatron(exp: Experiment) -> list[str]:
         if not par.overlap_p2p_comm:
             lines.append("--no-overlap-p2p-communication")
     if par.pipeline > 1:
-        lines += _uneven(exp, _megatron_uneven(exp))
+        lines += _uneven(exp, _megatron_uneven(exp)) + _megatron_uneven_flags(exp)
     if par.pipeline > 1 and par.pipeline_schedule != "1f1b":
         lines.append(f"# parallelism.pipeline_schedule={par.pipeline_schedule!r}: Megatron "
                      f"runs 1F1B (no GPipe schedule)")
@@ -359,18 +361,78 @@ def megatron(exp: Experiment) -> list[str]:
                      f"flag (its fused cross-entropy keeps the whole logits)")
     lines += [f"--lr {exp.train.learning_rate}", f"--weight-decay {exp.train.weight_decay}",
               "--optimizer adam"]
-    return lines
+    return lines + _megatron_set_lines(exp)
+
+
+def _megatron_set_lines(exp: Experiment) -> list[str]:
+    """`# shardscope set: table.key=value` lines, which `import megatron` applies, for what
+    the flags above cannot say: each where the config differs from what they mean."""
+    par, t, p, m = exp.parallelism, exp.train, exp.precision, exp.model
+    bf16 = p.activations == "bfloat16"
+    default = {f.name: f.default for f in dataclasses.fields(m)}
+    # (key, the config's value, what Megatron's flags mean), FSDP first: it takes its ranks
+    # from the data-parallel ones the flags give
+    kept = [("parallelism.fsdp", par.fsdp, 1),
+            # --use-distributed-optimizer is written for FSDP too
+            ("train.shard_optimizer_over_data", t.shard_optimizer_over_data,
+             t.shard_optimizer_over_data or par.fsdp > 1),
+            ("parallelism.rules", par.rules, "default"),
+            ("parallelism.pipeline_schedule", par.pipeline_schedule, "1f1b"),
+            ("parallelism.outer", par.outer, ""),
+            # --bf16: bf16 weights with an fp32 copy; without it fp32 weights
+            ("precision.params", p.params, "bfloat16" if bf16 else "float32"),
+            ("precision.master_weights", p.master_weights, "float32" if bf16 else ""),
+            ("train.offload_layers", t.offload_layers, 0),
+            ("train.num_vocab_tiling", t.num_vocab_tiling, 1),
+            # Megatron fuses q, k, v (linear_qkv) and SwiGLU's gate and up (linear_fc1)
+            ("model.fused_qkv", m.fused_qkv, True),
+            ("model.fused_mlp", m.fused_mlp, m.mlp == "swiglu"),
+            ("model.mlp", m.mlp, "gelu" if m.mlp == "relu" else m.mlp),
+            ("model.attention", m.attention, "flash" if m.attention == "tiled" else m.attention),
+            # what the model's other settings leave unused: the import keeps the defaults
+            ("model.max_seq_len", m.max_seq_len,
+             default["max_seq_len"] if m.positions == "rope" else m.max_seq_len),
+            ("model.rope_theta", m.rope_theta,
+             default["rope_theta"] if m.positions == "learned" else m.rope_theta),
+            ("model.moe_group_size", m.moe_group_size, default["moe_group_size"]),
+            ("model.capacity_factor", m.capacity_factor,
+             default["capacity_factor"] if m.dropless or m.n_experts == 1
+             else m.capacity_factor)]
+    if m.n_experts == 1:
+        kept += [(f"model.{k}", getattr(m, k), default[k])
+                 for k in ("experts_per_token", "dropless")]
+    if t.remat == "custom":  # no Megatron flag names tensors
+        kept += [("train.remat", "custom", ""), ("train.save", list(t.save), []),
+                 ("train.offload", list(t.offload), [])]
+    lines = [f"{SET_LINE}{key}={toml_value(value)}" for key, value, means in kept
+             if value != means]
+    return ["# no Megatron flag says these; `shardscope import megatron` reads them back:",
+            *lines] if lines else []
 
 
 def _megatron_uneven(exp: Experiment) -> str:
-    """Megatron's flags for shardscope's uneven stages: without virtual stages, the padding
-    is the first and the last stage's; interleaved, it spreads over several chunks."""
+    """Megatron's flags for shardscope's uneven stages, said in the comment above them."""
+    flags = _megatron_uneven_flags(exp)
+    if flags:
+        return f"Megatron: {' '.join(flags)}"
+    return ("Megatron's --decoder-first-pipeline-num-layers and "
+            "--decoder-last-pipeline-num-layers split them otherwise")
+
+
+def _megatron_uneven_flags(exp: Experiment) -> list[str]:
+    """Megatron's flags for shardscope's uneven stages, where they can say it: the first and
+    last stage's layers (no virtual stages), or the embedding and the loss counted as a
+    layer each (the padding one slot at each end, or one before the first layer)."""
     (front, back), chunk = _padding(exp), _chunk(exp)
-    if exp.parallelism.virtual_stages > 1 or max(front, back) >= chunk:
-        return ("Megatron's --decoder-first-pipeline-num-layers and "
-                "--decoder-last-pipeline-num-layers split them otherwise")
-    return (f"Megatron: --decoder-first-pipeline-num-layers {chunk - front} "
-            f"--decoder-last-pipeline-num-layers {chunk - back}")
+    if not front + back:
+        return []
+    if exp.parallelism.virtual_stages == 1 and max(front, back) < chunk:
+        return [f"--decoder-first-pipeline-num-layers {chunk - front}",
+                f"--decoder-last-pipeline-num-layers {chunk - back}"]
+    if (front, back) in ((1, 1), (1, 0)):
+        return ["--account-for-embedding-in-pipeline-split",
+                *(["--account-for-loss-in-pipeline-split"] if back else [])]
+    return []
 
 
 def _megatron_launch(exp: Experiment) -> list[str]:

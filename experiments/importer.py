@@ -360,10 +360,10 @@ def _repeats(keys: dict, model: dict, stages: int) -> int:
     return -(-layers // (stages * per_stage)) if dense else repeats
 
 
-def to_experiment(keys: dict, system_name: str, name: str) -> dict:
-    """The experiment's tables (as a TOML file holds them), checked by the config loader."""
-    # a name and the system overrides an export wrote beside it ("NAME key=value ...")
-    system_name, *pairs = system_name.split()
+def system_of(text: str):
+    """The system and its [system] overrides from `--system` or an export's `# shardscope
+    system:` line: a name and the overrides written beside it ("NAME key=value ...")."""
+    system_name, *pairs = text.split()
     overrides = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
@@ -372,9 +372,14 @@ def to_experiment(keys: dict, system_name: str, name: str) -> dict:
                               f"override, e.g. gpus_per_domain=64)")
         overrides[key] = scalar(value)
     try:
-        system = get_system(system_name, **overrides)
+        return get_system(system_name, **overrides), overrides
     except ValueError as e:
         raise ConfigError(f"--system: {e}") from None
+
+
+def to_experiment(keys: dict, system_name: str, name: str) -> dict:
+    """The experiment's tables (as a TOML file holds them), checked by the config loader."""
+    system, overrides = system_of(system_name)
     par = parallelism(keys, system)
     if par.get("sequence", 1) > 1:
         strategy = keys.get("context_parallel_strategy", DEFAULTS["context_parallel_strategy"])
@@ -430,10 +435,14 @@ def _toml_value(v) -> str:
     return repr(v)
 
 
-def to_toml(raw: dict, source: str, ignored: Sequence[str] = ()) -> str:
-    lines = [f"# Imported from the MaxText config {source} (shardscope import maxtext)."]
+def to_toml(raw: dict, source: str, ignored: Sequence[str] = (), *,
+            what: str = "the MaxText config", framework: str = "maxtext",
+            notes: Sequence[str] = ()) -> str:
+    """The experiment as a TOML file, headed by where it came from and `notes` (`#` lines)."""
+    lines = [f"# Imported from {what} {source} (shardscope import {framework})."]
     if ignored:
         lines.append(f"# Overrides that change nothing shardscope models: {', '.join(ignored)}")
+    lines += [f"# {note}" for note in notes]
     lines.append(f"name = {_toml_value(raw['name'])}")
     for table in ("model", "system", "parallelism", "workload", "precision", "train"):
         lines += ["", f"[{table}]"]

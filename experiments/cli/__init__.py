@@ -198,11 +198,15 @@ def build_parser() -> Parser:
                     "(required; its name is the file's); an existing file is kept unless "
                     "--force")
     im.add_argument("--force", action="store_true", help="overwrite --out's file")
-    im.add_argument("framework", metavar="FRAMEWORK", help="maxtext")
-    im.add_argument("source", metavar="CONFIG.yml", help="the framework's config file")
+    im.add_argument("framework", metavar="FRAMEWORK", help="maxtext, megatron or nemo")
+    im.add_argument("source", metavar="CONFIG", help="the framework's config file: MaxText's "
+                    "YAML; Megatron-LM's flags (one or several per line) or launch script; "
+                    "NeMo 1's YAML (megatron_gpt_config.yaml's trainer: and model:)")
     im.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                     help="overrides as the framework's command line takes them, e.g. "
-                         "ici_fsdp_parallelism=8")
+                         "ici_fsdp_parallelism=8, model.tensor_model_parallel_size=8 "
+                         "(NeMo); Megatron's also as flags, e.g. "
+                         "--tensor-model-parallel-size 8")
     im.add_argument("--system", help="the system it runs on, e.g. tpu-v5e:16x16*4 (unless "
                                      "the file names one: `shardscope export` writes it)")
 
@@ -224,9 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
-        # import's KEY=VALUE overrides may follow its flags, as MaxText's command line has them
-        if extra and args.command == "import" and all("=" in x and not x.startswith("-")
-                                                      for x in extra):
+        # import's KEY=VALUE overrides may follow its flags, as MaxText's command line has
+        # them; Megatron's are flags (`--flag value`) too
+        if extra and args.command == "import" and (
+                args.framework == "megatron"
+                or all("=" in x and not x.startswith("-") for x in extra)):
             args.overrides += extra
         elif extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

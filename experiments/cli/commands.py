@@ -376,14 +376,16 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from experiments import importer
+    from experiments import importer, megatron, nemo
 
-    if args.framework != "maxtext":
-        raise ConfigError(f"import {args.framework!r}: shardscope imports maxtext configs; "
-                          f"for Megatron-LM, write the experiment's [parallelism] by hand "
-                          f"(`shardscope keys parallelism`)")
+    readers = {"maxtext": importer.import_maxtext, "megatron": megatron.import_megatron,
+               "nemo": nemo.import_nemo}
+    if args.framework not in readers:
+        raise ConfigError(f"import {args.framework!r}: shardscope imports {', '.join(readers)} "
+                          f"configs; choose one of them")
     if not args.out:
         raise ConfigError("import needs --out EXP.toml (the experiment config to write; its "
                           "name is the file's)")
-    emit(importer.import_maxtext(args.source, args.overrides, args.system, args.out), args)
+    kept(args.out, args.force)  # before reading: the file the user has, whatever the input
+    emit(readers[args.framework](args.source, args.overrides, args.system, args.out), args)
     return 0
