@@ -79,8 +79,8 @@ def family_of(exp) -> str:
 
 
 def find_cases(where: str | Path | Sequence[str | Path]) -> list[Path]:
-    """The TOML configs of a directory (sorted), or of several directories and files; a
-    missing path or an empty directory is an error."""
+    """The TOML configs of a directory (sorted), or of several directories and files, each
+    once; a missing path or an empty directory is an error."""
     from experiments.config import ConfigError
 
     paths: list[Path] = []
@@ -98,7 +98,8 @@ def find_cases(where: str | Path | Sequence[str | Path]) -> list[Path]:
             raise ConfigError(f"{str(item)!r} holds no .toml configs; add configs with a "
                               f"[measured] table")
         paths += found
-    return paths
+    unique = {p.resolve(): p for p in reversed(paths)}  # a file named twice is one run
+    return [p for p in paths if unique[p.resolve()] is p]
 
 
 def load_case(path: str | Path):
@@ -143,6 +144,7 @@ def validate(directory: str | Path | Sequence[str | Path] | None = None, *,
 
     paths = find_cases(VALIDATION_DIR if not directory else directory)
     cases = [(path, load_case(path)) for path in paths]  # config mistakes: before compiling
+    _check_names(cases)
     submit, shutdown, _ = workers_mod.executor(workers=workers, timeout_s=timeout_s)
     request = {"backend": backend, "keep_unfit": True,
                "calibration": calibration.to_dict() if calibration else None}
@@ -154,6 +156,19 @@ def validate(directory: str | Path | Sequence[str | Path] | None = None, *,
     finally:
         shutdown(False)
     return _with_leave_one_out(rows)
+
+
+def _check_names(cases) -> None:
+    """Each run's name is its key (leave-one-out, a calibration's provenance): two runs of
+    one name are a ConfigError naming both files."""
+    from experiments.config import ConfigError
+
+    seen: dict[str, Path] = {}
+    for path, exp in cases:
+        if exp.name in seen:
+            raise ConfigError(f"{seen[exp.name]} and {path} are both named {exp.name!r}; give "
+                              f"each run its own name (the name = ... line)")
+        seen[exp.name] = path
 
 
 def _with_leave_one_out(rows: list[Row]) -> list[Row]:

@@ -97,6 +97,26 @@ def test_a_bad_file_in_a_folder_of_runs_is_named(tmp_path, capsys, measured, say
     assert says in err and bad in err and "good.toml" not in err
 
 
+def test_two_runs_of_one_name_are_refused_before_compiling(tmp_path, capsys):
+    # A run's name keys its leave-one-out estimate and a calibration's provenance: two
+    # runs named alike got each other's leave-one-out error. Named, both files, no compile.
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    first = write(cases, TINY + MEASURED, "a.toml")
+    second = write(cases, TINY.replace("data = 2\nfsdp = 4", "fsdp = 8") + MEASURED, "b.toml")
+    for command in ("validate", "calibrate"):
+        args = [command, str(cases)] + (["--out", str(tmp_path / "c.toml")]
+                                        if command == "calibrate" else [])
+        code, _, err = run_cli(args, capsys)
+        assert code == 2 and err.count("\n") == 1, err
+        assert first in err and second in err and "'t'" in err
+    assert not (tmp_path / "c.toml").exists()
+    # The same file named twice (its folder and itself) is one run, not a clash.
+    from experiments.validate import find_cases
+
+    assert find_cases([str(cases), first]) == [cases / "a.toml", cases / "b.toml"]
+
+
 def test_bundled_validation_set_loads_and_names_its_sources():
     from experiments import config
     from experiments.validate import VALIDATION_DIR, find_cases
