@@ -67,13 +67,39 @@ def informs(features: dict, name: str, *, share: float = 0.01) -> bool:
 MIN_RUNS = 2
 
 
+def free_parameters(cases: list[tuple[dict, float]]) -> list[str]:
+    """The parameters a fit of `cases` pins down: each informed by MIN_RUNS runs or more,
+    and, in each group of runs joined by the parameters they share, fewer parameters than
+    runs: as many would match every run exactly whatever is wrong with them (two TPU runs
+    fitted both TPU parameters, 0.0% error). Where a group has too many, the parameter
+    informed by the fewest runs (then the later in PARAMETERS) stays uncalibrated."""
+    runs = {n: {i for i, (f, _) in enumerate(cases) if informs(f, n)} for n in _NAMES}
+    free = [n for n in _NAMES if len(runs[n]) >= MIN_RUNS]
+    while True:
+        over = next((g for g in _groups(free, runs)
+                     if len(g) >= len(set().union(*(runs[n] for n in g)))), None)
+        if over is None:
+            return free
+        free.remove(min(over, key=lambda n: (len(runs[n]), -_NAMES.index(n))))
+
+
+def _groups(names: list[str], runs: dict[str, set[int]]) -> list[list[str]]:
+    """`names` grouped by shared runs (connected through any run two of them inform)."""
+    groups: list[list[str]] = []
+    for n in names:
+        joined = [g for g in groups if any(runs[n] & runs[m] for m in g)]
+        groups = [g for g in groups if g not in joined] + [sum(joined, []) + [n]]
+    return groups
+
+
 def fit(cases: list[tuple[dict, float]]) -> dict[str, float]:
     """Parameter values that best explain `cases` ((features, measured step) pairs).
 
-    Parameters fewer than MIN_RUNS cases inform keep their uncalibrated value."""
+    Parameters the cases do not pin down (`free_parameters`) keep their uncalibrated
+    value."""
     from scipy.optimize import least_squares
 
-    free = [n for n in _NAMES if sum(informs(f, n) for f, _ in cases) >= MIN_RUNS]
+    free = free_parameters(cases)
     base = Calibration().values()
     lo = np.array([PARAMETERS[n][0] for n in free])
     hi = np.array([PARAMETERS[n][1] for n in free])
@@ -109,6 +135,7 @@ class FitResult:
     fitted_errors: list[float]  # (estimate - measured) / measured with the fit
     loo_errors: list[float]
     informed_by: dict[str, list[str]]
+    fitted: list[str] = dataclasses.field(default_factory=list)  # free_parameters
 
 
 def calibrate(cases: list[tuple[str, dict, float]]) -> FitResult:
@@ -119,7 +146,7 @@ def calibrate(cases: list[tuple[str, dict, float]]) -> FitResult:
     fitted = [predict(f, values) / m - 1 for f, m in pairs]
     loo = [p / m - 1 for p, (_, m) in zip(leave_one_out(pairs), pairs)]
     informed = {p: [n for n, f, _ in cases if informs(f, p)] for p in _NAMES}
-    return FitResult(values, names, fitted, loo, informed)
+    return FitResult(values, names, fitted, loo, informed, free_parameters(pairs))
 
 
 def _median_abs(errors: list[float]) -> float:
@@ -149,7 +176,7 @@ def write_calibration(result: FitResult, path: str | Path, *, fitted_on: str,
     lines = [f"# Written by `shardscope calibrate {fitted_on}` on {today}.", "",
              "[parameters]"]
     for name, value in result.values.items():
-        if len(result.informed_by[name]) < MIN_RUNS:  # not fitted: left out, reports say so
+        if name not in result.fitted:  # not fitted: left out, reports say so
             continue
         lines.append(f"{name} = {value:.6g}  # uncalibrated {PARAMETERS[name][2]:g}; "
                      f"{PARAMETERS[name][3]}")
@@ -180,6 +207,8 @@ def format_fit(result: FitResult) -> str:
         errs = [e for n, e in zip(result.names, result.fitted_errors) if n in runs]
         if 0 < len(runs) < MIN_RUNS:
             err = f"  - ({len(runs)} run: too few, uncalibrated)"
+        elif runs and name not in result.fitted:
+            err = f"  - ({len(runs)} runs: too few for the parameters on them, uncalibrated)"
         else:
             err = f"{_median_abs(errs):>22.1%}" if errs else "  - (no run: uncalibrated)"
         lines.append(f"{name:<30}{value:>12.4g}{PARAMETERS[name][2]:>14.4g}{len(runs):>6}"

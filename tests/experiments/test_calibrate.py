@@ -125,6 +125,37 @@ def test_a_parameter_one_run_informs_stays_uncalibrated_and_says_so(tmp_path):
     assert "uncalibrated here: " in load_calibration(str(path)).source
 
 
+def test_a_group_of_runs_fits_fewer_parameters_than_it_has_runs(tmp_path):
+    # Two TPU runs inform both TPU parameters (each of them by 2 runs): fitted together they
+    # matched both runs exactly (0.0%) whatever was wrong with them. In a group of runs
+    # the parameters on them share, fewer parameters than runs: the one informed by the
+    # fewest runs, then the later in PARAMETERS, stays uncalibrated and is said to.
+    from experiments.calibrate import format_fit, free_parameters, write_calibration
+
+    def tpu(matmul_s, attention_s):
+        return {"math_s": {"tpu": matmul_s, "tpu/attention": attention_s}, "kernels": 100.0,
+                "other_s": 0.1, "exposed_s": 0.05}
+
+    pairs = [(tpu(1.0, 0.2), 1.6), (tpu(2.0, 0.1), 2.5)]
+    assert free_parameters(pairs) == ["tpu_matmul_scale"]
+    result = calibrate([("a", *pairs[0]), ("b", *pairs[1])])
+    assert result.fitted == ["tpu_matmul_scale"]
+    assert result.values["tpu_flash_attention_efficiency"] == 1.0
+    assert min(abs(e) for e in result.fitted_errors) > 0.01  # one parameter, two runs
+    assert "too few for the parameters on them, uncalibrated" in next(
+        line for line in format_fit(result).splitlines() if line.startswith("tpu_flash"))
+    write_calibration(result, tmp_path / "c.toml", fitted_on="runs")
+    assert list(tomllib.loads((tmp_path / "c.toml").read_text())["parameters"]) == [
+        "tpu_matmul_scale"]
+    # A third run: two parameters on three runs.
+    assert free_parameters(pairs + [(tpu(1.5, 0.4), 2.4)]) == [
+        "tpu_matmul_scale", "tpu_flash_attention_efficiency"]
+    # GPU runs and TPU runs share no parameter: each group is counted on its own runs.
+    gpu = {"math_s": {"gpu_bf16": 1.0}, "kernels": 100.0, "other_s": 0.1, "exposed_s": 0.0}
+    assert free_parameters(pairs + [(gpu, 1.5), (gpu, 1.6)]) == [
+        "gpu_bf16_matmul_efficiency", "tpu_matmul_scale"]
+
+
 def test_calibrate_keeps_an_existing_file_unless_forced(tmp_path, monkeypatch, capsys):
     # A fitted calibration (or meshes/calibration.toml, the catalog's) is kept, as measure,
     # search and emit keep theirs: refused before any run compiles; --force rewrites it.
