@@ -123,6 +123,11 @@ def fit(cases: list[tuple[dict, float]]) -> dict[str, float]:
             for k, v in values_of(result.x).items()}
 
 
+# Leave-one-out needs a run more than a fit: with fewer, each refit is left one run and
+# fits nothing, and its "leave-one-out error" is the uncalibrated one.
+LOO_MIN_RUNS = MIN_RUNS + 1
+
+
 def leave_one_out(cases: list[tuple[dict, float]]) -> list[float]:
     """For each case, its estimated step under a fit of all the other cases."""
     return [predict(cases[i][0], fit(cases[:i] + cases[i + 1:])) for i in range(len(cases))]
@@ -139,14 +144,22 @@ class FitResult:
 
 
 def calibrate(cases: list[tuple[str, dict, float]]) -> FitResult:
-    """Fit on (name, features, measured) cases, with leave-one-out."""
+    """Fit on (name, features, measured) cases, with leave-one-out from LOO_MIN_RUNS
+    cases on (`loo_errors` empty below)."""
     pairs = [(f, m) for _, f, m in cases]
     values = fit(pairs)
     names = [n for n, _, _ in cases]
     fitted = [predict(f, values) / m - 1 for f, m in pairs]
-    loo = [p / m - 1 for p, (_, m) in zip(leave_one_out(pairs), pairs)]
+    loo = [p / m - 1 for p, (_, m) in zip(leave_one_out(pairs), pairs)] \
+        if len(pairs) >= LOO_MIN_RUNS else []
     informed = {p: [n for n, f, _ in cases if informs(f, p)] for p in _NAMES}
     return FitResult(values, names, fitted, loo, informed, free_parameters(pairs))
+
+
+def _loo_words(loo: float, sep: str = " ") -> str:
+    if math.isnan(loo):
+        return f"leave-one-out{sep}- (it needs {LOO_MIN_RUNS} runs or more)"
+    return f"leave-one-out{sep}{loo:.1%}"
 
 
 def _median_abs(errors: list[float]) -> float:
@@ -182,7 +195,7 @@ def write_calibration(result: FitResult, path: str | Path, *, fitted_on: str,
                      f"{PARAMETERS[name][3]}")
     lines += ["", "[provenance]",
               f'summary = "fitted on {len(result.names)} measured runs ({fitted_on}, {today}): '
-              f'median |error| {med:.1%}, leave-one-out {loo:.1%}"',
+              f'median |error| {med:.1%}, {_loo_words(loo)}"',
               f'fitted_on = "{fitted_on}"', f'date = "{today}"',
               f"median_abs_error = {med:.4f}", f"loo_median_abs_error = {loo:.4f}",
               "runs = [" + ", ".join(f'"{n}"' for n in result.names) + "]", ""]
@@ -214,6 +227,6 @@ def format_fit(result: FitResult) -> str:
         lines.append(f"{name:<30}{value:>12.4g}{PARAMETERS[name][2]:>14.4g}{len(runs):>6}"
                      f"{err}")
     lines.append(f"fitted: median |error| {_median_abs(result.fitted_errors):.1%}; "
-                 f"leave-one-out: {_median_abs(result.loo_errors):.1%} "
+                 f"{_loo_words(_median_abs(result.loo_errors), ': ')} "
                  f"({len(result.names)} runs)")
     return "\n".join(lines)

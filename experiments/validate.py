@@ -172,10 +172,10 @@ def _check_names(cases) -> None:
 
 
 def _with_leave_one_out(rows: list[Row]) -> list[Row]:
-    from experiments.calibrate import leave_one_out
+    from experiments.calibrate import LOO_MIN_RUNS, leave_one_out
 
     ran = [r for r in rows if r.status == "ok"]
-    if len(ran) < 3:
+    if len(ran) < LOO_MIN_RUNS:
         return rows
     loo = dict(zip((r.name for r in ran),
                    leave_one_out([(r.features, r.measured_s) for r in ran])))

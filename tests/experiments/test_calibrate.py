@@ -156,6 +156,24 @@ def test_a_group_of_runs_fits_fewer_parameters_than_it_has_runs(tmp_path):
         "gpu_bf16_matmul_efficiency", "tpu_matmul_scale"]
 
 
+def test_leave_one_out_needs_three_runs_as_the_docs_say(tmp_path):
+    # Two runs: each refit has one run and fits nothing, so its "leave-one-out error" was
+    # the uncalibrated one (50.6% printed and written into the file's summary, where
+    # validate and the docs say leave-one-out needs 3 runs).
+    from experiments.calibrate import format_fit, write_calibration
+
+    two = [(f"run{i}", f, m) for i, (f, m) in enumerate(synthetic_cases()) if i in (0, 3)]
+    result = calibrate(two)
+    assert result.fitted and result.loo_errors == []
+    assert "leave-one-out: - (it needs 3 runs or more)" in format_fit(result)
+    write_calibration(result, tmp_path / "c.toml", fitted_on="runs")
+    written = tomllib.loads((tmp_path / "c.toml").read_text())["provenance"]
+    assert "leave-one-out - (it needs 3 runs or more)" in written["summary"]
+    assert np.isnan(written["loo_median_abs_error"])
+    three = [(f"run{i}", f, m) for i, (f, m) in enumerate(synthetic_cases()) if i in (0, 3, 6)]
+    assert len(calibrate(three).loo_errors) == 3
+
+
 def test_calibrate_keeps_an_existing_file_unless_forced(tmp_path, monkeypatch, capsys):
     # A fitted calibration (or meshes/calibration.toml, the catalog's) is kept, as measure,
     # search and emit keep theirs: refused before any run compiles; --force rewrites it.
