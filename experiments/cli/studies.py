@@ -69,6 +69,14 @@ def cmd_calibrate(args) -> int:
             f"matmuls, TPU matmuls, flash attention, the time per kernel): host-cpu runs are "
             f"timed at this host's own measured rates, with nothing to fit; calibrate on "
             f"runs measured on GPUs or TPUs")
+    if not result.fitted:  # a file of no parameters would run everything uncalibrated
+        informed = "; ".join(f"{p}: {', '.join(runs)}" for p, runs in
+                             result.informed_by.items() if runs)
+        raise ConfigError(
+            f"no parameter is fitted on these {len(cases)} runs: each needs "
+            f"{calibrate.MIN_RUNS} runs or more that inform it, and fewer parameters than "
+            f"runs on them ({informed}); add runs of the same kind (system and matmul "
+            f"format); {out} was not written")
     fitted_on = " ".join(args.dir) if args.dir else "experiments/validation"
     calibrate.write_calibration(result, out, fitted_on=fitted_on,
                                 best=calibrate.best_mfu(rows))

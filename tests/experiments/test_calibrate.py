@@ -199,3 +199,22 @@ def test_calibrate_keeps_an_existing_file_unless_forced(tmp_path, monkeypatch, c
                             str(features), "--force"], capsys)
     assert code == 0, err
     assert "[parameters]" in out.read_text() and json.loads(features.read_text())["cases"]
+
+
+def test_calibrate_writes_no_file_that_fits_nothing(tmp_path, monkeypatch, capsys):
+    # One GPU run and one TPU run: no parameter has two runs. The file it wrote had an empty
+    # [parameters] table, and `--calibration` with it ran every family uncalibrated (the
+    # catalog's fitted values gone) under a summary saying "fitted on 2 measured runs".
+    from experiments import validate
+    from experiments.validate import Row
+    from tests.helpers import run_cli
+
+    cases = synthetic_cases()
+    rows = [Row(name=f"run{i}", path="", family="f", measured_s=cases[i][1], status="ok",
+                features=cases[i][0]) for i in (0, 1)]  # run0 GPU bf16, run1 TPU
+    monkeypatch.setattr(validate, "validate", lambda *a, **k: rows)
+    out = tmp_path / "cal.toml"
+    code, _, err = run_cli(["calibrate", "runs", "--out", str(out)], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "no parameter is fitted on these 2 runs" in err and "tpu_matmul_scale: run1" in err
+    assert not out.exists()
