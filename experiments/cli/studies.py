@@ -22,6 +22,7 @@ from sharding.units import counted
 
 def cmd_validate(args) -> int:
     from experiments import validate
+    from meshes.calibration import catalog_calibration
 
     calibration = calibration_of(args)  # a bad file is one line before anything compiles
     t0 = time.perf_counter()
@@ -29,10 +30,13 @@ def cmd_validate(args) -> int:
                              calibration=calibration)
     stats = validate.summary(rows)
     print(validate.format_table(rows, stats))
+    used = calibration or catalog_calibration()  # what the estimates ran with
+    print(f"calibration: {used.source}")
     for line in validate.timing_lines(rows, time.perf_counter() - t0):
         print(line)
     if args.json:
-        write_json(args.json, {"cases": [r.to_dict() for r in rows], "summary": stats})
+        write_json(args.json, {"cases": [r.to_dict() for r in rows], "summary": stats,
+                               "calibration": {**used.values(), "source": used.source}})
     bad = validate.unfit(rows)
     if bad:  # every run here ran: a "does not fit" is the memory model's error
         print(f"\n{len(bad)} published runs read 'does not fit' although they ran: "

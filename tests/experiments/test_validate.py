@@ -117,6 +117,30 @@ def test_two_runs_of_one_name_are_refused_before_compiling(tmp_path, capsys):
     assert find_cases([str(cases), first]) == [cases / "a.toml", cases / "b.toml"]
 
 
+def test_validate_says_which_calibration_its_estimates_used(tmp_path, capsys, monkeypatch):
+    # `--calibration FILE` changes every estimate; neither the table nor the JSON said
+    # which calibration they were made with (the catalog's or the file's). Both do, and a
+    # report's calibration line names the file, whatever its summary says.
+    from experiments import validate
+
+    rows = [row("a", "h100 bf16", 1.0, 1.1)]
+    monkeypatch.setattr(validate, "validate", lambda *a, **k: rows)
+    cal = tmp_path / "mine.toml"
+    cal.write_text('[parameters]\ngpu_bf16_matmul_efficiency = 0.4\n'
+                   '[provenance]\nsummary = "my cluster, 3 runs"\n')
+    out_json = tmp_path / "v.json"
+    code, out, err = run_cli(["validate", "runs", "--calibration", str(cal), "--json",
+                              str(out_json)], capsys)
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("calibration: "))
+    assert "my cluster, 3 runs" in line and line.endswith(f"file {cal}")
+    used = json.loads(out_json.read_text())["calibration"]
+    assert used["gpu_bf16_matmul_efficiency"] == 0.4 and used["source"] in line
+    code, out, _ = run_cli(["validate", "runs", "--json", str(out_json)], capsys)
+    catalog = json.loads(out_json.read_text())["calibration"]
+    assert catalog["source"].startswith("fitted on") and catalog["source"] in out
+
+
 def test_bundled_validation_set_loads_and_names_its_sources():
     from experiments import config
     from experiments.validate import VALIDATION_DIR, find_cases
