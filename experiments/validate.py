@@ -105,7 +105,14 @@ def find_cases(where: str | Path | Sequence[str | Path]) -> list[Path]:
 def load_case(path: str | Path):
     """A validation config: an experiment that must carry a [measured] table."""
     from experiments import config
+    from meshes.calibration import TABLES
 
+    raw = config.read_toml(path, what="validation config", example="give .toml configs with "
+                           "a [measured] table")
+    if "parameters" in raw and set(raw) <= set(TABLES):
+        raise config.ConfigError(f"{path} is a calibration file (`shardscope calibrate "
+                                 f"--out`), not a run with a [measured] table; move it out "
+                                 f"of the folder of runs (--calibration {path} uses it)")
     try:
         exp = config.load(path)
     except config.ConfigError as e:  # one file of a folder: say which

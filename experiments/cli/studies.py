@@ -57,6 +57,7 @@ def cmd_calibrate(args) -> int:
     if args.features:
         checked(args.features, "--features")
         kept(args.features, args.force, "--features")
+    _outputs_apart(args)
     t0 = time.perf_counter()
     rows = validate.validate(args.dir, backend=args.backend, workers=args.workers)
     failed = [r for r in rows if r.status != "ok"]
@@ -92,6 +93,29 @@ def cmd_calibrate(args) -> int:
         print(f"wrote {args.features}")
     print(f"wrote {out} ({time.perf_counter() - t0:.0f} s)")
     return 0
+
+
+def _outputs_apart(args) -> None:
+    """calibrate's --out and --features are two files, and neither is one of its runs nor
+    (--out) a .toml in a folder of them, which the next validate of it would read as a
+    run: a one-line error before anything compiles."""
+    given = [Path(d) for d in args.dir or ()]
+    folders = {d.resolve() for d in given if d.is_dir()}
+    runs = {d.resolve() for d in given if d.is_file()} | {
+        p.resolve() for d in given if d.is_dir() for p in d.glob("*.toml")}
+    out = Path(args.out).resolve()
+    if args.features and Path(args.features).resolve() == out:
+        raise ConfigError(f"--out and --features are both {args.out!r}: the step "
+                          f"decompositions would overwrite the calibration; give --features "
+                          f"its own file, e.g. features.json")
+    for flag, path in (("--out", args.out), ("--features", args.features)):
+        if path and Path(path).resolve() in runs:
+            raise ConfigError(f"{flag} {path!r} is one of the runs calibrated; write it "
+                              f"elsewhere")
+    if out.suffix == ".toml" and out.parent in folders:
+        raise ConfigError(f"--out {args.out!r} is in {str(Path(args.out).parent)!r}, a folder "
+                          f"of runs calibrated: validate and calibrate of that folder would "
+                          f"read it as a run; write it elsewhere, e.g. my-cluster.toml")
 
 
 def _store(path: str, *, read_only: bool = False):

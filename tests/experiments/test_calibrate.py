@@ -3,6 +3,7 @@ and the best measured MFU per family."""
 
 import json
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,3 +219,32 @@ def test_calibrate_writes_no_file_that_fits_nothing(tmp_path, monkeypatch, capsy
     assert code == 2 and err.count("\n") == 1, err
     assert "no parameter is fitted on these 2 runs" in err and "tpu_matmul_scale: run1" in err
     assert not out.exists()
+
+
+def test_calibrate_writes_neither_file_over_its_runs_nor_the_other(tmp_path, monkeypatch,
+                                                                    capsys):
+    # --out and --features on one path: the decompositions overwrote the calibration just
+    # written. --out over a run (with --force): the run's [measured] config was lost. --out
+    # into the folder of runs: the next `validate` of that folder read the file as a run
+    # ("unknown key 'parameters'"). Each a line before any run compiles.
+    from experiments import validate
+    from tests.helpers import TINY, run_cli, write
+
+    monkeypatch.setattr(validate, "validate", lambda *a, **k: pytest.fail("compiled"))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    run = write(runs, TINY + "[measured]\nstep_time_s = 0.5\n", "a.toml")
+    same = str(tmp_path / "cal.toml")
+    for args, says in (
+            (["--out", same, "--features", same], "--out and --features are both"),
+            (["--out", run, "--force"], "is one of the runs calibrated"),
+            (["--out", str(runs / "cal.toml")], "a folder of runs calibrated")):
+        code, _, err = run_cli(["calibrate", str(runs), *args], capsys)
+        assert code == 2 and err.count("\n") == 1 and says in err, err
+    assert not (tmp_path / "cal.toml").exists() and "[measured]" in Path(run).read_text()
+    # One already there reads as what it is, with the way out.
+    monkeypatch.undo()
+    (runs / "cal.toml").write_text("[parameters]\ngpu_bf16_matmul_efficiency = 0.5\n")
+    code, _, err = run_cli(["validate", str(runs)], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "cal.toml is a calibration file" in err and "move it out" in err
