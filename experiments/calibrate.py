@@ -62,6 +62,32 @@ def informs(features: dict, name: str, *, share: float = 0.01) -> bool:
     return sum(features["math_s"][k] for k in keys) > share * step
 
 
+def step_range(features: dict) -> tuple[float, float]:
+    """The fastest and the slowest step any parameter values within their physical bounds
+    give a run (every rate at its upper bound and no time per kernel; the other way)."""
+    fast = {n: (lo if n == "kernel_overhead_s" else hi) for n, (lo, hi, *_) in
+            PARAMETERS.items()}
+    slow = {n: (hi if n == "kernel_overhead_s" else lo) for n, (lo, hi, *_) in
+            PARAMETERS.items()}
+    return predict(features, fast), predict(features, slow)
+
+
+def unexplained(cases: list[tuple[str, dict, float]]) -> list[str]:
+    """A line for each (name, features, measured) run whose measured step no parameter
+    values within their bounds reach: the fit cannot explain it, and it pulls the others
+    toward their bounds (a step in ms written as s, the wrong config)."""
+    lines = []
+    for name, features, measured in cases:
+        fast, slow = step_range(features)
+        if not fast <= measured <= slow:
+            lines.append(f"{name}: measured {measured:.4g} s is outside {fast:.4g} .. "
+                         f"{slow:.4g} s, every step the parameters' physical bounds give "
+                         f"it; the fit cannot explain it and it pulls the others: check its "
+                         f"[measured] step_time_s (seconds per optimizer step) and that "
+                         f"the config is the run's")
+    return lines
+
+
 # A parameter is fitted on this many runs that inform it or more (one would be matched
 # exactly, whatever else is wrong with it)
 MIN_RUNS = 2

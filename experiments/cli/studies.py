@@ -67,6 +67,8 @@ def cmd_calibrate(args) -> int:
     if len(cases) < 2:
         raise ConfigError(f"{len(cases)} run(s) compiled; calibrating needs at least 2 runs "
                           f"with a [measured] table")
+    for line in calibrate.unexplained(cases):
+        print(f"note: {line}", file=sys.stderr)
     result = calibrate.calibrate(cases)
     if not any(result.informed_by.values()):
         raise ConfigError(

@@ -248,3 +248,25 @@ def test_calibrate_writes_neither_file_over_its_runs_nor_the_other(tmp_path, mon
     code, _, err = run_cli(["validate", str(runs)], capsys)
     assert code == 2 and err.count("\n") == 1
     assert "cal.toml is a calibration file" in err and "move it out" in err
+
+
+def test_a_run_no_physical_parameters_explain_is_named():
+    # A step of 1e9 s (or one in ms written as s) was fitted without a word: it pulled
+    # gpu_bf16_matmul_efficiency to its bound and the other runs' error from 3% to 12%.
+    from experiments.calibrate import step_range, unexplained
+
+    cases = [(f"run{i}", f, m) for i, (f, m) in enumerate(synthetic_cases())]
+    assert unexplained(cases) == []  # made with parameters inside their bounds
+    features, measured = cases[0][1], cases[0][2]
+    fast, slow = step_range(features)
+    # the fastest: every rate at its upper bound (GPU bf16 0.95 of peak, against the
+    # book's 0.8), no time per kernel
+    assert fast == pytest.approx(predict(features, {**IDENTITY.values(),
+                                                    "gpu_bf16_matmul_efficiency": 0.95,
+                                                    "gpu_low_precision_matmul_scale": 1.1,
+                                                    "tpu_matmul_scale": 1.1}))
+    assert fast < measured < slow
+    lines = unexplained([("slow", features, 1e9), ("fast", features, fast * 0.9),
+                         ("ok", features, measured)])
+    assert [line.split(":")[0] for line in lines] == ["slow", "fast"]
+    assert "step_time_s" in lines[0]
