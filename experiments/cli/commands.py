@@ -26,6 +26,18 @@ def calibration_of(args):
     return load_calibration(args.calibration)
 
 
+def calibration_used(args, out: dict | None = None) -> dict | None:
+    """With --calibration FILE: print the line that says the figures above used it, and
+    add `calibration` (its values and source, as `run --json` has) to `out`, the JSON."""
+    cal = calibration_of(args)
+    if cal is None:
+        return out
+    print(f"calibration: {cal.source}")
+    if out is not None:
+        out = {**out, "calibration": {**cal.values(), "source": cal.source}}
+    return out
+
+
 def cmd_run(args) -> int:
     from experiments import config as config_mod
     from experiments import fit, runner
@@ -107,8 +119,9 @@ def cmd_fit(args) -> int:
         verdict = fit.fit(exp, backend=args.backend, calibration=calibration_of(args),
                           limit=args.top, compile=not args.no_compile)
     print(verdict.format())
+    data = calibration_used(args, verdict.to_dict())
     if args.json:
-        write_json(args.json, verdict.to_dict())
+        write_json(args.json, data)
     return 0
 
 

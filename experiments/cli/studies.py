@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.cli.commands import calibration_of
+from experiments.cli.commands import calibration_of, calibration_used
 from experiments.cli.output import (
     SearchProgress,
     checked,
@@ -258,8 +258,9 @@ def _ranking_outputs(args, results, title: str, untried: int = 0) -> None:
     from experiments import ranking
 
     print(ranking.format_results(results, top=args.top, untried=untried))
+    data = calibration_used(args, ranking.to_json(results))
     if args.json:
-        write_json(args.json, ranking.to_json(results))
+        write_json(args.json, data)
     if args.html:
         from experiments import pages
 
@@ -327,8 +328,9 @@ def cmd_compare(args) -> int:
                                          tokens=args.tokens)
     print(f"{raw['name']}: the same model and workload on {len(args.systems)} systems\n")
     print(compare_mod.format_compare(entries))
+    data = calibration_used(args, {"systems": [e.to_dict() for e in entries]})
     if args.json:
-        write_json(args.json, {"systems": [e.to_dict() for e in entries]})
+        write_json(args.json, data)
     if args.html:
         from experiments import pages
 
