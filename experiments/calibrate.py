@@ -78,6 +78,8 @@ def unexplained(cases: list[tuple[str, dict, float]]) -> list[str]:
     toward their bounds (a step in ms written as s, the wrong config)."""
     lines = []
     for name, features, measured in cases:
+        if not any(informs(features, n) for n in _NAMES):  # no fit moves it: nothing pulled
+            continue
         fast, slow = step_range(features)
         if not fast <= measured <= slow:
             lines.append(f"{name}: measured {measured:.4g} s is outside {fast:.4g} .. "

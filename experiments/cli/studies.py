@@ -67,8 +67,6 @@ def cmd_calibrate(args) -> int:
     if len(cases) < 2:
         raise ConfigError(f"{len(cases)} run(s) compiled; calibrating needs at least 2 runs "
                           f"with a [measured] table")
-    for line in calibrate.unexplained(cases):
-        print(f"note: {line}", file=sys.stderr)
     result = calibrate.calibrate(cases)
     if not any(result.informed_by.values()):
         raise ConfigError(
@@ -84,6 +82,8 @@ def cmd_calibrate(args) -> int:
             f"{calibrate.MIN_RUNS} runs or more that inform it, and fewer parameters than "
             f"runs on them ({informed}); add runs of the same kind (system and matmul "
             f"format); {out} was not written")
+    for line in calibrate.unexplained(cases):
+        print(f"note: {line}", file=sys.stderr)
     fitted_on = " ".join(args.dir) if args.dir else "experiments/validation"
     calibrate.write_calibration(result, out, fitted_on=fitted_on,
                                 best=calibrate.best_mfu(rows))

@@ -270,3 +270,6 @@ def test_a_run_no_physical_parameters_explain_is_named():
                          ("ok", features, measured)])
     assert [line.split(":")[0] for line in lines] == ["slow", "fast"]
     assert "step_time_s" in lines[0]
+    # A run no parameter moves (timed at this host's own measured rates) pulls nothing.
+    host = {"math_s": {"host": 1.0}, "kernels": 0.0, "other_s": 0.1, "exposed_s": 0.0}
+    assert unexplained([("host", host, 5.0)]) == []
