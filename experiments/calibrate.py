@@ -54,7 +54,7 @@ def informs(features: dict, name: str, *, share: float = 0.01) -> bool:
         return features["kernels"] * 1e-6 > share * step  # 1 us per kernel would show
     keys = [k for k in features["math_s"]
             if (name == "flash_attention_efficiency" and k.endswith("/attention")
-                and not k.startswith("tpu"))
+                and not k.startswith(("tpu", "host")))
             or (name == "tpu_flash_attention_efficiency" and k == "tpu/attention")
             or (name == "gpu_bf16_matmul_efficiency" and k.startswith("gpu_bf16"))
             or (name == "gpu_low_precision_matmul_scale" and k.startswith("measured"))

@@ -98,7 +98,10 @@ class Calibration:
         return self.gpu_low_precision_matmul_scale  # "measured"
 
     def attention_factor(self, rate_class: str) -> float:
-        """Multiplier on a rate class's matmul rate inside a fused flash-attention kernel."""
+        """Multiplier on a rate class's matmul rate inside a fused flash-attention kernel
+        (none on "host": this machine's measured rates, which no fit scales)."""
+        if rate_class == "host":
+            return 1.0
         return self.tpu_flash_attention_efficiency if rate_class == "tpu" \
             else self.flash_attention_efficiency
 

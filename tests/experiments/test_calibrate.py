@@ -105,6 +105,22 @@ def test_each_matmul_rate_class_has_its_own_parameter():
                        ("host-cpu", "float32"): 1.0}
 
 
+def test_no_parameter_scales_the_rates_measured_on_this_host():
+    # "host": the rates `measure` benchmarked here, "which no fit scales": a GPU flash
+    # attention efficiency of 0.2 took a host-cpu:8 step with flash attention from 83 to
+    # 143 ms, and a host run with flash attention informed the GPUs' parameter.
+    from experiments.calibrate import informs
+    from meshes.calibration import Calibration
+
+    cal = Calibration(flash_attention_efficiency=0.2, tpu_flash_attention_efficiency=0.3)
+    assert cal.attention_factor("host") == 1.0
+    assert (cal.attention_factor("gpu_bf16"), cal.attention_factor("tpu")) == (0.2, 0.3)
+    host = {"math_s": {"host": 1.0, "host/attention": 1.0}, "kernels": 0.0, "other_s": 0.1,
+            "exposed_s": 0.0}
+    assert not any(informs(host, name) for name in PARAMETERS)
+    assert predict(host, cal.values()) == pytest.approx(2.1)
+
+
 def test_a_parameter_one_run_informs_stays_uncalibrated_and_says_so(tmp_path):
     # One TPU run among GPU ones: a fit would match it exactly whatever else is wrong with
     # it, so the TPU parameters keep their uncalibrated values, are said to be, and are
