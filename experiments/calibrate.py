@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import math
 from pathlib import Path
 
@@ -222,21 +223,28 @@ def write_calibration(result: FitResult, path: str | Path, *, fitted_on: str,
         lines.append(f"{name} = {value:.6g}  # uncalibrated {PARAMETERS[name][2]:g}; "
                      f"{PARAMETERS[name][3]}")
     lines += ["", "[provenance]",
-              f'summary = "fitted on {len(result.names)} measured runs ({fitted_on}, {today}): '
-              f'median |error| {med:.1%}, {_loo_words(loo)}"',
-              f'fitted_on = "{fitted_on}"', f'date = "{today}"',
+              "summary = " + _quoted(f"fitted on {len(result.names)} measured runs "
+                                     f"({fitted_on}, {today}): median |error| {med:.1%}, "
+                                     f"{_loo_words(loo)}"),
+              f"fitted_on = {_quoted(fitted_on)}", f'date = "{today}"',
               f"median_abs_error = {med:.4f}", f"loo_median_abs_error = {loo:.4f}",
-              "runs = [" + ", ".join(f'"{n}"' for n in result.names) + "]", ""]
+              "runs = [" + ", ".join(map(_quoted, result.names)) + "]", ""]
     for name in result.values:
         runs = result.informed_by[name]
         errs = [e for n, e in zip(result.names, result.fitted_errors) if n in runs]
         lines += [f"[provenance.{name}]", f"informed_by = {len(runs)}",
-                  "runs = [" + ", ".join(f'"{n}"' for n in runs) + "]",
+                  "runs = [" + ", ".join(map(_quoted, runs)) + "]",
                   f"median_abs_error_on_them = {_median_abs(errs):.4f}", ""]
     lines.append("[best_measured_mfu]  # our model-FLOP count, the measured step")
     for family, (mfu, run) in sorted((best or {}).items()):
-        lines.append(f'"{family}" = {{ mfu = {mfu:.4f}, run = "{run}" }}')
+        lines.append(f"{_quoted(family)} = {{ mfu = {mfu:.4f}, run = {_quoted(run)} }}")
     Path(path).write_text("\n".join(lines) + "\n")
+
+
+def _quoted(text: str) -> str:
+    """`text` as a TOML basic string (a JSON string is one): a run name or folder with a
+    quote or a backslash wrote a file `--calibration` could not read."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def format_fit(result: FitResult) -> str:

@@ -289,3 +289,24 @@ def test_a_run_no_physical_parameters_explain_is_named():
     # A run no parameter moves (timed at this host's own measured rates) pulls nothing.
     host = {"math_s": {"host": 1.0}, "kernels": 0.0, "other_s": 0.1, "exposed_s": 0.0}
     assert unexplained([("host", host, 5.0)]) == []
+
+
+def test_the_file_reads_back_whatever_its_runs_and_folders_are_named(tmp_path):
+    # A run named 'run "1" \\x' or a folder C:\\runs was written between bare quotes: a
+    # file that --calibration could not read ("not valid TOML").
+    from experiments.calibrate import best_mfu, write_calibration
+    from experiments.config import load_calibration
+    from experiments.validate import Row
+
+    names = [f'run "{i}" \\x' for i in range(12)]
+    result = calibrate([(n, f, m) for n, (f, m) in zip(names, synthetic_cases())])
+    rows = [Row(name=n, path="", family='h100 "bf16"', measured_s=1.0, status="ok",
+                estimate_s=1.0, mfu=0.4) for n in names[:2]]
+    path = tmp_path / "c.toml"
+    write_calibration(result, path, fitted_on='my "runs" C:\\runs',
+                      best=best_mfu(rows))
+    raw = tomllib.loads(path.read_text())
+    assert raw["provenance"]["runs"] == names
+    assert raw["provenance"]["fitted_on"] == 'my "runs" C:\\runs'
+    assert raw["best_measured_mfu"] == {'h100 "bf16"': {"mfu": 0.4, "run": names[0]}}
+    assert 'C:\\runs' in load_calibration(path).source
