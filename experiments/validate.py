@@ -200,15 +200,21 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def _known(values: list[float], q: float) -> float | None:
+    """The q-th percentile, None (JSON's null, the table's "-") of none: --json wrote NaN,
+    which is not JSON (JSON.parse and jq refuse the file)."""
+    return percentile(values, q) if values else None
+
+
 def summary(rows: list[Row]) -> dict:
-    """Median and p90 of |error| over the cases that ran, overall and per family."""
+    """Median and p90 of |error| over the cases that ran, overall and per family (None
+    where there are none)."""
     def stats(rs: list[Row]) -> dict:
         errs = [abs(r.error) for r in rs if r.error is not None]
         loo = [abs(r.loo_error) for r in rs if r.loo_error is not None]
-        return {"cases": len(rs), "ran": len(errs), "median_abs_error": percentile(errs, 50),
-                "p90_abs_error": percentile(errs, 90),
-                "loo_median_abs_error": percentile(loo, 50),
-                "loo_p90_abs_error": percentile(loo, 90)}
+        return {"cases": len(rs), "ran": len(errs), "median_abs_error": _known(errs, 50),
+                "p90_abs_error": _known(errs, 90), "loo_median_abs_error": _known(loo, 50),
+                "loo_p90_abs_error": _known(loo, 90)}
 
     families = sorted({r.family for r in rows})
     return {"overall": stats(rows),

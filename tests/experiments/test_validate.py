@@ -6,7 +6,7 @@ import math
 import pytest
 
 from experiments import cli
-from experiments.validate import Row, percentile, summary
+from experiments.validate import Row, format_table, percentile, summary
 from tests.helpers import TINY, run_cli, write
 
 
@@ -38,6 +38,14 @@ def test_summary_overall_and_per_family_counts_only_cases_that_ran():
     assert s["overall"]["median_abs_error"] == pytest.approx(0.3)  # of 0.1, 0.3, 0.5
     assert s["families"]["h100 bf16"]["median_abs_error"] == pytest.approx(0.2)
     assert s["families"]["tpu-v6e bf16"]["ran"] == 1
+    # No leave-one-out under 3 runs, and a family none of whose runs ran: null, as JSON
+    # has it (NaN is not JSON), "-" in the table.
+    assert s["overall"]["loo_median_abs_error"] is None
+    s = summary(rows + [row("e", "b200 bf16", 1.0, None, "error")])
+    assert s["families"]["b200 bf16"]["median_abs_error"] is None
+    json.loads(json.dumps(s), parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    line = next(ln for ln in format_table(rows, s).splitlines() if "b200 bf16" in ln)
+    assert "0 ran   median     -   p90     -" in line
 
 
 MEASURED = '\n[measured]\nstep_time_s = 0.5\nsource = "test"\nevidence = "MEASURED-LOG"\n'
