@@ -161,6 +161,11 @@ def test_every_shipped_config_is_valid():
     ("parameters = 3\n", "no \\[parameters\\] table"),
     ("[parameters]\n[best_measured_mfu]\n\"tpu-v6e\" = 0.5\n",
      "best_measured_mfu\\] tpu-v6e = 0.5: write each family as"),
+    # a ceiling of 0 (or nan) flagged every estimate of the family "suspect"
+    ("[parameters]\n[best_measured_mfu]\n\"h100 bf16\" = { mfu = 0, run = \"r\" }\n",
+     "h100 bf16 mfu = 0: a measured MFU is a fraction above 0"),
+    ("[parameters]\n[best_measured_mfu]\n\"h100 bf16\" = { mfu = nan, run = \"r\" }\n",
+     "h100 bf16 mfu = nan: a measured MFU"),
 ])
 def test_bad_calibration_files_are_one_line(tmp_path, text, fragment):
     p = tmp_path / "cal.toml"
