@@ -235,7 +235,8 @@ def write_calibration(result: FitResult, path: str | Path, *, fitted_on: str,
         lines += [f"[provenance.{name}]", f"informed_by = {len(runs)}",
                   "runs = [" + ", ".join(map(_quoted, runs)) + "]",
                   f"median_abs_error_on_them = {_median_abs(errs):.4f}", ""]
-    lines.append("[best_measured_mfu]  # our model-FLOP count, the measured step")
+    if best:  # none (no family of 2 runs): no table, so the catalog's ceilings hold
+        lines.append("[best_measured_mfu]  # our model-FLOP count, the measured step")
     for family, (mfu, run) in sorted((best or {}).items()):
         lines.append(f"{_quoted(family)} = {{ mfu = {mfu:.4f}, run = {_quoted(run)} }}")
     Path(path).write_text("\n".join(lines) + "\n")

@@ -140,6 +140,11 @@ def test_a_parameter_one_run_informs_stays_uncalibrated_and_says_so(tmp_path):
     params = tomllib.loads(path.read_text())["parameters"]
     assert "tpu_matmul_scale" not in params and "gpu_bf16_matmul_efficiency" in params
     assert "uncalibrated here: " in load_calibration(str(path)).source
+    # No family of 2 runs: an empty [best_measured_mfu] table dropped every ceiling of the
+    # catalog; without one, the catalog's hold (as for a file without the table).
+    from meshes.calibration import catalog_calibration
+
+    assert load_calibration(str(path)).best_mfu == catalog_calibration().best_mfu
 
 
 def test_a_group_of_runs_fits_fewer_parameters_than_it_has_runs(tmp_path):
