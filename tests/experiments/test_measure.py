@@ -190,7 +190,8 @@ def test_calibrating_on_host_cpu_runs_alone_is_refused(measured, capsys):
     # host-cpu runs are timed at the host's measured rates: no parameter of the fit
     # applies to them, and a file of uncalibrated defaults would be worse than the catalog's
     d, _ = measured
-    (d / "again.toml").write_text((d / "run.toml").read_text())
+    (d / "again.toml").write_text((d / "run.toml").read_text().replace(
+        'name = "tiny-h100-dp-tp"', 'name = "again"', 1))  # each run its own name
     code, _, err = run_cli(["calibrate", str(d / "run.toml"), str(d / "again.toml"),
                             "--out", str(d / "cal.toml")], capsys)
     assert code == 2 and "informs a calibration parameter" in err and err.count("\n") == 1
