@@ -103,10 +103,11 @@ def cmd_measure(args) -> int:
         print(f"process {procs.index}: loss " + " ".join(f"{x:.4f}" for x in m.loss or ()))
         return 0
     print(m.format())
+    data = calibration_used(args, m.to_dict())
     if args.out:  # first: the run's record for validate, kept whatever fails after it
         write_text(args.out, measure.to_toml(exp, m), flag="--out")
     if args.json:
-        write_json(args.json, m.to_dict())
+        write_json(args.json, data)
     return 0
 
 
