@@ -25,6 +25,11 @@ def cmd_validate(args) -> int:
     from meshes.calibration import catalog_calibration
 
     calibration = calibration_of(args)  # a bad file is one line before anything compiles
+    if args.json:  # and --json (it was checked after every run had compiled)
+        checked(args.json, "--json")
+        if Path(args.json).resolve() in _runs_given(args.dir):
+            raise ConfigError(f"--json {args.json!r} is one of the runs validated; write the "
+                              f"rows elsewhere, e.g. validate.json")
     t0 = time.perf_counter()
     rows = validate.validate(args.dir, backend=args.backend, workers=args.workers,
                              calibration=calibration)
@@ -97,14 +102,19 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def _runs_given(paths) -> set[Path]:
+    """The run files validate and calibrate would read from `paths` (those that exist)."""
+    given = [Path(d) for d in paths or ()]
+    return {d.resolve() for d in given if d.is_file()} | {
+        p.resolve() for d in given if d.is_dir() for p in d.glob("*.toml")}
+
+
 def _outputs_apart(args) -> None:
     """calibrate's --out and --features are two files, and neither is one of its runs nor
     (--out) a .toml in a folder of them, which the next validate of it would read as a
     run: a one-line error before anything compiles."""
-    given = [Path(d) for d in args.dir or ()]
-    folders = {d.resolve() for d in given if d.is_dir()}
-    runs = {d.resolve() for d in given if d.is_file()} | {
-        p.resolve() for d in given if d.is_dir() for p in d.glob("*.toml")}
+    folders = {Path(d).resolve() for d in args.dir or () if Path(d).is_dir()}
+    runs = _runs_given(args.dir)
     out = Path(args.out).resolve()
     if args.features and Path(args.features).resolve() == out:
         raise ConfigError(f"--out and --features are both {args.out!r}: the step "

@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -147,6 +148,22 @@ def test_validate_says_which_calibration_its_estimates_used(tmp_path, capsys, mo
     code, out, _ = run_cli(["validate", "runs", "--json", str(out_json)], capsys)
     catalog = json.loads(out_json.read_text())["calibration"]
     assert catalog["source"].startswith("fitted on") and catalog["source"] in out
+
+
+def test_validate_checks_its_json_before_compiling(tmp_path, capsys, monkeypatch):
+    # --json into a missing folder failed after every run had compiled (minutes on the
+    # bundled set), and --json over one of the runs replaced that run's config.
+    from experiments import validate
+
+    monkeypatch.setattr(validate, "validate", lambda *a, **k: pytest.fail("compiled"))
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    run = write(cases, TINY + MEASURED, "a.toml")
+    for out, says in ((str(tmp_path / "nowhere" / "v.json"), "does not exist"),
+                      (run, "is one of the runs validated")):
+        code, _, err = run_cli(["validate", str(cases), "--json", out], capsys)
+        assert code == 2 and err.count("\n") == 1 and says in err, err
+    assert "[measured]" in Path(run).read_text()
 
 
 def test_bundled_validation_set_loads_and_names_its_sources():
