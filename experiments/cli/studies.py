@@ -63,6 +63,10 @@ def cmd_calibrate(args) -> int:
         checked(args.features, "--features")
         kept(args.features, args.force, "--features")
     _outputs_apart(args)
+    if len(_runs_given(args.dir)) == 1 and all(Path(d).exists() for d in args.dir):
+        raise ConfigError(f"one run given ({args.dir[0]}); calibrating needs at least "
+                          f"{calibrate.MIN_RUNS} runs with a [measured] table (a parameter "
+                          f"one run informs would match it exactly)")  # before compiling
     t0 = time.perf_counter()
     rows = validate.validate(args.dir, backend=args.backend, workers=args.workers)
     failed = [r for r in rows if r.status != "ok"]

@@ -315,3 +315,16 @@ def test_the_file_reads_back_whatever_its_runs_and_folders_are_named(tmp_path):
     assert raw["provenance"]["fitted_on"] == 'my "runs" C:\\runs'
     assert raw["best_measured_mfu"] == {'h100 "bf16"': {"mfu": 0.4, "run": names[0]}}
     assert 'C:\\runs' in load_calibration(path).source
+
+
+def test_one_run_is_refused_before_it_compiles(tmp_path, monkeypatch, capsys):
+    # It compiled the run, then said "1 run(s) compiled; calibrating needs at least 2".
+    from experiments import validate
+    from tests.helpers import TINY, run_cli, write
+
+    monkeypatch.setattr(validate, "validate", lambda *a, **k: pytest.fail("compiled"))
+    (tmp_path / "runs").mkdir()
+    run = write(tmp_path / "runs", TINY + "[measured]\nstep_time_s = 0.5\n", "a.toml")
+    for given in (run, str(tmp_path / "runs")):
+        code, _, err = run_cli(["calibrate", given, "--out", str(tmp_path / "c.toml")], capsys)
+        assert code == 2 and err.count("\n") == 1 and "needs at least 2 runs" in err, err
