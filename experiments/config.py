@@ -147,6 +147,8 @@ def load_calibration(path: str | Path) -> Calibration:
         raise ConfigError(str(e)) from None
     if "best_measured_mfu" not in raw:  # the catalog's ceilings still hold
         cal = dataclasses.replace(cal, best_mfu=catalog_calibration().best_mfu)
+    if str(path) not in cal.source:  # the line a report prints names the file it used
+        cal = dataclasses.replace(cal, source=f"{cal.source}; file {path}")
     return cal
 
 

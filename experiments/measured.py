@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from models.program import described
 
@@ -32,5 +33,14 @@ class Measured:
                                      "runtime's (shardscope measure)", "")
 
     def __post_init__(self):
-        if self.step_time_s <= 0:
-            raise ValueError(f"measured.step_time_s={self.step_time_s} must be above 0")
+        # nan and inf are TOML floats: they passed `<= 0` and ended a fit after compiling
+        # ("Residuals are not finite", "math domain error")
+        if not (math.isfinite(self.step_time_s) and self.step_time_s > 0):
+            raise ValueError(f"measured.step_time_s={self.step_time_s} must be above 0 and "
+                             f"finite: the run's measured seconds per optimizer step, e.g. "
+                             f"step_time_s = 4.546")
+        for name in ("tflops_per_chip", "mfu"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"measured.{name}={v} must be a finite number, 0 or above "
+                                 f"(0: not published)")

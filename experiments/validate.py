@@ -79,8 +79,8 @@ def family_of(exp) -> str:
 
 
 def find_cases(where: str | Path | Sequence[str | Path]) -> list[Path]:
-    """The TOML configs of a directory (sorted), or of several directories and files; a
-    missing path or an empty directory is an error."""
+    """The TOML configs of a directory (sorted), or of several directories and files, each
+    once; a missing path or an empty directory is an error."""
     from experiments.config import ConfigError
 
     paths: list[Path] = []
@@ -98,13 +98,21 @@ def find_cases(where: str | Path | Sequence[str | Path]) -> list[Path]:
             raise ConfigError(f"{str(item)!r} holds no .toml configs; add configs with a "
                               f"[measured] table")
         paths += found
-    return paths
+    unique = {p.resolve(): p for p in reversed(paths)}  # a file named twice is one run
+    return [p for p in paths if unique[p.resolve()] is p]
 
 
 def load_case(path: str | Path):
     """A validation config: an experiment that must carry a [measured] table."""
     from experiments import config
+    from meshes.calibration import TABLES
 
+    raw = config.read_toml(path, what="validation config", example="give .toml configs with "
+                           "a [measured] table")
+    if "parameters" in raw and set(raw) <= set(TABLES):
+        raise config.ConfigError(f"{path} is a calibration file (`shardscope calibrate "
+                                 f"--out`), not a run with a [measured] table; move it out "
+                                 f"of the folder of runs (--calibration {path} uses it)")
     try:
         exp = config.load(path)
     except config.ConfigError as e:  # one file of a folder: say which
@@ -143,6 +151,7 @@ def validate(directory: str | Path | Sequence[str | Path] | None = None, *,
 
     paths = find_cases(VALIDATION_DIR if not directory else directory)
     cases = [(path, load_case(path)) for path in paths]  # config mistakes: before compiling
+    _check_names(cases)
     submit, shutdown, _ = workers_mod.executor(workers=workers, timeout_s=timeout_s)
     request = {"backend": backend, "keep_unfit": True,
                "calibration": calibration.to_dict() if calibration else None}
@@ -156,11 +165,24 @@ def validate(directory: str | Path | Sequence[str | Path] | None = None, *,
     return _with_leave_one_out(rows)
 
 
+def _check_names(cases) -> None:
+    """Each run's name is its key (leave-one-out, a calibration's provenance): two runs of
+    one name are a ConfigError naming both files."""
+    from experiments.config import ConfigError
+
+    seen: dict[str, Path] = {}
+    for path, exp in cases:
+        if exp.name in seen:
+            raise ConfigError(f"{seen[exp.name]} and {path} are both named {exp.name!r}; give "
+                              f"each run its own name (the name = ... line)")
+        seen[exp.name] = path
+
+
 def _with_leave_one_out(rows: list[Row]) -> list[Row]:
-    from experiments.calibrate import leave_one_out
+    from experiments.calibrate import LOO_MIN_RUNS, leave_one_out
 
     ran = [r for r in rows if r.status == "ok"]
-    if len(ran) < 3:
+    if len(ran) < LOO_MIN_RUNS:
         return rows
     loo = dict(zip((r.name for r in ran),
                    leave_one_out([(r.features, r.measured_s) for r in ran])))
@@ -178,15 +200,21 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def _known(values: list[float], q: float) -> float | None:
+    """The q-th percentile, None (JSON's null, the table's "-") of none: --json wrote NaN,
+    which is not JSON (JSON.parse and jq refuse the file)."""
+    return percentile(values, q) if values else None
+
+
 def summary(rows: list[Row]) -> dict:
-    """Median and p90 of |error| over the cases that ran, overall and per family."""
+    """Median and p90 of |error| over the cases that ran, overall and per family (None
+    where there are none)."""
     def stats(rs: list[Row]) -> dict:
         errs = [abs(r.error) for r in rs if r.error is not None]
         loo = [abs(r.loo_error) for r in rs if r.loo_error is not None]
-        return {"cases": len(rs), "ran": len(errs), "median_abs_error": percentile(errs, 50),
-                "p90_abs_error": percentile(errs, 90),
-                "loo_median_abs_error": percentile(loo, 50),
-                "loo_p90_abs_error": percentile(loo, 90)}
+        return {"cases": len(rs), "ran": len(errs), "median_abs_error": _known(errs, 50),
+                "p90_abs_error": _known(errs, 90), "loo_median_abs_error": _known(loo, 50),
+                "loo_p90_abs_error": _known(loo, 90)}
 
     families = sorted({r.family for r in rows})
     return {"overall": stats(rows),

@@ -28,6 +28,7 @@ provenance. `--calibration CAL.toml` on `run`, `fit`, `validate`, `search`, `com
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from pathlib import Path
 
@@ -98,7 +99,10 @@ class Calibration:
         return self.gpu_low_precision_matmul_scale  # "measured"
 
     def attention_factor(self, rate_class: str) -> float:
-        """Multiplier on a rate class's matmul rate inside a fused flash-attention kernel."""
+        """Multiplier on a rate class's matmul rate inside a fused flash-attention kernel
+        (none on "host": this machine's measured rates, which no fit scales)."""
+        if rate_class == "host":
+            return 1.0
         return self.tpu_flash_attention_efficiency if rate_class == "tpu" \
             else self.flash_attention_efficiency
 
@@ -152,6 +156,9 @@ def calibration_from_dict(raw: dict, where: str) -> Calibration:
             raise ValueError(f"{where}: [best_measured_mfu] {family or 'table'} = {v!r}: "
                              f"write each family as \"tpu-v6e\" = {{ mfu = 0.46, run = "
                              f"\"NAME\" }}")
+        if not 0 < v["mfu"] < math.inf:  # 0 or nan flagged every estimate as suspect
+            raise ValueError(f"{where}: [best_measured_mfu] {family} mfu = {v['mfu']}: a "
+                             f"measured MFU is a fraction above 0, e.g. mfu = 0.46")
         best[family] = (float(v["mfu"]), str(v["run"]))
     try:
         return Calibration(**params, source=source, best_mfu=best)

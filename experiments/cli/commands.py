@@ -26,6 +26,18 @@ def calibration_of(args):
     return load_calibration(args.calibration)
 
 
+def calibration_used(args, out: dict | None = None) -> dict | None:
+    """With --calibration FILE: print the line that says the figures above used it, and
+    add `calibration` (its values and source, as `run --json` has) to `out`, the JSON."""
+    cal = calibration_of(args)
+    if cal is None:
+        return out
+    print(f"calibration: {cal.source}")
+    if out is not None:
+        out = {**out, "calibration": {**cal.values(), "source": cal.source}}
+    return out
+
+
 def cmd_run(args) -> int:
     from experiments import config as config_mod
     from experiments import fit, runner
@@ -91,10 +103,11 @@ def cmd_measure(args) -> int:
         print(f"process {procs.index}: loss " + " ".join(f"{x:.4f}" for x in m.loss or ()))
         return 0
     print(m.format())
+    data = calibration_used(args, m.to_dict())
     if args.out:  # first: the run's record for validate, kept whatever fails after it
         write_text(args.out, measure.to_toml(exp, m), flag="--out")
     if args.json:
-        write_json(args.json, m.to_dict())
+        write_json(args.json, data)
     return 0
 
 
@@ -107,8 +120,9 @@ def cmd_fit(args) -> int:
         verdict = fit.fit(exp, backend=args.backend, calibration=calibration_of(args),
                           limit=args.top, compile=not args.no_compile)
     print(verdict.format())
+    data = calibration_used(args, verdict.to_dict())
     if args.json:
-        write_json(args.json, verdict.to_dict())
+        write_json(args.json, data)
     return 0
 
 

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.cli.commands import calibration_of
+from experiments.cli.commands import calibration_of, calibration_used
 from experiments.cli.output import (
     SearchProgress,
     checked,
@@ -22,17 +22,26 @@ from sharding.units import counted
 
 def cmd_validate(args) -> int:
     from experiments import validate
+    from meshes.calibration import catalog_calibration
 
     calibration = calibration_of(args)  # a bad file is one line before anything compiles
+    if args.json:  # and --json (it was checked after every run had compiled)
+        checked(args.json, "--json")
+        if Path(args.json).resolve() in _runs_given(args.dir):
+            raise ConfigError(f"--json {args.json!r} is one of the runs validated; write the "
+                              f"rows elsewhere, e.g. validate.json")
     t0 = time.perf_counter()
     rows = validate.validate(args.dir, backend=args.backend, workers=args.workers,
                              calibration=calibration)
     stats = validate.summary(rows)
     print(validate.format_table(rows, stats))
+    used = calibration or catalog_calibration()  # what the estimates ran with
+    print(f"calibration: {used.source}")
     for line in validate.timing_lines(rows, time.perf_counter() - t0):
         print(line)
     if args.json:
-        write_json(args.json, {"cases": [r.to_dict() for r in rows], "summary": stats})
+        write_json(args.json, {"cases": [r.to_dict() for r in rows], "summary": stats,
+                               "calibration": {**used.values(), "source": used.source}})
     bad = validate.unfit(rows)
     if bad:  # every run here ran: a "does not fit" is the memory model's error
         print(f"\n{len(bad)} published runs read 'does not fit' although they ran: "
@@ -53,6 +62,11 @@ def cmd_calibrate(args) -> int:
     if args.features:
         checked(args.features, "--features")
         kept(args.features, args.force, "--features")
+    _outputs_apart(args)
+    if len(_runs_given(args.dir)) == 1 and all(Path(d).exists() for d in args.dir):
+        raise ConfigError(f"one run given ({args.dir[0]}); calibrating needs at least "
+                          f"{calibrate.MIN_RUNS} runs with a [measured] table (a parameter "
+                          f"one run informs would match it exactly)")  # before compiling
     t0 = time.perf_counter()
     rows = validate.validate(args.dir, backend=args.backend, workers=args.workers)
     failed = [r for r in rows if r.status != "ok"]
@@ -69,6 +83,16 @@ def cmd_calibrate(args) -> int:
             f"matmuls, TPU matmuls, flash attention, the time per kernel): host-cpu runs are "
             f"timed at this host's own measured rates, with nothing to fit; calibrate on "
             f"runs measured on GPUs or TPUs")
+    if not result.fitted:  # a file of no parameters would run everything uncalibrated
+        informed = "; ".join(f"{p}: {', '.join(runs)}" for p, runs in
+                             result.informed_by.items() if runs)
+        raise ConfigError(
+            f"no parameter is fitted on these {len(cases)} runs: each needs "
+            f"{calibrate.MIN_RUNS} runs or more that inform it, and fewer parameters than "
+            f"runs on them ({informed}); add runs of the same kind (system and matmul "
+            f"format); {out} was not written")
+    for line in calibrate.unexplained(cases):
+        print(f"note: {line}", file=sys.stderr)
     fitted_on = " ".join(args.dir) if args.dir else "experiments/validation"
     calibrate.write_calibration(result, out, fitted_on=fitted_on,
                                 best=calibrate.best_mfu(rows))
@@ -80,6 +104,34 @@ def cmd_calibrate(args) -> int:
         print(f"wrote {args.features}")
     print(f"wrote {out} ({time.perf_counter() - t0:.0f} s)")
     return 0
+
+
+def _runs_given(paths) -> set[Path]:
+    """The run files validate and calibrate would read from `paths` (those that exist)."""
+    given = [Path(d) for d in paths or ()]
+    return {d.resolve() for d in given if d.is_file()} | {
+        p.resolve() for d in given if d.is_dir() for p in d.glob("*.toml")}
+
+
+def _outputs_apart(args) -> None:
+    """calibrate's --out and --features are two files, and neither is one of its runs nor
+    (--out) a .toml in a folder of them, which the next validate of it would read as a
+    run: a one-line error before anything compiles."""
+    folders = {Path(d).resolve() for d in args.dir or () if Path(d).is_dir()}
+    runs = _runs_given(args.dir)
+    out = Path(args.out).resolve()
+    if args.features and Path(args.features).resolve() == out:
+        raise ConfigError(f"--out and --features are both {args.out!r}: the step "
+                          f"decompositions would overwrite the calibration; give --features "
+                          f"its own file, e.g. features.json")
+    for flag, path in (("--out", args.out), ("--features", args.features)):
+        if path and Path(path).resolve() in runs:
+            raise ConfigError(f"{flag} {path!r} is one of the runs calibrated; write it "
+                              f"elsewhere")
+    if out.suffix == ".toml" and out.parent in folders:
+        raise ConfigError(f"--out {args.out!r} is in {str(Path(args.out).parent)!r}, a folder "
+                          f"of runs calibrated: validate and calibrate of that folder would "
+                          f"read it as a run; write it elsewhere, e.g. my-cluster.toml")
 
 
 def _store(path: str, *, read_only: bool = False):
@@ -220,8 +272,9 @@ def _ranking_outputs(args, results, title: str, untried: int = 0) -> None:
     from experiments import ranking
 
     print(ranking.format_results(results, top=args.top, untried=untried))
+    data = calibration_used(args, ranking.to_json(results))
     if args.json:
-        write_json(args.json, ranking.to_json(results))
+        write_json(args.json, data)
     if args.html:
         from experiments import pages
 
@@ -289,8 +342,9 @@ def cmd_compare(args) -> int:
                                          tokens=args.tokens)
     print(f"{raw['name']}: the same model and workload on {len(args.systems)} systems\n")
     print(compare_mod.format_compare(entries))
+    data = calibration_used(args, {"systems": [e.to_dict() for e in entries]})
     if args.json:
-        write_json(args.json, {"systems": [e.to_dict() for e in entries]})
+        write_json(args.json, data)
     if args.html:
         from experiments import pages
 

@@ -3,6 +3,7 @@ and the best measured MFU per family."""
 
 import json
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,6 +105,22 @@ def test_each_matmul_rate_class_has_its_own_parameter():
                        ("host-cpu", "float32"): 1.0}
 
 
+def test_no_parameter_scales_the_rates_measured_on_this_host():
+    # "host": the rates `measure` benchmarked here, "which no fit scales": a GPU flash
+    # attention efficiency of 0.2 took a host-cpu:8 step with flash attention from 83 to
+    # 143 ms, and a host run with flash attention informed the GPUs' parameter.
+    from experiments.calibrate import informs
+    from meshes.calibration import Calibration
+
+    cal = Calibration(flash_attention_efficiency=0.2, tpu_flash_attention_efficiency=0.3)
+    assert cal.attention_factor("host") == 1.0
+    assert (cal.attention_factor("gpu_bf16"), cal.attention_factor("tpu")) == (0.2, 0.3)
+    host = {"math_s": {"host": 1.0, "host/attention": 1.0}, "kernels": 0.0, "other_s": 0.1,
+            "exposed_s": 0.0}
+    assert not any(informs(host, name) for name in PARAMETERS)
+    assert predict(host, cal.values()) == pytest.approx(2.1)
+
+
 def test_a_parameter_one_run_informs_stays_uncalibrated_and_says_so(tmp_path):
     # One TPU run among GPU ones: a fit would match it exactly whatever else is wrong with
     # it, so the TPU parameters keep their uncalibrated values, are said to be, and are
@@ -123,6 +140,60 @@ def test_a_parameter_one_run_informs_stays_uncalibrated_and_says_so(tmp_path):
     params = tomllib.loads(path.read_text())["parameters"]
     assert "tpu_matmul_scale" not in params and "gpu_bf16_matmul_efficiency" in params
     assert "uncalibrated here: " in load_calibration(str(path)).source
+    # No family of 2 runs: an empty [best_measured_mfu] table dropped every ceiling of the
+    # catalog; without one, the catalog's hold (as for a file without the table).
+    from meshes.calibration import catalog_calibration
+
+    assert load_calibration(str(path)).best_mfu == catalog_calibration().best_mfu
+
+
+def test_a_group_of_runs_fits_fewer_parameters_than_it_has_runs(tmp_path):
+    # Two TPU runs inform both TPU parameters (each of them by 2 runs): fitted together they
+    # matched both runs exactly (0.0%) whatever was wrong with them. In a group of runs
+    # the parameters on them share, fewer parameters than runs: the one informed by the
+    # fewest runs, then the later in PARAMETERS, stays uncalibrated and is said to.
+    from experiments.calibrate import format_fit, free_parameters, write_calibration
+
+    def tpu(matmul_s, attention_s):
+        return {"math_s": {"tpu": matmul_s, "tpu/attention": attention_s}, "kernels": 100.0,
+                "other_s": 0.1, "exposed_s": 0.05}
+
+    pairs = [(tpu(1.0, 0.2), 1.6), (tpu(2.0, 0.1), 2.5)]
+    assert free_parameters(pairs) == ["tpu_matmul_scale"]
+    result = calibrate([("a", *pairs[0]), ("b", *pairs[1])])
+    assert result.fitted == ["tpu_matmul_scale"]
+    assert result.values["tpu_flash_attention_efficiency"] == 1.0
+    assert min(abs(e) for e in result.fitted_errors) > 0.01  # one parameter, two runs
+    assert "too few for the parameters on them, uncalibrated" in next(
+        line for line in format_fit(result).splitlines() if line.startswith("tpu_flash"))
+    write_calibration(result, tmp_path / "c.toml", fitted_on="runs")
+    assert list(tomllib.loads((tmp_path / "c.toml").read_text())["parameters"]) == [
+        "tpu_matmul_scale"]
+    # A third run: two parameters on three runs.
+    assert free_parameters(pairs + [(tpu(1.5, 0.4), 2.4)]) == [
+        "tpu_matmul_scale", "tpu_flash_attention_efficiency"]
+    # GPU runs and TPU runs share no parameter: each group is counted on its own runs.
+    gpu = {"math_s": {"gpu_bf16": 1.0}, "kernels": 100.0, "other_s": 0.1, "exposed_s": 0.0}
+    assert free_parameters(pairs + [(gpu, 1.5), (gpu, 1.6)]) == [
+        "gpu_bf16_matmul_efficiency", "tpu_matmul_scale"]
+
+
+def test_leave_one_out_needs_three_runs_as_the_docs_say(tmp_path):
+    # Two runs: each refit has one run and fits nothing, so its "leave-one-out error" was
+    # the uncalibrated one (50.6% printed and written into the file's summary, where
+    # validate and the docs say leave-one-out needs 3 runs).
+    from experiments.calibrate import format_fit, write_calibration
+
+    two = [(f"run{i}", f, m) for i, (f, m) in enumerate(synthetic_cases()) if i in (0, 3)]
+    result = calibrate(two)
+    assert result.fitted and result.loo_errors == []
+    assert "leave-one-out: - (it needs 3 runs or more)" in format_fit(result)
+    write_calibration(result, tmp_path / "c.toml", fitted_on="runs")
+    written = tomllib.loads((tmp_path / "c.toml").read_text())["provenance"]
+    assert "leave-one-out - (it needs 3 runs or more)" in written["summary"]
+    assert np.isnan(written["loo_median_abs_error"])
+    three = [(f"run{i}", f, m) for i, (f, m) in enumerate(synthetic_cases()) if i in (0, 3, 6)]
+    assert len(calibrate(three).loo_errors) == 3
 
 
 def test_calibrate_keeps_an_existing_file_unless_forced(tmp_path, monkeypatch, capsys):
@@ -150,3 +221,110 @@ def test_calibrate_keeps_an_existing_file_unless_forced(tmp_path, monkeypatch, c
                             str(features), "--force"], capsys)
     assert code == 0, err
     assert "[parameters]" in out.read_text() and json.loads(features.read_text())["cases"]
+
+
+def test_calibrate_writes_no_file_that_fits_nothing(tmp_path, monkeypatch, capsys):
+    # One GPU run and one TPU run: no parameter has two runs. The file it wrote had an empty
+    # [parameters] table, and `--calibration` with it ran every family uncalibrated (the
+    # catalog's fitted values gone) under a summary saying "fitted on 2 measured runs".
+    from experiments import validate
+    from experiments.validate import Row
+    from tests.helpers import run_cli
+
+    cases = synthetic_cases()
+    rows = [Row(name=f"run{i}", path="", family="f", measured_s=cases[i][1], status="ok",
+                features=cases[i][0]) for i in (0, 1)]  # run0 GPU bf16, run1 TPU
+    monkeypatch.setattr(validate, "validate", lambda *a, **k: rows)
+    out = tmp_path / "cal.toml"
+    code, _, err = run_cli(["calibrate", "runs", "--out", str(out)], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "no parameter is fitted on these 2 runs" in err and "tpu_matmul_scale: run1" in err
+    assert not out.exists()
+
+
+def test_calibrate_writes_neither_file_over_its_runs_nor_the_other(tmp_path, monkeypatch,
+                                                                    capsys):
+    # --out and --features on one path: the decompositions overwrote the calibration just
+    # written. --out over a run (with --force): the run's [measured] config was lost. --out
+    # into the folder of runs: the next `validate` of that folder read the file as a run
+    # ("unknown key 'parameters'"). Each a line before any run compiles.
+    from experiments import validate
+    from tests.helpers import TINY, run_cli, write
+
+    monkeypatch.setattr(validate, "validate", lambda *a, **k: pytest.fail("compiled"))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    run = write(runs, TINY + "[measured]\nstep_time_s = 0.5\n", "a.toml")
+    same = str(tmp_path / "cal.toml")
+    for args, says in (
+            (["--out", same, "--features", same], "--out and --features are both"),
+            (["--out", run, "--force"], "is one of the runs calibrated"),
+            (["--out", str(runs / "cal.toml")], "a folder of runs calibrated")):
+        code, _, err = run_cli(["calibrate", str(runs), *args], capsys)
+        assert code == 2 and err.count("\n") == 1 and says in err, err
+    assert not (tmp_path / "cal.toml").exists() and "[measured]" in Path(run).read_text()
+    # One already there reads as what it is, with the way out.
+    monkeypatch.undo()
+    (runs / "cal.toml").write_text("[parameters]\ngpu_bf16_matmul_efficiency = 0.5\n")
+    code, _, err = run_cli(["validate", str(runs)], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "cal.toml is a calibration file" in err and "move it out" in err
+
+
+def test_a_run_no_physical_parameters_explain_is_named():
+    # A step of 1e9 s (or one in ms written as s) was fitted without a word: it pulled
+    # gpu_bf16_matmul_efficiency to its bound and the other runs' error from 3% to 12%.
+    from experiments.calibrate import step_range, unexplained
+
+    cases = [(f"run{i}", f, m) for i, (f, m) in enumerate(synthetic_cases())]
+    assert unexplained(cases) == []  # made with parameters inside their bounds
+    features, measured = cases[0][1], cases[0][2]
+    fast, slow = step_range(features)
+    # the fastest: every rate at its upper bound (GPU bf16 0.95 of peak, against the
+    # book's 0.8), no time per kernel
+    assert fast == pytest.approx(predict(features, {**IDENTITY.values(),
+                                                    "gpu_bf16_matmul_efficiency": 0.95,
+                                                    "gpu_low_precision_matmul_scale": 1.1,
+                                                    "tpu_matmul_scale": 1.1}))
+    assert fast < measured < slow
+    lines = unexplained([("slow", features, 1e9), ("fast", features, fast * 0.9),
+                         ("ok", features, measured)])
+    assert [line.split(":")[0] for line in lines] == ["slow", "fast"]
+    assert "step_time_s" in lines[0]
+    # A run no parameter moves (timed at this host's own measured rates) pulls nothing.
+    host = {"math_s": {"host": 1.0}, "kernels": 0.0, "other_s": 0.1, "exposed_s": 0.0}
+    assert unexplained([("host", host, 5.0)]) == []
+
+
+def test_the_file_reads_back_whatever_its_runs_and_folders_are_named(tmp_path):
+    # A run named 'run "1" \\x' or a folder C:\\runs was written between bare quotes: a
+    # file that --calibration could not read ("not valid TOML").
+    from experiments.calibrate import best_mfu, write_calibration
+    from experiments.config import load_calibration
+    from experiments.validate import Row
+
+    names = [f'run "{i}" \\x' for i in range(12)]
+    result = calibrate([(n, f, m) for n, (f, m) in zip(names, synthetic_cases())])
+    rows = [Row(name=n, path="", family='h100 "bf16"', measured_s=1.0, status="ok",
+                estimate_s=1.0, mfu=0.4) for n in names[:2]]
+    path = tmp_path / "c.toml"
+    write_calibration(result, path, fitted_on='my "runs" C:\\runs',
+                      best=best_mfu(rows))
+    raw = tomllib.loads(path.read_text())
+    assert raw["provenance"]["runs"] == names
+    assert raw["provenance"]["fitted_on"] == 'my "runs" C:\\runs'
+    assert raw["best_measured_mfu"] == {'h100 "bf16"': {"mfu": 0.4, "run": names[0]}}
+    assert 'C:\\runs' in load_calibration(path).source
+
+
+def test_one_run_is_refused_before_it_compiles(tmp_path, monkeypatch, capsys):
+    # It compiled the run, then said "1 run(s) compiled; calibrating needs at least 2".
+    from experiments import validate
+    from tests.helpers import TINY, run_cli, write
+
+    monkeypatch.setattr(validate, "validate", lambda *a, **k: pytest.fail("compiled"))
+    (tmp_path / "runs").mkdir()
+    run = write(tmp_path / "runs", TINY + "[measured]\nstep_time_s = 0.5\n", "a.toml")
+    for given in (run, str(tmp_path / "runs")):
+        code, _, err = run_cli(["calibrate", given, "--out", str(tmp_path / "c.toml")], capsys)
+        assert code == 2 and err.count("\n") == 1 and "needs at least 2 runs" in err, err

@@ -226,6 +226,25 @@ def test_compare_names_the_systems_whose_power_counts_chips_only(capsys, cpu_dev
     assert "power of gb200-nvl72:8" not in out
 
 
+def test_compare_fit_and_search_say_which_calibration_they_used(tmp_path, capsys,
+                                                               cpu_devices):
+    # --calibration FILE changes every step time of compare, fit and search; only `run`
+    # said which calibration its figures were made with. A line names the file, and
+    # --json carries it as `run --json` does.
+    cal = tmp_path / "mine.toml"
+    cal.write_text('[parameters]\ngpu_bf16_matmul_efficiency = 0.4\n'
+                   '[provenance]\nsummary = "my cluster, 3 runs"\n')
+    out = tmp_path / "c.json"
+    for command in (["compare", TINY, "--systems", "h100:8"], ["fit", TINY, "--no-compile"]):
+        assert cli.main([*command, "--quiet", "--calibration", str(cal), "--json",
+                         str(out)]) == 0
+        line = next(ln for ln in capsys.readouterr().out.splitlines()
+                    if ln.startswith("calibration: "))
+        assert "my cluster, 3 runs" in line and str(cal) in line
+        used = json.loads(out.read_text())["calibration"]
+        assert used["gpu_bf16_matmul_efficiency"] == 0.4 and used["source"] in line
+
+
 def test_the_configs_chip_price_prices_its_own_chip_only(tmp_path, cpu_devices):
     # `[cost] usd_per_chip_hour = 2` is what the config's H100s cost: it priced the B200 and
     # the TPU v6e at $2 too. Now the B200 has no price (none public) and the v6e its

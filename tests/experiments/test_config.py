@@ -71,6 +71,13 @@ BAD = {
                        "[system]: system override sharp='yes' must be true or false"),
     "measured": (TINY + "[measured]\nstep_time_s = -1\n",
                  "measured.step_time_s=-1 must be above 0"),
+    # TOML's nan and inf are floats: they passed the check and ended a fit after compiling
+    "measured nan": (TINY + "[measured]\nstep_time_s = nan\n",
+                     "measured.step_time_s=nan must be above 0 and finite"),
+    "measured inf": (TINY + "[measured]\nstep_time_s = inf\n",
+                     "measured.step_time_s=inf must be above 0 and finite"),
+    "measured mfu": (TINY + "[measured]\nstep_time_s = 1\nmfu = -inf\n",
+                     "measured.mfu=-inf must be a finite number, 0 or above"),
     # Transformer Engine's userbuffers hide sequence parallelism's collectives; Megatron
     # refuses --tp-comm-overlap without --sequence-parallel
     "tp overlap without sp": (TINY.replace("fsdp = 4", "fsdp = 4\ntp_comm_overlap = true"),
@@ -154,6 +161,11 @@ def test_every_shipped_config_is_valid():
     ("parameters = 3\n", "no \\[parameters\\] table"),
     ("[parameters]\n[best_measured_mfu]\n\"tpu-v6e\" = 0.5\n",
      "best_measured_mfu\\] tpu-v6e = 0.5: write each family as"),
+    # a ceiling of 0 (or nan) flagged every estimate of the family "suspect"
+    ("[parameters]\n[best_measured_mfu]\n\"h100 bf16\" = { mfu = 0, run = \"r\" }\n",
+     "h100 bf16 mfu = 0: a measured MFU is a fraction above 0"),
+    ("[parameters]\n[best_measured_mfu]\n\"h100 bf16\" = { mfu = nan, run = \"r\" }\n",
+     "h100 bf16 mfu = nan: a measured MFU"),
 ])
 def test_bad_calibration_files_are_one_line(tmp_path, text, fragment):
     p = tmp_path / "cal.toml"

@@ -38,9 +38,12 @@ def cache_home(tmp_path_factory):
 def measured(cache_home, tmp_path_factory):
     """One measure run of the small config, with a profile, --json and --out."""
     d = tmp_path_factory.mktemp("measure")
+    # a calibration of GPU parameters: none scales this host's measured rates
+    (d / "gpu-cal.toml").write_text('[parameters]\ngpu_bf16_matmul_efficiency = 0.4\n'
+                                '[provenance]\nsummary = "my cluster"\n')
     args = ["measure", "tiny-h100-dp-tp", *SMALL, "--steps", "3", "--warmup", "1",
             "--profile", str(d / "trace"), "--json", str(d / "m.json"),
-            "--out", str(d / "run.toml"), "--quiet"]
+            "--out", str(d / "run.toml"), "--calibration", str(d / "gpu-cal.toml"), "--quiet"]
     from experiments import cli
 
     code = cli.main(args)
@@ -57,6 +60,9 @@ def test_measure_runs_trains_and_estimates_as_host_cpu(measured):
     assert len(m["step_times_s"]) == 3 and all(t > 0 for t in m["step_times_s"])
     assert m["measured_step_time_s"] == sorted(m["step_times_s"])[1]  # the median
     assert m["estimated_step_time_s"] > 0
+    # --calibration FILE: the JSON says which calibration its estimate used, as run's does
+    assert m["calibration"]["source"].startswith("my cluster") and str(d / "gpu-cal.toml") in \
+        m["calibration"]["source"] and m["calibration"]["gpu_bf16_matmul_efficiency"] == 0.4
     assert m["error"] == pytest.approx((m["estimated_step_time_s"] - m["measured_step_time_s"])
                                        / m["measured_step_time_s"])
     # training trains: a fixed batch, AdamW at 3e-4, the loss falls every step
@@ -190,7 +196,8 @@ def test_calibrating_on_host_cpu_runs_alone_is_refused(measured, capsys):
     # host-cpu runs are timed at the host's measured rates: no parameter of the fit
     # applies to them, and a file of uncalibrated defaults would be worse than the catalog's
     d, _ = measured
-    (d / "again.toml").write_text((d / "run.toml").read_text())
+    (d / "again.toml").write_text((d / "run.toml").read_text().replace(
+        'name = "tiny-h100-dp-tp"', 'name = "again"', 1))  # each run its own name
     code, _, err = run_cli(["calibrate", str(d / "run.toml"), str(d / "again.toml"),
                             "--out", str(d / "cal.toml")], capsys)
     assert code == 2 and "informs a calibration parameter" in err and err.count("\n") == 1

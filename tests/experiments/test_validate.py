@@ -2,11 +2,12 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from experiments import cli
-from experiments.validate import Row, percentile, summary
+from experiments.validate import Row, format_table, percentile, summary
 from tests.helpers import TINY, run_cli, write
 
 
@@ -38,6 +39,14 @@ def test_summary_overall_and_per_family_counts_only_cases_that_ran():
     assert s["overall"]["median_abs_error"] == pytest.approx(0.3)  # of 0.1, 0.3, 0.5
     assert s["families"]["h100 bf16"]["median_abs_error"] == pytest.approx(0.2)
     assert s["families"]["tpu-v6e bf16"]["ran"] == 1
+    # No leave-one-out under 3 runs, and a family none of whose runs ran: null, as JSON
+    # has it (NaN is not JSON), "-" in the table.
+    assert s["overall"]["loo_median_abs_error"] is None
+    s = summary(rows + [row("e", "b200 bf16", 1.0, None, "error")])
+    assert s["families"]["b200 bf16"]["median_abs_error"] is None
+    json.loads(json.dumps(s), parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    line = next(ln for ln in format_table(rows, s).splitlines() if "b200 bf16" in ln)
+    assert "0 ran   median     -   p90     -" in line
 
 
 MEASURED = '\n[measured]\nstep_time_s = 0.5\nsource = "test"\nevidence = "MEASURED-LOG"\n'
@@ -95,6 +104,66 @@ def test_a_bad_file_in_a_folder_of_runs_is_named(tmp_path, capsys, measured, say
     code, _, err = run_cli(["validate", str(cases)], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert says in err and bad in err and "good.toml" not in err
+
+
+def test_two_runs_of_one_name_are_refused_before_compiling(tmp_path, capsys):
+    # A run's name keys its leave-one-out estimate and a calibration's provenance: two
+    # runs named alike got each other's leave-one-out error. Named, both files, no compile.
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    first = write(cases, TINY + MEASURED, "a.toml")
+    second = write(cases, TINY.replace("data = 2\nfsdp = 4", "fsdp = 8") + MEASURED, "b.toml")
+    for command in ("validate", "calibrate"):
+        args = [command, str(cases)] + (["--out", str(tmp_path / "c.toml")]
+                                        if command == "calibrate" else [])
+        code, _, err = run_cli(args, capsys)
+        assert code == 2 and err.count("\n") == 1, err
+        assert first in err and second in err and "'t'" in err
+    assert not (tmp_path / "c.toml").exists()
+    # The same file named twice (its folder and itself) is one run, not a clash.
+    from experiments.validate import find_cases
+
+    assert find_cases([str(cases), first]) == [cases / "a.toml", cases / "b.toml"]
+
+
+def test_validate_says_which_calibration_its_estimates_used(tmp_path, capsys, monkeypatch):
+    # `--calibration FILE` changes every estimate; neither the table nor the JSON said
+    # which calibration they were made with (the catalog's or the file's). Both do, and a
+    # report's calibration line names the file, whatever its summary says.
+    from experiments import validate
+
+    rows = [row("a", "h100 bf16", 1.0, 1.1)]
+    monkeypatch.setattr(validate, "validate", lambda *a, **k: rows)
+    cal = tmp_path / "mine.toml"
+    cal.write_text('[parameters]\ngpu_bf16_matmul_efficiency = 0.4\n'
+                   '[provenance]\nsummary = "my cluster, 3 runs"\n')
+    out_json = tmp_path / "v.json"
+    code, out, err = run_cli(["validate", "runs", "--calibration", str(cal), "--json",
+                              str(out_json)], capsys)
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("calibration: "))
+    assert "my cluster, 3 runs" in line and line.endswith(f"file {cal}")
+    used = json.loads(out_json.read_text())["calibration"]
+    assert used["gpu_bf16_matmul_efficiency"] == 0.4 and used["source"] in line
+    code, out, _ = run_cli(["validate", "runs", "--json", str(out_json)], capsys)
+    catalog = json.loads(out_json.read_text())["calibration"]
+    assert catalog["source"].startswith("fitted on") and catalog["source"] in out
+
+
+def test_validate_checks_its_json_before_compiling(tmp_path, capsys, monkeypatch):
+    # --json into a missing folder failed after every run had compiled (minutes on the
+    # bundled set), and --json over one of the runs replaced that run's config.
+    from experiments import validate
+
+    monkeypatch.setattr(validate, "validate", lambda *a, **k: pytest.fail("compiled"))
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    run = write(cases, TINY + MEASURED, "a.toml")
+    for out, says in ((str(tmp_path / "nowhere" / "v.json"), "does not exist"),
+                      (run, "is one of the runs validated")):
+        code, _, err = run_cli(["validate", str(cases), "--json", out], capsys)
+        assert code == 2 and err.count("\n") == 1 and says in err, err
+    assert "[measured]" in Path(run).read_text()
 
 
 def test_bundled_validation_set_loads_and_names_its_sources():
