@@ -123,7 +123,8 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
                         timings={"build_s": time.perf_counter() - t0},
                         warnings=(*warnings, *(full or exp).notes, *step.notes),
                         compiler=target.compiler,
-                        compiler_note=_with_compare_hint(target.note, system),
+                        # the compilers that could compile the run it stands for
+                        compiler_note=_with_compare_hint(target.note, (full or exp).system),
                         fit_advice=advice)
 
 

@@ -201,3 +201,25 @@ def test_a_search_past_2048_devices_compiles_each_sharding_from_fewer_replicas(t
     capsys.readouterr()
     assert cli.main(args + ["--reestimate", "--system", "b200:4096"]) == 0
     assert "3 estimated" in capsys.readouterr().out
+
+
+def _reduced(sets, cpu_devices):
+    # 8 devices run as 2 data-parallel replicas compiled on 4 (max_compile_devices=4)
+    from experiments import config, runner
+
+    exp = config.load("tiny-h100-dp-tp", ["parallelism.data=4", "parallelism.tensor=2",
+                                          *sets])
+    return runner.run(exp, max_compile_devices=4)
+
+
+def test_a_reduced_run_offers_only_the_full_systems_compilers(cpu_devices, monkeypatch):
+    # With libtpu here, one v5e slice compiles on the TPU compiler, two slices over DCN do
+    # not (sharding/compiler.py, tpu_refusal): the full run's note must not offer
+    # `--backend all` because the reduced compile's one slice could have used it.
+    from sharding import compiler
+
+    monkeypatch.setattr(compiler, "tpu_compiler_installed", lambda: True)
+    report = _reduced(["system.name=tpu-v5e:2x2*2"], cpu_devices)
+    assert report.extrapolated_from.startswith("compiled on tpu-v5e:2x2, 4 devices")
+    assert report.compiler_note.startswith("not the TPU compiler")
+    assert "--backend all" not in report.compiler_note
