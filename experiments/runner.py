@@ -291,8 +291,7 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
         extrapolated_from=(f"compiled on {_on(small_exp.system, system)}"
                            f"{per_replica * replicas} devices ({replicas} of the "
                            f"{data} data-parallel replicas; each device's program is the "
-                           f"same), the replica groups rebuilt for {n} and timed on "
-                           f"{system.label}"))
+                           f"same), the replica groups rebuilt for {n}"))
     return sharding.estimate(full, system=system, calibration=calibration, cost=exp.cost)
 
 

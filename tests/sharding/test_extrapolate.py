@@ -212,6 +212,20 @@ def _reduced(sets, cpu_devices):
     return runner.run(exp, max_compile_devices=4)
 
 
+def test_a_reduced_run_retimed_on_another_system_names_that_system(cpu_devices):
+    # `compare` and `search --reestimate` re-time a stored program on another system of the
+    # same size: the report says where it was timed, not where it was first timed.
+    import sharding
+
+    report = _reduced([], cpu_devices)
+    assert report.extrapolated_from.endswith("timed on h100:8")
+    again = sharding.reanalyze(report.inputs, system="b200:8")
+    assert "h100" not in again.extrapolated_from, again.extrapolated_from
+    assert again.extrapolated_from.endswith("timed on b200:8")
+    assert sharding.reanalyze(again.inputs, system="h100:8").extrapolated_from == \
+        report.extrapolated_from
+
+
 def test_a_reduced_run_offers_only_the_full_systems_compilers(cpu_devices, monkeypatch):
     # With libtpu here, one v5e slice compiles on the TPU compiler, two slices over DCN do
     # not (sharding/compiler.py, tpu_refusal): the full run's note must not offer
