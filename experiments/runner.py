@@ -255,14 +255,9 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
            if data % d == 0 and per_replica * d <= limit and (gb * d) % data == 0
            and _reduced_system_name(system, per_replica * d) is not None]
     if not fit:
-        why = (f"parallelism.data = {data} leaves {per_replica} devices per data-parallel "
-               f"replica; put more of the devices on data (at most {limit} devices per "
-               f"compiled slice, the batch divisible"
-               + (", whole chips of a slice shape the family has)" if isinstance(
-                   system, TpuSystem) else ")"))
         raise ConfigError(f"system.name={system.name!r}: {n} devices is past the {limit} "
                           f"XLA:CPU compiles in one process, and extrapolating from fewer "
-                          f"replicas needs them: {why}")
+                          f"replicas needs them: {_no_reduced_run(exp, limit)}")
     replicas = fit[0]
     raw = exp.to_dict()
     raw["system"]["name"] = _reduced_system_name(system, per_replica * replicas)
@@ -293,6 +288,23 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
                            f"{data} data-parallel replicas; each device's program is the "
                            f"same), the replica groups rebuilt for {n}"))
     return sharding.estimate(full, system=system, calibration=calibration, cost=exp.cost)
+
+
+def _no_reduced_run(exp: Experiment, limit: int) -> str:
+    """Why no fewer data-parallel replicas of `exp` compile within `limit` devices."""
+    system, data = exp.system, exp.parallelism.data
+    per_replica = system.num_devices // data
+    small = [d for d in range(2, data) if per_replica * d <= limit]
+    if small and not any(data % d == 0 for d in small):
+        near = [d for d in range(data - 1, data + 2) if any(d % k == 0 for k in small)]
+        return (f"the replicas compiled must divide parallelism.data = {data}, and none "
+                f"from 2 to {small[-1]} (the most that fit in {limit} devices) does; choose "
+                f"a data size with a small divisor ({' or '.join(map(str, near))})")
+    return (f"parallelism.data = {data} leaves {per_replica} devices per data-parallel "
+            f"replica; put more of the devices on data (at most {limit} devices per "
+            f"compiled slice, the batch divisible"
+            + (", whole chips of a slice shape the family has)" if isinstance(
+                system, TpuSystem) else ")"))
 
 
 def _on(small, full) -> str:

@@ -237,3 +237,24 @@ def test_a_reduced_run_offers_only_the_full_systems_compilers(cpu_devices, monke
     assert report.extrapolated_from.startswith("compiled on tpu-v5e:2x2, 4 devices")
     assert report.compiler_note.startswith("not the TPU compiler")
     assert "--backend all" not in report.compiler_note
+
+
+@pytest.mark.parametrize("sets, why", [
+    # 7 replicas of 4 devices: 2, 3 or 4 of them would compile, but none divides 7
+    (["system.name=h100:28", "parallelism.data=7", "workload.global_batch=14"],
+     "the replicas compiled must divide parallelism.data = 7, and none from 2 to 4 (the "
+     "most that fit in 16 devices) does; choose a data size with a small divisor (6 or 8)"),
+    # 2 replicas of 16 devices: even 2 of them are past 16
+    (["system.name=h100:32", "parallelism.data=2", "parallelism.pipeline=4",
+      "model.n_layers=4", "workload.global_batch=8", "workload.microbatches=4"],
+     "parallelism.data = 2 leaves 16 devices per data-parallel replica; put more of the "
+     "devices on data"),
+])
+def test_a_run_too_large_even_for_the_reduced_compile_says_why(sets, why):
+    from experiments import config, runner
+    from experiments.config import ConfigError
+
+    exp = config.load("tiny-h100-dp-tp", [*sets, "parallelism.tensor=4"])
+    with pytest.raises(ConfigError) as e:
+        runner.run(exp, max_compile_devices=16)
+    assert why in str(e.value)
