@@ -285,9 +285,21 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
         sequences_per_step=_scaled(inputs.sequences_per_step, scale),
         extrapolated_from=(f"compiled on {_on(small_exp.system, system)}"
                            f"{per_replica * replicas} devices ({replicas} of the "
-                           f"{data} data-parallel replicas; each device's program is the "
-                           f"same), the replica groups rebuilt for {n}"))
+                           f"{data} data-parallel replicas; {_same_program(exp, replicas)}), "
+                           f"the replica groups rebuilt for {n}"))
     return sharding.estimate(full, system=system, calibration=calibration, cost=exp.cost)
+
+
+def _same_program(exp: Experiment, replicas: int) -> str:
+    """What of a device's program the reduced compile holds as the full run's."""
+    if not exp.train.shard_optimizer_over_data or exp.workload.kind != "train":
+        return "each device's program is the same"
+    # the state a device updates is 1/replicas of its shard, not 1/data: elementwise
+    # kernels, read and written once a step (sharding/extrapolate.py)
+    return (f"each device's program is the same but for the distributed optimizer's update "
+            f"over 1/{replicas} of its state where the run's devices update "
+            f"1/{exp.parallelism.data}: its HBM traffic, and the compiler's memory figure, "
+            f"are the reduced run's")
 
 
 def _no_reduced_run(exp: Experiment, limit: int) -> str:
