@@ -275,7 +275,8 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
     except NotExpandable as e:
         raise ConfigError(f"system.name={system.name!r}: {n} devices is past the {limit} "
                           f"XLA:CPU compiles, and the run compiled on {small_exp.system.name} "
-                          f"cannot be read as it exactly: {e}") from None
+                          f"cannot be read as it exactly: {e}; the program changes with "
+                          f"the number of data-parallel replicas{_what_changes(par)}") from None
     scale = data // replicas
     ids = tuple(map(int, placement(full_shape, inputs.axis_names, par.outer).flat))
     full = dataclasses.replace(
@@ -288,6 +289,14 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
                            f"{data} data-parallel replicas; {_same_program(exp, replicas)}), "
                            f"the replica groups rebuilt for {n}"))
     return sharding.estimate(full, system=system, calibration=calibration, cost=exp.cost)
+
+
+def _what_changes(par) -> str:
+    """What makes a program depend on its replica count, and the way out, where known."""
+    if par.fsdp > 1:
+        return (" (FSDP with data parallelism reshards by it): put the fsdp devices on data, "
+                "tensor or pipeline")
+    return ": shard it another way, or on a TPU system compile it whole (--backend tpu)"
 
 
 def _same_program(exp: Experiment, replicas: int) -> str:

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sharding.collectives import Collective, wire_bytes
+from sharding.hlo import operation_of
 from sharding.plan import Plan
 
 # Kinds whose per-device buffer is the same whatever the group size (S, the nccl-tests
@@ -71,10 +72,10 @@ def _expand(c: Collective, small: tuple[int, ...], full: tuple[int, ...],
     coords = [np.stack(np.unravel_index(np.asarray(g), small), axis=1) for g in c.groups]
     spans = sorted({i for i in grown for k in coords if (k[:, i] != k[0, i]).any()})
     if c.kind == "collective-permute" and spans:
-        raise NotExpandable(f"{c.kind} {c.name} moves data along "
+        raise NotExpandable(f"{_named(c)} moves data along "
                             f"{', '.join(names[i] for i in spans)}, which was shrunk")
     if spans and c.kind not in size_free:
-        raise NotExpandable(f"{c.kind} {c.name} spans {', '.join(names[i] for i in spans)}: "
+        raise NotExpandable(f"{_named(c)} spans {', '.join(names[i] for i in spans)}: "
                             f"its buffer depends on the group size")
     repeat = [i for i in grown if i not in spans]  # axes the group is copied along
     # every combination of indices along the repeated axes: (R, len(repeat))
@@ -86,11 +87,11 @@ def _expand(c: Collective, small: tuple[int, ...], full: tuple[int, ...],
             continue  # a copy of the group at index 0 of a repeated axis
         for i in spans:
             if sorted(set(k[:, i].tolist())) != list(range(small[i])):
-                raise NotExpandable(f"{c.kind} {c.name} covers part of axis {names[i]}")
+                raise NotExpandable(f"{_named(c)} covers part of axis {names[i]}")
         if spans:
             rows = np.unique(np.delete(k, spans, axis=1), axis=0)  # the other coordinates
             if len(rows) * math.prod(small[i] for i in spans) != len(k):
-                raise NotExpandable(f"{c.kind} {c.name}: a group that is not a whole block "
+                raise NotExpandable(f"{_named(c)}: a group that is not a whole block "
                                     f"of the axes it spans")
             rest = [i for i in range(len(full)) if i not in spans]
             base = np.zeros((len(rows), len(full)), dtype=np.int64)
@@ -110,6 +111,13 @@ def _expand(c: Collective, small: tuple[int, ...], full: tuple[int, ...],
     n = 2 if c.kind == "collective-permute" else len(groups[0])
     return dataclasses.replace(c, groups=tuple(groups), group_size=n,
                                wire_bytes=wire_bytes(c.kind, c.bytes, n))
+
+
+def _named(c: Collective) -> str:
+    """The collective as a refusal names it: its HLO name (with its kind when the name
+    lacks it) and the model operation behind it."""
+    name = c.name if c.name.startswith(c.kind) else f"{c.kind} {c.name}"
+    return f"{name} ({operation_of(c.op_name)})"
 
 
 def _grid(sizes: Sequence[int]) -> np.ndarray:

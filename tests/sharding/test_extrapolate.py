@@ -1,5 +1,6 @@
 """Runs past one compile: compiled with fewer data-parallel replicas, read as the full run."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -270,3 +271,32 @@ def test_a_reduced_run_with_the_distributed_optimizer_says_what_it_overcounts(cp
     assert "but for the distributed optimizer's update over 1/2 of its state where the " \
         "run's devices update 1/4: its HBM traffic" in report.extrapolated_from
     assert "each device's program is the same)" in _reduced([], cpu_devices).extrapolated_from
+
+
+
+def test_a_refusal_names_the_collective_once_and_its_operation():
+    c = dataclasses.replace(coll("all-gather", [[0, 2], [1, 3]]), name="all-gather.21",
+                            op_name="jit(sharded_step)/jvp(embedding)/jit(_take)/gather")
+    with pytest.raises(NotExpandable) as e:
+        expand_plan(plan_with(c), small_shape=(2, 2), full_shape=(4, 2), axis_names=AXES)
+    assert str(e.value).startswith("all-gather.21 (embedding (forward)) spans data: ")
+
+
+def test_a_program_that_changes_with_the_replica_count_is_refused_with_the_way_out(
+        cpu_devices, monkeypatch):
+    # FSDP with data: the embedding lookup's resharding spans data with buffers sized by
+    # the replica count (the slow test above compiles one); the refusal says what to change.
+    from experiments.config import ConfigError
+    from sharding import extrapolate
+
+    def refuse(plan, **kw):
+        raise NotExpandable("all-gather.21 (embedding (forward)) spans data: its buffer "
+                            "depends on the group size")
+
+    monkeypatch.setattr(extrapolate, "expand_plan", refuse)
+    with pytest.raises(ConfigError) as e:
+        _reduced(["parallelism.fsdp=2", "parallelism.tensor=1"], cpu_devices)
+    assert str(e.value).endswith(
+        "depends on the group size; the program changes with the number of data-parallel "
+        "replicas (FSDP with data parallelism reshards by it): put the fsdp devices on data, "
+        "tensor or pipeline")
