@@ -260,7 +260,9 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
                           f"replicas needs them: {_no_reduced_run(exp, limit)}")
     replicas = fit[0]
     raw = exp.to_dict()
-    raw["system"]["name"] = _reduced_system_name(system, per_replica * replicas)
+    # the network overrides are the full system's, which times the program: the compile
+    # needs the chip and the device count (a slice of a multi-slice pod has no DCN)
+    raw["system"] = {"name": _reduced_system_name(system, per_replica * replicas)}
     raw["parallelism"]["data"] = replicas
     raw["workload"]["global_batch"] = gb * replicas // data
     small_exp = config_mod.from_dict(raw)

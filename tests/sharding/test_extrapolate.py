@@ -300,3 +300,20 @@ def test_a_program_that_changes_with_the_replica_count_is_refused_with_the_way_o
         "depends on the group size; the program changes with the number of data-parallel "
         "replicas (FSDP with data parallelism reshards by it): put the fsdp devices on data, "
         "tensor or pipeline")
+
+
+def test_a_reduced_run_keeps_the_full_systems_network_overrides_out_of_its_compile(
+        cpu_devices):
+    # Two v5e slices over a 50 Gb/s DCN, compiled on one slice: the DCN override is the
+    # full system's (one slice has no DCN to override) and times the full run as it does
+    # the direct compile.
+    from experiments import config, runner
+
+    sets = ["system.name=tpu-v5e:2x2*2", "system.dcn_gbps=50"]
+    report = _reduced(sets, cpu_devices)
+    assert report.extrapolated_from.startswith("compiled on tpu-v5e:2x2, 4 devices")
+    assert report.system == "tpu-v5e:2x2*2 [dcn_gbps=50]"
+    direct = runner.run(config.load("tiny-h100-dp-tp", ["parallelism.data=4",
+                                                        "parallelism.tensor=2", *sets]))
+    assert any(c.link == "dcn" for c in direct.collectives)
+    assert report.step_time_s == pytest.approx(direct.step_time_s, rel=1e-9)
