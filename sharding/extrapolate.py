@@ -32,15 +32,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from sharding.collectives import Collective, wire_bytes
-from sharding.hlo import operation_of
+from sharding.hlo import GRADIENT_SUM, OPTIMIZER, operation_of
 from sharding.plan import Plan
 
 # Kinds whose per-device buffer is the same whatever the group size (S, the nccl-tests
 # buffer size of sharding/collectives.py).
 _SIZE_FREE = ("all-reduce",)
 # ... and with the optimizer's state sharded over the grown axis (ZeRO-1), its
-# reduce-scatter's input and all-gather's output: the whole per-replica tensor.
+# reduce-scatter's input and all-gather's output: the whole per-replica tensor. Its own:
+# those of the step's gradient sum and optimizer update (their named scopes).
 _STATE_SHARDING = ("reduce-scatter", "all-gather")
+_STATE_SCOPES = {GRADIENT_SUM, OPTIMIZER}
 
 
 class NotExpandable(ValueError):
@@ -50,8 +52,9 @@ class NotExpandable(ValueError):
 def expand_plan(plan: Plan, *, small_shape: Sequence[int], full_shape: Sequence[int],
                 axis_names: Sequence[str], sized_by_state: bool = False) -> Plan:
     """`plan`, compiled over `small_shape`, as the program over `full_shape` (the same axes;
-    only replica axes differ in size). `sized_by_state`: the reduce-scatters and
-    all-gathers across the grown axes are the sharded optimizer's (the module docstring)."""
+    only replica axes differ in size). `sized_by_state`: the optimizer is sharded over the
+    grown axes, so the reduce-scatters and all-gathers of its gradient sum and update
+    (their named scopes) carry the same buffers on any count (the module docstring)."""
     small_shape, full_shape = tuple(small_shape), tuple(full_shape)
     if len(small_shape) != len(full_shape) or len(axis_names) != len(full_shape):
         raise NotExpandable("the reduced and full meshes must have the same axes")
@@ -60,21 +63,20 @@ def expand_plan(plan: Plan, *, small_shape: Sequence[int], full_shape: Sequence[
         if full_shape[i] % small_shape[i]:
             raise NotExpandable(f"axis {axis_names[i]}: {small_shape[i]} does not divide "
                                 f"{full_shape[i]}")
-    size_free = _SIZE_FREE + (_STATE_SHARDING if sized_by_state else ())
-    collectives = tuple(_expand(c, small_shape, full_shape, axis_names, grown, size_free)
+    collectives = tuple(_expand(c, small_shape, full_shape, axis_names, grown, sized_by_state)
                         for c in plan.collectives)
     return dataclasses.replace(plan, num_partitions=math.prod(full_shape),
                                collectives=collectives)
 
 
 def _expand(c: Collective, small: tuple[int, ...], full: tuple[int, ...],
-            names: Sequence[str], grown: list[int], size_free: tuple[str, ...]) -> Collective:
+            names: Sequence[str], grown: list[int], sized_by_state: bool) -> Collective:
     coords = [np.stack(np.unravel_index(np.asarray(g), small), axis=1) for g in c.groups]
     spans = sorted({i for i in grown for k in coords if (k[:, i] != k[0, i]).any()})
     if c.kind == "collective-permute" and spans:
         raise NotExpandable(f"{_named(c)} moves data along "
                             f"{', '.join(names[i] for i in spans)}, which was shrunk")
-    if spans and c.kind not in size_free:
+    if spans and not _size_free(c, sized_by_state):
         raise NotExpandable(f"{_named(c)} spans {', '.join(names[i] for i in spans)}: "
                             f"its buffer depends on the group size")
     repeat = [i for i in grown if i not in spans]  # axes the group is copied along
@@ -111,6 +113,12 @@ def _expand(c: Collective, small: tuple[int, ...], full: tuple[int, ...],
     n = 2 if c.kind == "collective-permute" else len(groups[0])
     return dataclasses.replace(c, groups=tuple(groups), group_size=n,
                                wire_bytes=wire_bytes(c.kind, c.bytes, n))
+
+
+def _size_free(c: Collective, sized_by_state: bool) -> bool:
+    """Whether the collective's buffer is the same whatever its group's size."""
+    return c.kind in _SIZE_FREE or (sized_by_state and c.kind in _STATE_SHARDING
+                                    and not _STATE_SCOPES.isdisjoint(c.op_name.split("/")))
 
 
 def _named(c: Collective) -> str:

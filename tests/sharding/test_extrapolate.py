@@ -58,6 +58,30 @@ def test_what_cannot_be_rebuilt_exactly_is_refused_with_the_reason(collective, w
                     axis_names=AXES)
 
 
+
+@pytest.mark.parametrize("op_name, expandable", [
+    ("jit(step)/gradient_sum/reduce_scatter", True),   # the optimizer's gradient shard
+    ("jit(step)/optimizer/sharding_constraint", True),  # its bf16 weights gathered back
+    ("jit(step)/jvp(embedding)/jit(_take)/gather", False),  # a reshard sized by the replicas
+])
+def test_with_the_sharded_optimizer_only_its_own_collectives_span_data_by_state(op_name,
+                                                                                 expandable):
+    # `sized_by_state`: the reduce-scatters and all-gathers across data of the optimizer's
+    # gradient sum and update carry the replica's whole shard on any count; another one
+    # across data (FSDP with data can make one of the embedding lookup) does not.
+    c = dataclasses.replace(coll("all-gather", [[0, 2], [1, 3]]), op_name=op_name)
+
+    def expand():
+        return expand_plan(plan_with(c), small_shape=(2, 2), full_shape=(4, 2),
+                           axis_names=AXES, sized_by_state=True)
+
+    if expandable:
+        assert sorted(expand().collectives[0].groups) == [(0, 2, 4, 6), (1, 3, 5, 7)]
+    else:
+        with pytest.raises(NotExpandable, match="depends on the group size"):
+            expand()
+
+
 _COMPARE = """
 import json, sys
 from experiments import config, runner
