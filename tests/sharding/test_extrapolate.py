@@ -341,3 +341,32 @@ def test_a_reduced_run_keeps_the_full_systems_network_overrides_out_of_its_compi
                                                         "parallelism.tensor=2", *sets]))
     assert any(c.link == "dcn" for c in direct.collectives)
     assert report.step_time_s == pytest.approx(direct.step_time_s, rel=1e-9)
+
+
+def test_a_sharded_optimizer_splitting_its_state_otherwise_on_fewer_replicas_is_not_read_so(
+        cpu_devices):
+    # The distributed optimizer splits a state over data on a dimension the replicas divide
+    # and keeps it whole where none does (models/optimizer.py): the norms' (2 layers, 66)
+    # split on 2 replicas, whole on 4 and 8. 2 replicas are another program (a
+    # reduce-scatter where 8 all-reduce); 4 are the run's.
+    from experiments import config, runner
+    from experiments.config import ConfigError
+
+    zero = ["precision.params=bfloat16", "precision.master_weights=float32",
+            "train.shard_optimizer_over_data=true", "parallelism.tensor=1"]
+    exp = config.load("tiny-h100-dp-tp", ["parallelism.data=8", "model.d_model=66", *zero])
+    read, direct = runner.run(exp, max_compile_devices=4), runner.run(exp)
+
+    def key(r):
+        return sorted((c.kind, c.mesh_axes, c.bytes, c.count, sorted(map(sorted, c.groups)))
+                      for c in r.collectives)
+
+    assert read.extrapolated_from.startswith("compiled on 4 devices (4 of the 8 ")
+    assert key(read) == key(direct)
+    # d_model 68: the key projections' (2 layers, 68, 4, 16) split on the 68 on 2 and 4 replicas,
+    # on the 16 on 8: no fewer replicas will do
+    exp = config.load("tiny-h100-dp-tp", ["parallelism.data=8", "model.d_model=68", *zero])
+    with pytest.raises(ConfigError, match=r"program is another: .*\['attn'\]\['wk'\] is "
+                       r"split P\(None, 'data', None, None\) on 2 replicas, "
+                       r"P\(None, None, None, 'data'\) on 8; the distributed optimizer"):
+        runner.run(exp, max_compile_devices=4)
