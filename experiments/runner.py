@@ -359,12 +359,13 @@ def _same_program(exp: Experiment, replicas: int, specs: dict[str, object]) -> s
                 if path.startswith("[1]"))
     if not (exp.train.shard_optimizer_over_data and exp.workload.kind == "train" and split):
         return "each device's program is the same"
-    # the state a device updates is 1/replicas of its shard, not 1/data: elementwise
-    # kernels, read and written once a step (sharding/extrapolate.py)
-    return (f"each device's program is the same but for the distributed optimizer's update "
-            f"over 1/{replicas} of its state where the run's devices update "
-            f"1/{exp.parallelism.data}: its HBM traffic, and the compiler's memory figure, "
-            f"are the reduced run's")
+    # a state split over data (and the other batch axes) is split `replicas` ways on the
+    # reduced mesh, `data` ways on the full one: elementwise kernels, read and written once
+    # a step (sharding/extrapolate.py)
+    return (f"each device's program is the same but for the distributed optimizer's update, "
+            f"of {exp.parallelism.data // replicas} times the share of its state a device of "
+            f"the run updates: its HBM traffic, and the compiler's memory figure, are the "
+            f"reduced run's")
 
 
 def _mesh_axes(spec) -> set[str]:

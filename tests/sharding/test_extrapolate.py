@@ -287,13 +287,13 @@ def test_a_run_too_large_even_for_the_reduced_compile_says_why(sets, why):
 
 def test_a_reduced_run_with_the_distributed_optimizer_says_what_it_overcounts(cpu_devices):
     # With the optimizer sharded over data, the compiled 2 replicas each update 1/2 of the
-    # optimizer state where the run's 4 update 1/4: the program is not the same there, and
-    # the report must not say it is.
+    # optimizer state where the run's 4 update 1/4 (twice the share): the program is not
+    # the same there, and the report must not say it is.
     report = _reduced(["precision.params=bfloat16", "precision.master_weights=float32",
                        "train.shard_optimizer_over_data=true"], cpu_devices)
     assert "each device's program is the same)" not in report.extrapolated_from
-    assert "but for the distributed optimizer's update over 1/2 of its state where the " \
-        "run's devices update 1/4: its HBM traffic" in report.extrapolated_from
+    assert "but for the distributed optimizer's update, of 2 times the share of its state " \
+        "a device of the run updates: its HBM traffic" in report.extrapolated_from
     assert "each device's program is the same)" in _reduced([], cpu_devices).extrapolated_from
 
 
