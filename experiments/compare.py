@@ -99,6 +99,7 @@ class Entry:
             "system": self.system, "status": self.status, "message": self.message,
             "parallelism": self.parallelism, "retimed_from": self.retimed_from or None,
             "note": self.note or None,
+            "extrapolated_from": (r.extrapolated_from or None) if r else None,
             "step_time_s": r.step_time_s if r else None,
             "tokens_per_s": r.tokens_per_s if r else None,
             "tokens_per_s_per_device": r.tokens_per_s_per_device if r else None,
@@ -332,6 +333,15 @@ def _scale_out_rows(entries: Sequence[Entry]) -> list:
     return rows
 
 
+def _compiled(e: Entry) -> str:
+    """How the column's program was had: compiled, re-timed from another system's compile,
+    and whether with fewer data-parallel replicas read as the full run (runner.run)."""
+    how = [f"re-timed from {e.retimed_from}"] if e.retimed_from else []
+    if e.report.extrapolated_from:
+        how.append("extrapolated")
+    return ", ".join(how) or "yes"
+
+
 def format_compare(entries: Sequence[Entry]) -> str:
     from meshes import get_system
 
@@ -378,8 +388,7 @@ def format_compare(entries: Sequence[Entry]) -> str:
         ("USD per M tokens", lambda e: None if e.usd_per_million_tokens is None
          else f"{e.usd_per_million_tokens:.4g}"),
         *_scale_out_rows(entries),
-        ("compiled", lambda e: f"re-timed from {e.retimed_from}" if e.retimed_from
-         else "yes"),
+        ("compiled", _compiled),
     ]
     table = [(what, [cell(e, fn) for e in entries]) for what, fn in rows]
     lines = column_table([e.label for e in entries], table)

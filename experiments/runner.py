@@ -8,6 +8,8 @@ import math
 import time
 from collections.abc import Callable
 
+import jax
+
 import sharding
 from experiments.config import ConfigError, Experiment
 from meshes.calibration import Calibration
@@ -123,7 +125,8 @@ def _run(exp: Experiment, *, backend: str, calibration: Calibration | None,
                         timings={"build_s": time.perf_counter() - t0},
                         warnings=(*warnings, *(full or exp).notes, *step.notes),
                         compiler=target.compiler,
-                        compiler_note=_with_compare_hint(target.note, system),
+                        # the compilers that could compile the run it stands for
+                        compiler_note=_with_compare_hint(target.note, (full or exp).system),
                         fit_advice=advice)
 
 
@@ -226,6 +229,11 @@ def with_reserve(memory: sharding.Memory, exp: Experiment) -> sharding.Memory:
 def memory_of(exp: Experiment) -> sharding.Memory:
     """The memory model's figure for the experiment's step on its full mesh (abstract: any
     device count), with the runtime reserve; nothing is compiled."""
+    return _abstract_step(exp).memory
+
+
+def _abstract_step(exp: Experiment) -> Step:
+    """The experiment's step on an abstract mesh of its sizes (any device count)."""
     from sharding.mesh import abstract_mesh, ensure_cpu_devices
 
     try:  # building the program starts JAX's CPU backend: with the devices a compile needs
@@ -233,7 +241,7 @@ def memory_of(exp: Experiment) -> sharding.Memory:
     except ValueError:
         pass  # started smaller already (a test, a notebook): a compile will say so
     mesh = abstract_mesh(exp.system, exp.parallelism.sizes())
-    return build_step(exp, mesh, quiet=True).memory
+    return build_step(exp, mesh, quiet=True)
 
 
 def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | None,
@@ -243,7 +251,6 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
     read as the full run -- the replica groups rebuilt on the full mesh
     (sharding/extrapolate.py) and timed on the full system's links; FLOPs and tokens per
     step scaled by the replicas left out."""
-    from experiments import config as config_mod
     from sharding.extrapolate import NotExpandable, expand_plan
 
     system, par = exp.system, exp.parallelism
@@ -254,20 +261,26 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
            if data % d == 0 and per_replica * d <= limit and (gb * d) % data == 0
            and _reduced_system_name(system, per_replica * d) is not None]
     if not fit:
-        why = (f"parallelism.data = {data} leaves {per_replica} devices per data-parallel "
-               f"replica; put more of the devices on data (at most {limit} devices per "
-               f"compiled slice, the batch divisible"
-               + (", whole chips of a slice shape the family has)" if isinstance(
-                   system, TpuSystem) else ")"))
         raise ConfigError(f"system.name={system.name!r}: {n} devices is past the {limit} "
                           f"XLA:CPU compiles in one process, and extrapolating from fewer "
-                          f"replicas needs them: {why}")
-    replicas = fit[0]
-    raw = exp.to_dict()
-    raw["system"]["name"] = _reduced_system_name(system, per_replica * replicas)
-    raw["parallelism"]["data"] = replicas
-    raw["workload"]["global_batch"] = gb * replicas // data
-    small_exp = config_mod.from_dict(raw)
+                          f"replicas needs them: {_no_reduced_run(exp, limit)}")
+    # the fewest replicas whose program is the run's: every argument split alike (the
+    # distributed optimizer splits a state on a dimension the replicas divide, and keeps it
+    # whole where none does: 5 replicas of Llama 3 70B split its layers' state, 3125 not)
+    specs = _argument_specs(exp)
+    first = None
+    for replicas in fit:
+        small_exp = _with_replicas(exp, replicas, per_replica)
+        differs = _first_difference(_argument_specs(small_exp), specs)
+        if not differs:
+            break
+        first = first or (replicas, differs)
+    else:
+        (d, (path, small_spec, full_spec)) = first
+        raise ConfigError(f"system.name={system.name!r}: {n} devices is past the {limit} "
+                          f"XLA:CPU compiles, and on the fewer replicas that compile the "
+                          f"program is another: {path} is split {small_spec} on {d} replicas, "
+                          f"{full_spec} on {data}; {_what_splits(exp)}")
     small = _run(small_exp, backend="cpu", calibration=calibration,
                  compile_unfit=compile_unfit, full=exp, advise=advise)
     inputs = small.inputs
@@ -279,7 +292,8 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
     except NotExpandable as e:
         raise ConfigError(f"system.name={system.name!r}: {n} devices is past the {limit} "
                           f"XLA:CPU compiles, and the run compiled on {small_exp.system.name} "
-                          f"cannot be read as it exactly: {e}") from None
+                          f"cannot be read as it exactly: {e}; the program changes with "
+                          f"the number of data-parallel replicas{_what_changes(par)}") from None
     scale = data // replicas
     ids = tuple(map(int, placement(full_shape, inputs.axis_names, par.outer).flat))
     full = dataclasses.replace(
@@ -289,10 +303,91 @@ def _extrapolated(exp: Experiment, limit: int, *, calibration: Calibration | Non
         sequences_per_step=_scaled(inputs.sequences_per_step, scale),
         extrapolated_from=(f"compiled on {_on(small_exp.system, system)}"
                            f"{per_replica * replicas} devices ({replicas} of the "
-                           f"{data} data-parallel replicas; each device's program is the "
-                           f"same), the replica groups rebuilt for {n} and timed on "
-                           f"{system.label}"))
+                           f"{data} data-parallel replicas; "
+                           f"{_same_program(exp, replicas, specs)}), "
+                           f"the replica groups rebuilt for {n}"))
     return sharding.estimate(full, system=system, calibration=calibration, cost=exp.cost)
+
+
+def _with_replicas(exp: Experiment, replicas: int, per_replica: int) -> Experiment:
+    """`exp` on `replicas` of its data-parallel replicas, the batch of each the same."""
+    from experiments import config as config_mod
+
+    raw = exp.to_dict()
+    # the network overrides are the full system's, which times the program: the compile
+    # needs the chip and the device count (a slice of a multi-slice pod has no DCN)
+    raw["system"] = {"name": _reduced_system_name(exp.system, per_replica * replicas)}
+    raw["parallelism"]["data"] = replicas
+    raw["workload"]["global_batch"] = \
+        exp.workload.global_batch * replicas // exp.parallelism.data
+    return config_mod.from_dict(raw)
+
+
+def _argument_specs(exp: Experiment) -> dict[str, object]:
+    """The PartitionSpec of each argument of the experiment's step (abstract: no compile)."""
+    program = _abstract_step(exp).program
+    return {jax.tree_util.keystr(path): getattr(getattr(leaf, "sharding", None), "spec", None)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(program.args)}
+
+
+def _first_difference(small: dict, full: dict) -> tuple[str, object, object] | None:
+    """(argument, its spec on the reduced mesh, on the full one) of the first that differs."""
+    return next(((k, small.get(k), full[k]) for k in full if small.get(k) != full[k]), None)
+
+
+def _what_splits(exp: Experiment) -> str:
+    """The way out of a program whose arguments split otherwise on fewer replicas."""
+    if exp.train.shard_optimizer_over_data:
+        return ("the distributed optimizer splits a state over data on a dimension the "
+                "replicas divide; choose a parallelism.data whose smaller divisors split the "
+                "states as it does (a power of two), or train.shard_optimizer_over_data = false")
+    return "choose a parallelism.data whose smaller divisors split the arguments as it does"
+
+
+def _what_changes(par) -> str:
+    """What makes a program depend on its replica count, and the way out, where known."""
+    if par.fsdp > 1:
+        return (" (FSDP with data parallelism reshards by it): put the fsdp devices on data, "
+                "tensor or pipeline")
+    return ": shard it another way, or on a TPU system compile it whole (--backend tpu)"
+
+
+def _same_program(exp: Experiment, replicas: int, specs: dict[str, object]) -> str:
+    """What of a device's program the reduced compile holds as the full run's; `specs`:
+    its arguments' PartitionSpecs (a training step's are (params, optimizer state, batch))."""
+    split = any("data" in _mesh_axes(spec) for path, spec in specs.items()
+                if path.startswith("[1]"))
+    if not (exp.train.shard_optimizer_over_data and exp.workload.kind == "train" and split):
+        return "each device's program is the same"
+    # a state split over data (and the other batch axes) is split `replicas` ways on the
+    # reduced mesh, `data` ways on the full one: elementwise kernels, read and written once
+    # a step (sharding/extrapolate.py)
+    return (f"each device's program is the same but for the distributed optimizer's update, "
+            f"of {exp.parallelism.data // replicas} times the share of its state a device of "
+            f"the run updates: its HBM traffic, and the compiler's memory figure, are the "
+            f"reduced run's")
+
+
+def _mesh_axes(spec) -> set[str]:
+    """The mesh axes a PartitionSpec (or None) splits over."""
+    return {a for e in spec or () for a in (e if isinstance(e, tuple) else (e,)) if a}
+
+
+def _no_reduced_run(exp: Experiment, limit: int) -> str:
+    """Why no fewer data-parallel replicas of `exp` compile within `limit` devices."""
+    system, data = exp.system, exp.parallelism.data
+    per_replica = system.num_devices // data
+    small = [d for d in range(2, data) if per_replica * d <= limit]
+    if small and not any(data % d == 0 for d in small):
+        near = [d for d in range(data - 1, data + 2) if any(d % k == 0 for k in small)]
+        return (f"the replicas compiled must divide parallelism.data = {data}, and none "
+                f"from 2 to {small[-1]} (the most that fit in {limit} devices) does; choose "
+                f"a data size with a small divisor ({' or '.join(map(str, near))})")
+    return (f"parallelism.data = {data} leaves {per_replica} devices per data-parallel "
+            f"replica; put more of the devices on data (at most {limit} devices per "
+            f"compiled slice, the batch divisible"
+            + (", whole chips of a slice shape the family has)" if isinstance(
+                system, TpuSystem) else ")"))
 
 
 def _on(small, full) -> str:

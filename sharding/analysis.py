@@ -28,7 +28,8 @@ class AnalysisInputs:
         compiler: the compiler that made the HLO, in words (sharding.compiler.compiler_name).
         compiler_note: why that compiler may not be the target's ("" when it is).
         extrapolated_from: how a program compiled on fewer devices is read as this run
-            (sharding/extrapolate.py); "" when compiled at full size.
+            (sharding/extrapolate.py); "" when compiled at full size. The report adds the
+            system it is timed on.
         memory: memory per device (the caller's model, with the compiler's figure).
         compute_dtype: the matmuls' format, for their peak rate.
         model_flops_per_step, tokens_per_step, sequences_per_step: for MFU and throughput.

@@ -229,7 +229,7 @@ def estimate(inputs: AnalysisInputs, *, system: System,
         num_devices=n,
         compiler=inputs.compiler,
         compiler_note=inputs.compiler_note,
-        extrapolated_from=inputs.extrapolated_from,
+        extrapolated_from=_timed_on(inputs.extrapolated_from, system),
         collectives=collectives,
         compute=step_cost,
         memory=inputs.memory or Memory(components=(), source="HLO text only"),
@@ -260,6 +260,16 @@ def estimate(inputs: AnalysisInputs, *, system: System,
                                tokens_per_step=tokens, cost=cost),
         inputs=dataclasses.replace(inputs, plan=plan, device_ids=tuple(ids)),
     )
+
+
+def _timed_on(extrapolated_from: str, system: System) -> str:
+    """How the program was compiled, and the system this estimate times it on (a stored
+    program re-timed on another system names that one)."""
+    if not extrapolated_from:
+        return ""
+    # a record stored before the system was added here carries the one it was first timed on
+    compiled = extrapolated_from.split(" and timed on ")[0]
+    return f"{compiled} and timed on {system.label}"
 
 
 def untimed(inputs: AnalysisInputs) -> Report:

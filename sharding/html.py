@@ -208,6 +208,11 @@ def _op_table(r: Report) -> str:
             f"<th>TFLOP/s</th><th>FLOP/byte</th></tr>{rows}</table>")
 
 
+def _extrapolated(r: Report) -> str:
+    """How a program compiled on fewer devices is read as this run ("" when it was not)."""
+    return f", extrapolated: {html.escape(r.extrapolated_from)}" if r.extrapolated_from else ""
+
+
 def render_html(r: Report, *, chip: Chip, compute_dtype: str = "bfloat16") -> str:
     """The report's page: where the step goes, bytes per link, the roofline, the
     collectives and the text summary."""
@@ -227,7 +232,7 @@ def render_html(r: Report, *, chip: Chip, compute_dtype: str = "bfloat16") -> st
         f" ({html.escape(r.placement)})" if r.placement else "")
     return page(title, f"""<h1>{html.escape(title)} on {html.escape(r.system)}</h1>{verdict}
 <p>{devices}; HLO
-from {html.escape(r.compiler)}. Step
+from {html.escape(r.compiler)}{_extrapolated(r)}. Step
 {fmt_s(r.step_time_s)} (between {fmt_s(r.step_time_bounds_s[0])} with perfect overlap and
 {fmt_s(r.step_time_bounds_s[1])} with none). Bottleneck: {html.escape(r.bottleneck())}.</p>
 <h2>Where the step goes</h2>{step_plot(r)}

@@ -272,3 +272,19 @@ def test_compare_says_a_torus_links_figure_is_one_links(capsys, cpu_devices):
                if ln.startswith("links GB/s per device"))
     assert row.split()[4:] == ["nvlink", "450,", "infiniband", "50", "ici", "45/link",
                                "ici", "90/link,", "dcn", "12/chip"]
+
+
+def test_compare_says_which_systems_were_read_from_fewer_replicas(cpu_devices):
+    # A system past one compile is compiled with fewer data-parallel replicas (here 2 of 4,
+    # on 4 devices) and read as the full run: its column and its JSON say so.
+    from experiments import config, runner
+    from experiments.compare import Entry, format_compare
+
+    exp = config.load(TINY, ["parallelism.data=4", "parallelism.tensor=2"])
+    read = Entry("h100:8", "ok", report=runner.run(exp, max_compile_devices=4))
+    whole = Entry("h100:8", "ok", report=runner.run(exp))
+    compiled = next(ln for ln in format_compare([read, whole]).splitlines()
+                    if ln.startswith("compiled"))
+    assert compiled.split()[1:] == ["extrapolated", "yes"], compiled
+    assert read.to_dict()["extrapolated_from"].startswith("compiled on 4 devices (2 of the 4")
+    assert whole.to_dict()["extrapolated_from"] is None

@@ -1,5 +1,6 @@
 """Runs past one compile: compiled with fewer data-parallel replicas, read as the full run."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -55,6 +56,30 @@ def test_what_cannot_be_rebuilt_exactly_is_refused_with_the_reason(collective, w
     with pytest.raises(NotExpandable, match=why):
         expand_plan(plan_with(collective), small_shape=(2, 2), full_shape=(4, 2),
                     axis_names=AXES)
+
+
+
+@pytest.mark.parametrize("op_name, expandable", [
+    ("jit(step)/gradient_sum/reduce_scatter", True),   # the optimizer's gradient shard
+    ("jit(step)/optimizer/sharding_constraint", True),  # its bf16 weights gathered back
+    ("jit(step)/jvp(embedding)/jit(_take)/gather", False),  # a reshard sized by the replicas
+])
+def test_with_the_sharded_optimizer_only_its_own_collectives_span_data_by_state(op_name,
+                                                                                 expandable):
+    # `sized_by_state`: the reduce-scatters and all-gathers across data of the optimizer's
+    # gradient sum and update carry the replica's whole shard on any count; another one
+    # across data (FSDP with data can make one of the embedding lookup) does not.
+    c = dataclasses.replace(coll("all-gather", [[0, 2], [1, 3]]), op_name=op_name)
+
+    def expand():
+        return expand_plan(plan_with(c), small_shape=(2, 2), full_shape=(4, 2),
+                           axis_names=AXES, sized_by_state=True)
+
+    if expandable:
+        assert sorted(expand().collectives[0].groups) == [(0, 2, 4, 6), (1, 3, 5, 7)]
+    else:
+        with pytest.raises(NotExpandable, match="depends on the group size"):
+            expand()
 
 
 _COMPARE = """
@@ -201,3 +226,147 @@ def test_a_search_past_2048_devices_compiles_each_sharding_from_fewer_replicas(t
     capsys.readouterr()
     assert cli.main(args + ["--reestimate", "--system", "b200:4096"]) == 0
     assert "3 estimated" in capsys.readouterr().out
+
+
+def _reduced(sets, cpu_devices):
+    # 8 devices run as 2 data-parallel replicas compiled on 4 (max_compile_devices=4)
+    from experiments import config, runner
+
+    exp = config.load("tiny-h100-dp-tp", ["parallelism.data=4", "parallelism.tensor=2",
+                                          *sets])
+    return runner.run(exp, max_compile_devices=4)
+
+
+def test_a_reduced_run_retimed_on_another_system_names_that_system(cpu_devices):
+    # `compare` and `search --reestimate` re-time a stored program on another system of the
+    # same size: the report says where it was timed, not where it was first timed.
+    import sharding
+
+    report = _reduced([], cpu_devices)
+    assert report.extrapolated_from.endswith("timed on h100:8")
+    again = sharding.reanalyze(report.inputs, system="b200:8")
+    assert "h100" not in again.extrapolated_from, again.extrapolated_from
+    assert again.extrapolated_from.endswith("timed on b200:8")
+    assert sharding.reanalyze(again.inputs, system="h100:8").extrapolated_from == \
+        report.extrapolated_from
+
+
+def test_a_reduced_run_offers_only_the_full_systems_compilers(cpu_devices, monkeypatch):
+    # With libtpu here, one v5e slice compiles on the TPU compiler, two slices over DCN do
+    # not (sharding/compiler.py, tpu_refusal): the full run's note must not offer
+    # `--backend all` because the reduced compile's one slice could have used it.
+    from sharding import compiler
+
+    monkeypatch.setattr(compiler, "tpu_compiler_installed", lambda: True)
+    report = _reduced(["system.name=tpu-v5e:2x2*2"], cpu_devices)
+    assert report.extrapolated_from.startswith("compiled on tpu-v5e:2x2, 4 devices")
+    assert report.compiler_note.startswith("not the TPU compiler")
+    assert "--backend all" not in report.compiler_note
+
+
+@pytest.mark.parametrize("sets, why", [
+    # 7 replicas of 4 devices: 2, 3 or 4 of them would compile, but none divides 7
+    (["system.name=h100:28", "parallelism.data=7", "workload.global_batch=14"],
+     "the replicas compiled must divide parallelism.data = 7, and none from 2 to 4 (the "
+     "most that fit in 16 devices) does; choose a data size with a small divisor (6 or 8)"),
+    # 2 replicas of 16 devices: even 2 of them are past 16
+    (["system.name=h100:32", "parallelism.data=2", "parallelism.pipeline=4",
+      "model.n_layers=4", "workload.global_batch=8", "workload.microbatches=4"],
+     "parallelism.data = 2 leaves 16 devices per data-parallel replica; put more of the "
+     "devices on data"),
+])
+def test_a_run_too_large_even_for_the_reduced_compile_says_why(sets, why):
+    from experiments import config, runner
+    from experiments.config import ConfigError
+
+    exp = config.load("tiny-h100-dp-tp", [*sets, "parallelism.tensor=4"])
+    with pytest.raises(ConfigError) as e:
+        runner.run(exp, max_compile_devices=16)
+    assert why in str(e.value)
+
+
+def test_a_reduced_run_with_the_distributed_optimizer_says_what_it_overcounts(cpu_devices):
+    # With the optimizer sharded over data, the compiled 2 replicas each update 1/2 of the
+    # optimizer state where the run's 4 update 1/4 (twice the share): the program is not
+    # the same there, and the report must not say it is.
+    report = _reduced(["precision.params=bfloat16", "precision.master_weights=float32",
+                       "train.shard_optimizer_over_data=true"], cpu_devices)
+    assert "each device's program is the same)" not in report.extrapolated_from
+    assert "but for the distributed optimizer's update, of 2 times the share of its state " \
+        "a device of the run updates: its HBM traffic" in report.extrapolated_from
+    assert "each device's program is the same)" in _reduced([], cpu_devices).extrapolated_from
+
+
+
+def test_a_refusal_names_the_collective_once_and_its_operation():
+    c = dataclasses.replace(coll("all-gather", [[0, 2], [1, 3]]), name="all-gather.21",
+                            op_name="jit(sharded_step)/jvp(embedding)/jit(_take)/gather")
+    with pytest.raises(NotExpandable) as e:
+        expand_plan(plan_with(c), small_shape=(2, 2), full_shape=(4, 2), axis_names=AXES)
+    assert str(e.value).startswith("all-gather.21 (embedding (forward)) spans data: ")
+
+
+def test_a_program_that_changes_with_the_replica_count_is_refused_with_the_way_out(
+        cpu_devices, monkeypatch):
+    # FSDP with data: the embedding lookup's resharding spans data with buffers sized by
+    # the replica count (the slow test above compiles one); the refusal says what to change.
+    from experiments.config import ConfigError
+    from sharding import extrapolate
+
+    def refuse(plan, **kw):
+        raise NotExpandable("all-gather.21 (embedding (forward)) spans data: its buffer "
+                            "depends on the group size")
+
+    monkeypatch.setattr(extrapolate, "expand_plan", refuse)
+    with pytest.raises(ConfigError) as e:
+        _reduced(["parallelism.fsdp=2", "parallelism.tensor=1"], cpu_devices)
+    assert str(e.value).endswith(
+        "depends on the group size; the program changes with the number of data-parallel "
+        "replicas (FSDP with data parallelism reshards by it): put the fsdp devices on data, "
+        "tensor or pipeline")
+
+
+def test_a_reduced_run_keeps_the_full_systems_network_overrides_out_of_its_compile(
+        cpu_devices):
+    # Two v5e slices over a 50 Gb/s DCN, compiled on one slice: the DCN override is the
+    # full system's (one slice has no DCN to override) and times the full run as it does
+    # the direct compile.
+    from experiments import config, runner
+
+    sets = ["system.name=tpu-v5e:2x2*2", "system.dcn_gbps=50"]
+    report = _reduced(sets, cpu_devices)
+    assert report.extrapolated_from.startswith("compiled on tpu-v5e:2x2, 4 devices")
+    assert report.system == "tpu-v5e:2x2*2 [dcn_gbps=50]"
+    direct = runner.run(config.load("tiny-h100-dp-tp", ["parallelism.data=4",
+                                                        "parallelism.tensor=2", *sets]))
+    assert any(c.link == "dcn" for c in direct.collectives)
+    assert report.step_time_s == pytest.approx(direct.step_time_s, rel=1e-9)
+
+
+def test_a_sharded_optimizer_splitting_its_state_otherwise_on_fewer_replicas_is_not_read_so(
+        cpu_devices):
+    # The distributed optimizer splits a state over data on a dimension the replicas divide
+    # and keeps it whole where none does (models/optimizer.py): the norms' (2 layers, 66)
+    # split on 2 replicas, whole on 4 and 8. 2 replicas are another program (a
+    # reduce-scatter where 8 all-reduce); 4 are the run's.
+    from experiments import config, runner
+    from experiments.config import ConfigError
+
+    zero = ["precision.params=bfloat16", "precision.master_weights=float32",
+            "train.shard_optimizer_over_data=true", "parallelism.tensor=1"]
+    exp = config.load("tiny-h100-dp-tp", ["parallelism.data=8", "model.d_model=66", *zero])
+    read, direct = runner.run(exp, max_compile_devices=4), runner.run(exp)
+
+    def key(r):
+        return sorted((c.kind, c.mesh_axes, c.bytes, c.count, sorted(map(sorted, c.groups)))
+                      for c in r.collectives)
+
+    assert read.extrapolated_from.startswith("compiled on 4 devices (4 of the 8 ")
+    assert key(read) == key(direct)
+    # d_model 68: the key projections' (2 layers, 68, 4, 16) split on the 68 on 2 and 4 replicas,
+    # on the 16 on 8: no fewer replicas will do
+    exp = config.load("tiny-h100-dp-tp", ["parallelism.data=8", "model.d_model=68", *zero])
+    with pytest.raises(ConfigError, match=r"program is another: .*\['attn'\]\['wk'\] is "
+                       r"split P\(None, 'data', None, None\) on 2 replicas, "
+                       r"P\(None, None, None, 'data'\) on 8; the distributed optimizer"):
+        runner.run(exp, max_compile_devices=4)

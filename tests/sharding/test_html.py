@@ -84,3 +84,19 @@ def test_html_report_in_a_headless_browser(tmp_path, capsys, cpu_devices):
     labels = g["barLabels"]
     assert any("infiniband collectives" in b["text"] for b in labels)
     assert all(b["x"] >= 0 for b in labels), labels
+
+
+def test_html_report_of_a_run_past_one_compile_says_how_it_was_read(cpu_devices):
+    # 8 devices as 4 data-parallel replicas, compiled with 2 of them (4 devices): the page
+    # says so, as the terminal report's `extrapolated:` line does.
+    import html
+
+    from experiments import config, runner
+    from meshes import get_system
+    from sharding.html import render_html
+
+    exp = config.load("tiny-h100-dp-tp", ["parallelism.data=4", "parallelism.tensor=2"])
+    report = runner.run(exp, max_compile_devices=4)
+    assert report.extrapolated_from.startswith("compiled on 4 devices (2 of the 4 ")
+    page = render_html(report, chip=get_system("h100:8").chip)
+    assert html.escape(report.extrapolated_from) in page
