@@ -179,23 +179,27 @@ class Flags:
 
     def __init__(self, values: dict[str, list]):
         self.values, self.used = values, set()
+        # every flag the translation looked for, given or not: a flag close to one of these
+        # is a misspelling
+        self.asked: set[str] = set()
         self.notes: list[str] = []  # how a flag read is modelled, where not as Megatron runs
+
+    def given(self, name: str) -> bool:
+        self.asked.add(name)
+        return name in self.values
 
     def values_text(self, name: str) -> str | None:
         """The flag's values as one text (a pattern the shell split); marks it used."""
-        if name not in self.values:
+        if not self.given(name):
             return None
         if len(self.values[name]) > 1:
             self.values[name] = [" ".join(str(getattr(w, "text", w))
                                           for w in self.values[name])]
         return self.text(name)
 
-    def given(self, name: str) -> bool:
-        return name in self.values
-
     def text(self, name: str) -> str | None:
         """The flag's one value (None when absent); marks it used."""
-        if name not in self.values:
+        if not self.given(name):
             return None
         self.used.add(name)
         got = self.values[name]
@@ -211,7 +215,7 @@ class Flags:
         return got[0]
 
     def switch(self, name: str) -> bool:
-        if name not in self.values:
+        if not self.given(name):
             return False
         self.used.add(name)
         got = self.values[name]
@@ -644,11 +648,6 @@ def translate(values: dict[str, list], system_name: str, name: str) -> tuple[dic
     return raw, f
 
 
-# Every flag the translation reads (a flag close to one of these is a misspelling)
-READ = frozenset(re.findall(r'f\.(?:int|float|text|switch|choice|values_text)\("([a-z0-9-]+)"',
-                            Path(__file__).read_text()) + [a for a in ALIASES])
-
-
 def read_megatron(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str, list[str]]:
     """The flags of a file (and the overrides after them), the system its `# shardscope
     system:` line names ("" if none) and its `# shardscope set:` lines."""
@@ -693,9 +692,12 @@ NEAR_READ = frozenset({"decoder-seq-length", "encoder-tensor-model-parallel-size
 
 
 def _misspelt(f: Flags) -> None:
+    """Refuses a flag given but not read that is one letter from a flag the translation
+    looked for (or one of its older names)."""
+    read = f.asked | ALIASES.keys()
     for name in f.unused():
-        near = difflib.get_close_matches(name, READ, n=1, cutoff=0.85)
-        if near and name not in READ | NEAR_READ:
+        near = difflib.get_close_matches(name, read, n=1, cutoff=0.85)
+        if near and name not in read | NEAR_READ:
             raise ConfigError(f"--{name}: not a Megatron flag shardscope reads; did you mean "
                               f"--{near[0]}?")
 
