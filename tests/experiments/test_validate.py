@@ -60,12 +60,13 @@ def test_validate_runs_each_case_in_its_own_process(tmp_path, capsys, cpu_device
     # A case the runner refuses (more fake CPU devices than XLA:CPU takes, and FSDP with
     # data parallelism, which is not read from fewer replicas) is a row; the run goes on.
     refused = TINY.replace("data = 2\nfsdp = 4", "data = 64\nfsdp = 64").replace(
-        "h100:8", "tpu-v5e:16x16*16").replace("global_batch = 16", "global_batch = 4096")
+        "h100:8", "tpu-v5e:16x16*16").replace("global_batch = 16", "global_batch = 4096"
+                                              ).replace('name = "t"', 'name = "refused"')
     write(cases, refused + MEASURED, "refused.toml")
     out_json = tmp_path / "v.json"
-    code, out, _ = run_cli(["validate", str(cases), "--workers", "2", "--json", str(out_json)],
-                           capsys)
-    assert code == 0
+    code, out, err = run_cli(["validate", str(cases), "--workers", "2", "--json",
+                              str(out_json)], capsys)
+    assert code == 0, err
     d = json.loads(out_json.read_text())
     by_name = {c["name"]: c for c in d["cases"]}
     ok = by_name["t"] if "t" in by_name else next(c for c in d["cases"] if c["status"] == "ok")
