@@ -63,7 +63,7 @@ def cmd_calibrate(args) -> int:
         checked(args.features, "--features")
         kept(args.features, args.force, "--features")
     _outputs_apart(args)
-    if len(_runs_given(args.dir)) == 1 and all(Path(d).exists() for d in args.dir):
+    if len(_runs_given(args.dir)) == 1:
         raise ConfigError(f"one run given ({args.dir[0]}); calibrating needs at least "
                           f"{calibrate.MIN_RUNS} runs with a [measured] table (a parameter "
                           f"one run informs would match it exactly)")  # before compiling
@@ -107,18 +107,22 @@ def cmd_calibrate(args) -> int:
 
 
 def _runs_given(paths) -> set[Path]:
-    """The run files validate and calibrate would read from `paths` (those that exist)."""
-    given = [Path(d) for d in paths or ()]
-    return {d.resolve() for d in given if d.is_file()} | {
-        p.resolve() for d in given if d.is_dir() for p in d.glob("*.toml")}
+    """The run files validate and calibrate read from `paths` (the bundled set when none)
+    that exist: validate.find_cases's, which says the others are missing."""
+    from experiments import validate
+
+    given = [d for d in paths or [validate.VALIDATION_DIR] if Path(d).exists()]
+    return {p.resolve() for p in validate.find_cases(given)} if given else set()
 
 
 def _outputs_apart(args) -> None:
     """calibrate's --out and --features are two files, and neither is one of its runs nor
     (--out) a .toml in a folder of them, which the next validate of it would read as a
     run: a one-line error before anything compiles."""
-    folders = {Path(d).resolve() for d in args.dir or () if Path(d).is_dir()}
+    from experiments.validate import VALIDATION_DIR
+
     runs = _runs_given(args.dir)
+    folders = {Path(d).resolve() for d in args.dir or [VALIDATION_DIR] if Path(d).is_dir()}
     out = Path(args.out).resolve()
     if args.features and Path(args.features).resolve() == out:
         raise ConfigError(f"--out and --features are both {args.out!r}: the step "

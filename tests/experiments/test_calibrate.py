@@ -263,6 +263,10 @@ def test_calibrate_writes_neither_file_over_its_runs_nor_the_other(tmp_path, mon
         code, _, err = run_cli(["calibrate", str(runs), *args], capsys)
         assert code == 2 and err.count("\n") == 1 and says in err, err
     assert not (tmp_path / "cal.toml").exists() and "[measured]" in Path(run).read_text()
+    # without a folder calibrate reads the bundled set: --out into it is refused alike
+    code, _, err = run_cli(["calibrate", "--out", str(validate.VALIDATION_DIR / "cal.toml")],
+                           capsys)
+    assert code == 2 and "a folder of runs calibrated" in err, err
     # One already there reads as what it is, with the way out.
     monkeypatch.undo()
     (runs / "cal.toml").write_text("[parameters]\ngpu_bf16_matmul_efficiency = 0.5\n")
