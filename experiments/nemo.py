@@ -12,6 +12,7 @@ weights stay fp32 under bf16 autocast), the optimizer's name and CPU offloading.
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 
@@ -69,6 +70,8 @@ PRECISIONS = {"bf16": True, "bf16-mixed": True, "32": False, "32-true": False}
 OPTIMIZERS = {"fused_adam": False, "adam": False, "adamw": False,
               "distributed_fused_adam": True, "mcore_distributed_optim": True}
 _REF = re.compile(r"\$\{(\.*)([\w.]+)\}")
+# NeMo's own model keys one letter or word from a key read here (not misspellings)
+NEAR_READ = frozenset({"decoder_seq_length", "ub_tp_comm_overlap_cfg"})
 
 
 def _scalar(text: str):
@@ -246,10 +249,25 @@ def experiment(path: str | Path, overrides: list[str], system: str | None, name:
         raw["train"]["offload_layers"] = model.get("cpu_offloading_num_layers") or 0
     config_mod.from_dict(raw)  # its checks, naming the config's keys
     notes = [_nemo_names(note) for note in flags.notes]
+    _misspelt_overrides(overrides, used)
     unread = [f"model.{k}" for k in model if k not in used]
     if unread:
         notes.append("NeMo keys read but not modelled: " + ", ".join(unread))
     return raw, notes
+
+
+def _misspelt_overrides(overrides: list[str], used: set[str]) -> None:
+    """Refuses a command-line override of a model key not read that is one letter from a
+    key read (the config file's own keys are NeMo's many others, listed as not modelled)."""
+    for item in overrides:
+        key = item.partition("=")[0].strip().lstrip("+")
+        table, _, name = key.partition(".")
+        if table != "model" or "." in name or name in used or name in NEAR_READ:
+            continue
+        near = difflib.get_close_matches(name, used, n=1, cutoff=0.85)
+        if near:
+            raise ConfigError(f"override {item!r}: model.{name} is not a NeMo key shardscope "
+                              f"reads; did you mean model.{near[0]}?")
 
 
 def import_nemo(path: str, overrides: list[str], system: str | None, out: str) -> str:

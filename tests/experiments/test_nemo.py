@@ -111,6 +111,9 @@ def test_o1_keeps_fp32_weights_and_the_keys_name_nemos(tmp_path, capsys):
                                                  "models one global batch"),
     ([], "give its size as an override, +model.vocab_size=N"),
     (["tensor_model_parallel_size=2"], "expected model.KEY=VALUE"),
+    # a misspelt override was listed among the keys not modelled, its setting dropped
+    (["model.sequence_paralel=true"], "did you mean model.sequence_parallel?"),
+    (["+model.num_moe_expert=8"], "did you mean model.num_moe_experts?"),
 ])
 def test_bad_keys_are_one_line_naming_nemos_key(args, named, tmp_path, capsys):
     extra = [] if "vocab_size" in named else ["model.vocab_size=32000"]
