@@ -185,13 +185,14 @@ def _power_lines(e, if_fit: str = "") -> list[str]:
 def format_scale_out(r: Report, plan: dict) -> list[str]:
     """The lines of `Energy.scale_out`: chips within a power budget, and a run of N tokens
     on the run's chips and on those."""
-    e = r.energy
+    e, if_fit = r.energy, _if_fit(r)  # marks the figures of the step, not the refusals
     lines = []
 
     def run_line(run: dict, where: str) -> str:
         usd = "" if run["usd"] is None else f", ${run['usd']:,.0f}"
         energy = "" if run["energy_j"] is None else f", {fmt_wh(run['energy_j'])} at the facility"
-        return f"{run['tokens']:.3g} tokens {where}: {fmt_duration(run['time_s'])}{energy}{usd}"
+        return (f"{run['tokens']:.3g} tokens {where}: {fmt_duration(run['time_s'])}{energy}"
+                f"{usd}{if_fit}")
 
     if plan.get("power_budget_w") is not None and plan.get("chips_within_budget") is None:
         lines.append("power budget   no estimate: no public power figure for this chip or "
@@ -208,7 +209,7 @@ def format_scale_out(r: Report, plan: dict) -> list[str]:
                          f"{plan['chips_within_budget']:,} chips of this system running this "
                          f"step ({plan['chips_within_budget'] / unit:,.0f} data-parallel "
                          f"replicas of {unit:,.4g} chips, {fmt_watts(e.power_per_chip_w)} a "
-                         f"chip at the facility)")
+                         f"chip at the facility){if_fit}")
     if plan.get("run"):
         lines.append("run            " + run_line(plan["run"], f"on these {e.chips:,.0f} chips"))
     if plan.get("run_within_budget"):
@@ -218,8 +219,7 @@ def format_scale_out(r: Report, plan: dict) -> list[str]:
         lines.append("               " + run_line(
             plan["run_within_budget"], f"on {chips:,} chips ({how} data-parallel replicas "
             f"at this step's tokens/s per chip{bound})"))
-    return [line if "no estimate" in line or "feeds no " in line else line + _if_fit(r)
-            for line in lines]
+    return lines
 
 
 def _summary_lines(r: Report) -> list[str]:
