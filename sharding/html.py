@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from meshes.calibration import Calibration
 from meshes.chips import Chip, best_size_factor
 from sharding.report import Report
-from sharding.units import fmt_bytes, fmt_s
+from sharding.units import counted, fmt_bytes, fmt_s
 
 _COLORS = {"matmul": "#4c78a8", "memory-bound": "#72b7b2", "exposed communication": "#e45756",
            "nvlink": "#f58518", "infiniband": "#e45756", "ici": "#54a24b", "dcn": "#b279a2",
@@ -228,7 +228,7 @@ def render_html(r: Report, *, chip: Chip, compute_dtype: str = "bfloat16") -> st
     title = r.name or "report"
     verdict = "" if r.fits is not False else (f"<p class=\"nofit\"><b>Does not fit</b>: "
                                  f"{html.escape(r.bottleneck())}; times are as if it fit.</p>")
-    devices = f"{r.num_devices} device{'s' if r.num_devices != 1 else ''}" + (
+    devices = counted(r.num_devices, "device") + (
         f" ({html.escape(r.placement)})" if r.placement else "")
     return page(title, f"""<h1>{html.escape(title)} on {html.escape(r.system)}</h1>{verdict}
 <p>{devices}; HLO

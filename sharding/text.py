@@ -6,7 +6,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from meshes.power import CHIPS_ONLY, POD_SHARE
-from sharding.units import fmt_bytes, fmt_duration, fmt_joules, fmt_s, fmt_watts, fmt_wh
+from sharding.units import (
+    counted,
+    fmt_bytes,
+    fmt_duration,
+    fmt_joules,
+    fmt_s,
+    fmt_watts,
+    fmt_wh,
+)
 
 if TYPE_CHECKING:  # annotations only: report.py imports this module to print itself
     from sharding.report import Report
@@ -75,7 +83,7 @@ def _collective_lines(r: Report) -> list[str]:
     title = f"{r.name}  " if r.name else ""
     placed = f": {r.placement}" if r.placement else ""
     system = r.system or "no system"
-    devices = f"{r.num_devices} device{'s' if r.num_devices != 1 else ''}"
+    devices = counted(r.num_devices, "device")
     lines.append(f"{title}on {system} ({devices}{placed}), HLO from "
                  f"{r.compiler}")
     if r.fits is False:
