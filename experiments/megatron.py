@@ -324,7 +324,7 @@ def _parallelism(f: Flags, n: int, system: str) -> tuple[dict, int]:
         raise ConfigError(f"--expert-model-parallel-size {e} does not divide the data-parallel "
                           f"size {dp} (= {n} devices / {t * p * c}): shardscope's expert ranks "
                           f"are data-parallel ones; choose one of "
-                          f"{', '.join(map(str, divisors(dp)))}")
+                          f"{divisors(dp)}")
     if f.int("num-distributed-optimizer-instances", 1) != 1:
         raise ConfigError("--num-distributed-optimizer-instances: shardscope shards the "
                           "optimizer over every data-parallel rank; set it to 1")

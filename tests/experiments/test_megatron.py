@@ -165,6 +165,7 @@ def test_overrides_as_flags_or_key_value(tmp_path, capsys):
                                "--micro-batch-size 1 x the data-parallel size 8"),
     ("--num-experts 4 --expert-model-parallel-size 3", "--expert-model-parallel-size 3 does "
                                                        "not divide the data-parallel size 8"),
+    ("--num-experts 4 --expert-model-parallel-size 3", "choose one of 1, 2, 4, 8"),
     ("--num-experts 4 --tensor-model-parallel-size 2 --expert-tensor-parallel-size 1",
      "--expert-tensor-parallel-size 1"),
     ("--tensor-model-paralel-size 2", "did you mean --tensor-model-parallel-size?"),
