@@ -409,10 +409,15 @@ def _stage_layers(f: Flags, layers: int, stages: int) -> tuple[int, list[list[in
 
 def _pipeline(f: Flags, layers: int, stages: int, microbatches: int) -> int:
     """parallelism.virtual_stages, where shardscope lays the layers as Megatron does."""
-    if stages == 1:
-        for flag in ("num-layers-per-virtual-pipeline-stage",
-                     "virtual-pipeline-model-parallel-size"):
-            f.int(flag)
+    if stages == 1:  # virtual stages without pipeline stages: Megatron refuses them
+        chunk = f.int("num-layers-per-virtual-pipeline-stage")
+        vpp = f.int("virtual-pipeline-model-parallel-size", 1)
+        if chunk or vpp > 1:
+            given = (f"--num-layers-per-virtual-pipeline-stage {chunk}" if chunk else
+                     f"--virtual-pipeline-model-parallel-size {vpp}")
+            raise ConfigError(f"{given}: virtual stages need pipeline stages (Megatron "
+                              f"refuses it too); add --pipeline-model-parallel-size 2 or "
+                              f"more, or drop it")
         return 1
     virtual, theirs, how = _stage_layers(f, layers, stages)
     plan = Pipeline(stages=stages, microbatches=max(microbatches, stages), layers=layers,

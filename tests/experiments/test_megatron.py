@@ -180,6 +180,9 @@ def test_overrides_as_flags_or_key_value(tmp_path, capsys):
      "--num-layers = 8 layers do not split evenly over --pipeline-model-parallel-size 2 x "
      "--num-layers-per-virtual-pipeline-stage 3"),
     ("--pipeline-model-parallel-size 3", "= 3 does not divide the 8 devices of h100:8"),
+    ("--num-layers-per-virtual-pipeline-stage 2", "--num-layers-per-virtual-pipeline-stage 2: "
+                                                  "virtual stages need pipeline stages"),
+    ("--virtual-pipeline-model-parallel-size 2", "add --pipeline-model-parallel-size 2 or more"),
     ("--optimizer sgd", "--optimizer sgd: shardscope models Adam"),
     ("--bf16 extra", "--bf16 is a switch and takes no value"),
 ])
