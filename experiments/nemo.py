@@ -106,8 +106,12 @@ def read_nemo(path: str | Path, overrides: list[str]) -> dict:
                               f"trainer.KEY=VALUE as NeMo's Hydra command line takes them, "
                               f"e.g. model.tensor_model_parallel_size=8")
         node = cfg
-        for part in parts[:-1]:
+        for i, part in enumerate(parts[:-1], 1):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                table = ".".join(parts[:i])
+                raise ConfigError(f"override {item!r}: {table} is {node!r} in the config, "
+                                  f"not a table of keys; override {table} itself")
         node[parts[-1]] = _scalar(value)
     return _resolved(cfg, cfg, [])
 
@@ -151,7 +155,7 @@ def _flag_words(model: dict, used: set[str]) -> list[str]:
     for key, choices in CHOICES.items():
         used.add(key)
         if key in model and model[key] is not None:
-            if model[key] not in choices:
+            if isinstance(model[key], list | dict) or model[key] not in choices:
                 raise ConfigError(f"model.{key}={model[key]!r} has no shardscope equivalent; "
                                   f"valid: {', '.join(map(str, choices))}")
             words += choices[model[key]]

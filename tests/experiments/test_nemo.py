@@ -114,6 +114,9 @@ def test_o1_keeps_fp32_weights_and_the_keys_name_nemos(tmp_path, capsys):
     # a misspelt override was listed among the keys not modelled, its setting dropped
     (["model.sequence_paralel=true"], "did you mean model.sequence_parallel?"),
     (["+model.num_moe_expert=8"], "did you mean model.num_moe_experts?"),
+    # a value of the wrong kind, a key under a value: one line, not a TypeError
+    (["model.activation=[gelu]"], "model.activation=['gelu'] has no shardscope equivalent"),
+    (["model.bias.x=1"], "override 'model.bias.x=1': model.bias is False in the config"),
 ])
 def test_bad_keys_are_one_line_naming_nemos_key(args, named, tmp_path, capsys):
     extra = [] if "vocab_size" in named else ["model.vocab_size=32000"]
