@@ -8,6 +8,7 @@ name here.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 
 from meshes.gpu import GPU_FAMILIES, GpuFamily, GpuSystem
@@ -140,10 +141,10 @@ def _gpu_system(f: GpuFamily, name: str, size: str, overrides: dict) -> GpuSyste
     if overrides.get("pod_gpus", domain) % domain:  # a pod is whole nodes (racks)
         raise ValueError(f"system override pod_gpus={overrides['pod_gpus']} is not whole "
                          f"NVLink domains of {domain} GPUs; use a multiple of {domain}")
-    if overrides.get("pod_oversubscription", 1) < 1:
+    if not 1 <= overrides.get("pod_oversubscription", 1) < math.inf:  # nan and inf too
         raise ValueError(f"system override pod_oversubscription="
-                         f"{overrides['pod_oversubscription']} must be at least 1 (1: a "
-                         f"non-blocking spine; 7 for 7:1)")
+                         f"{overrides['pod_oversubscription']} must be a finite number of at "
+                         f"least 1 (1: a non-blocking spine; 7 for 7:1)")
     nic = overrides.get("nic_gbps")
     kw = dict(nic_bytes_per_s=nic * 1e9 / 8 if nic else None,
               sharp=bool(overrides.get("sharp", False)),

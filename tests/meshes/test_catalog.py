@@ -42,7 +42,9 @@ def test_device_ids_outside_the_system_are_an_error():
     # a pod is whole nodes, and a spine tapers (below 1 it was read as non-blocking)
     ("h100:64", {"pod_gpus": 12}, "pod_gpus=12 is not whole NVLink domains of 8 GPUs"),
     ("gb200-nvl72:512", {"pod_gpus": 128, "gpus_per_domain": 64}, None),
-    ("h100:64", {"pod_oversubscription": 0.5}, "pod_oversubscription=0.5 must be at least 1"),
+    ("h100:64", {"pod_oversubscription": 0.5}, "pod_oversubscription=0.5 must be a finite"),
+    ("h100:64", {"pod_oversubscription": float("nan")}, "pod_oversubscription=nan must be"),
+    ("h100:64", {"pod_oversubscription": float("inf")}, "pod_oversubscription=inf must be"),
 ])
 def test_bad_overrides_say_what_is_valid(name, overrides, fragment):
     if fragment is None:  # valid: 2 racks of 64 used GPUs in each pod
