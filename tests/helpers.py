@@ -72,6 +72,22 @@ needs_browser = pytest.mark.skipif(
     reason="no chromium or playwright: `make test` installs Debian's chromium as root")
 
 
+def tpu_compiler_refuses(monkeypatch):
+    """The TPU compiler's out-of-memory refusal given, not compiled (the real one takes a
+    large program): the TPU target's compile raises it, every other compile runs."""
+    from sharding import api
+    from sharding import compiler as backends
+
+    real = api.compile_to_hlo
+
+    def refusing(fn, *args, final_hlo=False, **kw):
+        if final_hlo:  # the TPU target's compile
+            raise backends.DoesNotFit("the program does not fit: Ran out of memory on HBM")
+        return real(fn, *args, final_hlo=final_hlo, **kw)
+
+    monkeypatch.setattr(api, "compile_to_hlo", refusing)
+
+
 def filled_store(path, raw, axes=("data", "tensor"), *, label, step=1e-3, unfit=(), errors=()):
     """A results store holding a made-up result for every candidate of `raw` over `axes`, stored
     by a search named `label` (nothing compiles when a search of them runs): each that

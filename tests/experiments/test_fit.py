@@ -6,6 +6,7 @@ import pytest
 
 from experiments import cli, fit, runner
 from experiments import config as config_mod
+from tests.helpers import tpu_compiler_refuses
 
 # One attention head (tensor parallelism cannot split it) and a wide MLP: the backward
 # working set of 128 sequences of 1024 tokens per GPU is what does not fit, and only fewer
@@ -114,17 +115,7 @@ def test_a_step_the_tpu_compiler_refuses_is_a_verdict_not_an_error(tmp_path, cap
     # "error: the program does not fit: ... (compile with --backend cpu ...)", exit 2,
     # without the verdict or the changes `fit` exists for; `--backend auto` fell back to
     # the CPU path and said "fits" from the memory model, the TPU compiler's refusal lost.
-    from sharding import api
-    from sharding import compiler as backends
-
-    real = api.compile_to_hlo
-
-    def refusing(fn, *args, final_hlo=False, **kw):
-        if final_hlo:  # the TPU target's compile
-            raise backends.DoesNotFit("the program does not fit: Ran out of memory on HBM")
-        return real(fn, *args, final_hlo=final_hlo, **kw)
-
-    monkeypatch.setattr(api, "compile_to_hlo", refusing)
+    tpu_compiler_refuses(monkeypatch)
     path = tmp_path / "t.toml"
     path.write_text(config_mod.resolve("tiny-h100-dp-tp").read_text().replace(
         '"h100:8"', '"tpu-v5e:2x4"'))

@@ -6,7 +6,7 @@ import pytest
 
 from meshes import get_system
 from sharding import compiler as backends
-from tests.helpers import DECODE_70B, TINY, run_cli, run_json, write
+from tests.helpers import DECODE_70B, TINY, run_cli, run_json, tpu_compiler_refuses, write
 
 pytestmark = pytest.mark.tpu
 
@@ -112,16 +112,7 @@ def test_auto_falls_back_to_the_cpu_path_when_the_tpu_compiler_refuses(tmp_path,
     # The TPU compiler's refusal is real in the test above; here its answer is given, so
     # that the fallback costs a tiny compile: `auto` compiles on the CPU path instead and
     # the report carries the TPU compiler's verdict.
-    from sharding import api
-
-    real = api.compile_to_hlo
-
-    def refusing(fn, *args, final_hlo=False, **kw):
-        if final_hlo:  # the TPU target's compile
-            raise backends.DoesNotFit("the program does not fit: Ran out of memory on HBM")
-        return real(fn, *args, final_hlo=final_hlo, **kw)
-
-    monkeypatch.setattr(api, "compile_to_hlo", refusing)
+    tpu_compiler_refuses(monkeypatch)
     code, out, err = run_cli(["run", write(tmp_path, TPU_TINY), "--backend", "auto"], capsys)
     assert code == 0, err
     assert "HLO from XLA:CPU" in out and "TPU compiler: the program does not fit" in out
