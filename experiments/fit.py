@@ -243,8 +243,9 @@ def fit(exp: Experiment, *, backend: str = "cpu", calibration=None, limit: int =
     from sharding.mesh import CPU_MAX_DEVICES
 
     resolved = compiler.resolve_backend(backend, exp.system)
-    # `auto` reads a pod past what XLA:CPU fakes from the memory model, as `run` does
-    if backend == "auto" and exp.system.num_devices > CPU_MAX_DEVICES:
+    # `auto` reads a TPU pod past what XLA:CPU fakes from the memory model, as `run` reads
+    # it from fewer replicas on the CPU path (it hands a GPU run to XLA:GPU whole)
+    if backend == "auto" and resolved == "tpu" and exp.system.num_devices > CPU_MAX_DEVICES:
         resolved = "cpu"
     refused = ()
     if resolved == "cpu":

@@ -109,6 +109,10 @@ class Calibration:
     def values(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in PARAMETERS}
 
+    def summary(self) -> dict:
+        """Its values and where they come from: a report's JSON `calibration`."""
+        return {**self.values(), "source": self.source}
+
     def to_dict(self) -> dict:
         """The calibration file's tables (`calibration_from_dict` reads them back): how a
         calibration travels to a compile in another process."""

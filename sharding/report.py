@@ -489,7 +489,7 @@ class Report:
             "host_transfer_bytes": self.host_transfer_bytes,
             "host_transfer_s": self.host_transfer_s if self.host_bytes_per_s and self.timed
             else None,
-            "calibration": {**self.calibration.values(), "source": self.calibration.source},
+            "calibration": self.calibration.summary(),
             "unknown_ops": list(self.unknown_ops),
             "pipeline": None if self.pipeline is None else {
                 **self.pipeline, "bubble_s": self.pipeline_bubble_s},

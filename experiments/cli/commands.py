@@ -34,7 +34,7 @@ def calibration_used(args, out: dict | None = None) -> dict | None:
         return out
     print(f"calibration: {cal.source}")
     if out is not None:
-        out = {**out, "calibration": {**cal.values(), "source": cal.source}}
+        out = {**out, "calibration": cal.summary()}
     return out
 
 

@@ -41,7 +41,7 @@ def cmd_validate(args) -> int:
         print(line)
     if args.json:
         write_json(args.json, {"cases": [r.to_dict() for r in rows], "summary": stats,
-                               "calibration": {**used.values(), "source": used.source}})
+                               "calibration": used.summary()})
     bad = validate.unfit(rows)
     if bad:  # every run here ran: a "does not fit" is the memory model's error
         print(f"\n{len(bad)} published runs read 'does not fit' although they ran: "

@@ -127,3 +127,23 @@ def test_a_step_the_tpu_compiler_refuses_is_a_verdict_not_an_error(tmp_path, cap
     assert not d["fits"] and "DOES NOT FIT" in text.splitlines()[0]
     assert any(n.startswith("the TPU compiler (libtpu, deviceless v5e:2x4) refused it: the "
                             "program does not fit") for n in d["notes"])
+
+
+def test_auto_hands_a_gpu_run_past_one_compile_to_the_gpu_compiler_as_run_does(monkeypatch):
+    # `run --backend auto` compiles a GPU run whole with XLA:GPU (only a TPU pod is read
+    # from fewer replicas): `fit` read every run past 2048 devices from the memory model.
+    from types import SimpleNamespace
+
+    from sharding import compiler
+
+    exp = config_mod.load("llama3-405b-h100-16384-tp8-pp16-dp128")
+    monkeypatch.setattr(compiler, "resolve_backend", lambda backend, system: "gpu")
+    used = []
+
+    def compiled(exp, *, backend, calibration):
+        used.append(backend)
+        return SimpleNamespace(memory=fit.memory_of(exp))
+
+    monkeypatch.setattr(runner, "run", compiled)
+    fit.fit(exp, backend="auto", compile=False)
+    assert used == ["gpu"]
