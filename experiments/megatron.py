@@ -48,21 +48,24 @@ class Unresolved:
 def _logical_lines(text: str) -> list[tuple[int, str]]:
     """Lines with their `\\` continuations joined, and an array assignment's `( ... )` over
     several lines as one; each with its first line's number."""
-    out, buf, start, depth = [], "", 0, 0
+    out, buf, code, start = [], "", "", 0  # code: buf without its comments
     for number, line in enumerate(text.splitlines(), 1):
         if not buf:
             start = number
         stripped = line.split(" #", 1)[0].rstrip() if not line.lstrip().startswith("#") else ""
         if stripped.endswith("\\"):
             buf += stripped[:-1] + " "
+            code += stripped[:-1] + " "
             continue
         buf += line
-        depth = buf.count("(") - buf.count(")") if _ASSIGN.match(buf) and "=(" in buf else 0
-        if depth > 0:
+        code += stripped
+        # a bracket in a comment does not open or close the array
+        if _ASSIGN.match(code) and "=(" in code and code.count("(") > code.count(")"):
             buf += "\n"
+            code += "\n"
             continue
         out.append((start, buf))
-        buf = ""
+        buf = code = ""
     if buf:
         out.append((start, buf))
     return out

@@ -351,3 +351,13 @@ def test_the_export_sets_only_what_no_flag_says(capsys):
                     "model.fused_qkv=false", "model.fused_mlp=false", 'train.remat="custom"',
                     'train.offload=["decoder_layer_input", "query_proj", '
                     '"key_proj", "value_proj", "out_proj"]']
+
+
+def test_a_bracket_in_a_comment_does_not_open_an_array(tmp_path, capsys):
+    # The array's lines are joined while its brackets are open: one in a comment kept
+    # MODEL_ARGS open over the torchrun line, and its flags were lost.
+    script = LAUNCH.replace("# eight (a comment in an array)", "# eight :( or (8")
+    code, _, err = _import(tmp_path, capsys, script, "--system", "h100:16")
+    assert code == 0, err
+    par = config.load(tmp_path / "exp.toml").parallelism
+    assert (par.tensor, par.pipeline) == (4, 2)
