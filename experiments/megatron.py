@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import shlex
 from pathlib import Path
@@ -243,7 +244,8 @@ class Flags:
             raise ConfigError(f"--{name} {v}: must be a whole number, e.g. --{name} "
                               f"{max(minimum, default or 1)}") from None
         if out < minimum:
-            raise ConfigError(f"--{name} {v}: must be at least {minimum}")
+            raise ConfigError(f"--{name} {v}: must be at least {minimum}, e.g. --{name} "
+                              f"{max(minimum, default or 1)}")
         return out
 
     def float(self, name: str, default: float | None = None) -> float | None:
@@ -251,9 +253,13 @@ class Flags:
         if v is None:
             return default
         try:
-            return float(v)
+            out = float(v)
         except ValueError:
-            raise ConfigError(f"--{name} {v}: must be a number") from None
+            out = math.nan
+        if not math.isfinite(out):  # float() reads "nan" and "inf" too
+            raise ConfigError(f"--{name} {v}: must be a finite number, e.g. --{name} "
+                              f"{default if default is not None else 1.0}")
+        return out
 
     def choice(self, name: str, default: str | None, choices, hint: str = "") -> str | None:
         v = self.text(name)

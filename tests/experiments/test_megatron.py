@@ -170,6 +170,10 @@ def test_overrides_as_flags_or_key_value(tmp_path, capsys):
      "--expert-tensor-parallel-size 1"),
     ("--tensor-model-paralel-size 2", "did you mean --tensor-model-parallel-size?"),
     ("--micro-batch-size two", "--micro-batch-size two: must be a whole number"),
+    ("--micro-batch-size 0", "--micro-batch-size 0: must be at least 1, e.g. "
+                             "--micro-batch-size 1"),
+    ("--lr nan", "--lr nan: must be a finite number, e.g. --lr"),
+    ("--lr fast", "--lr fast: must be a finite number, e.g. --lr"),
     ("--normalization BatchNorm", "--normalization BatchNorm: valid: LayerNorm, RMSNorm"),
     ("--recompute-granularity full --recompute-method block --recompute-num-layers 1",
      "--recompute-method block --recompute-num-layers 1: shardscope recomputes every layer"),
