@@ -98,9 +98,11 @@ def get_system(name: str, **overrides) -> System:
             raise ValueError(f"system {name!r} takes no overrides ({', '.join(overrides)}): "
                              f"its rates are measured on this host")
         return host_system(size, name)
-    close = difflib.get_close_matches(family.lower(), [*GPU_FAMILIES, *TPU_FAMILIES,
-                                                       HOST_FAMILY], n=1,
-                                      cutoff=0.6)
+    families = [*GPU_FAMILIES, *TPU_FAMILIES, HOST_FAMILY]
+    # a family the name begins (gb200 -> gb200-nvl72, not b200: another machine), else the
+    # nearest spelling
+    close = [f for f in families if f.startswith(f"{family.lower()}-")] or \
+        difflib.get_close_matches(family.lower(), families, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}:{size}? " if close else ""
     raise ValueError(f"unknown system family {family!r} in {name!r}; {hint}valid: {valid}")
 

@@ -11,6 +11,9 @@ MB = 1e6
     ("h100", "<family>:<size>"),
     ("dgx:8", "unknown system family 'dgx' in 'dgx:8'; valid: a100:8"),
     ("b20O:8", "unknown system family 'b20O' in 'b20O:8'; did you mean b200:8\\? valid:"),
+    # the rack's chip is gb200, the HGX node's b200: a family the name begins comes first
+    ("gb200:128", "did you mean gb200-nvl72:128\\?"),
+    ("tpu7:64", "did you mean tpu7x:64\\?"),
     ("tpu-v5e:4x4x4", "2D"),
     ("tpu-v5e:32x32", "the largest tpu-v5e slice is 16x16"),
     # MaxText's "4 slices of 256" written as a shape: the message names the *N form
