@@ -352,10 +352,15 @@ class Report:
         if cost.overhead_s > 0.5 * (hbm_s + math_s) and cost.kernels:
             # The fixed cost per kernel (the calibration's) outweighs the kernels' own bytes
             # and FLOPs: many small kernels (decode), which HBM bandwidth would not speed up.
+            fitted = ""
+            if self.time_per_output_token_s is not None and self.system_family != "host-cpu":
+                # the figure a decode step stands on: say where it comes from
+                fitted = ("; that cost is fitted on GPU training steps: a serving engine "
+                          "replaying CUDA graphs, or a TPU, may pay less (docs/limits.md)")
             return (f"kernel count: {cost.kernels:,.0f} kernels at "
                     f"{cost.overhead_s / cost.kernels * 1e6:.1f} us fixed cost each are "
                     f"{cost.overhead_s / step:.0%} of the step, their bytes and FLOPs "
-                    f"{(hbm_s + math_s - cost.overhead_s) / step:.0%}")
+                    f"{(hbm_s + math_s - cost.overhead_s) / step:.0%}{fitted}")
         # Each class's own bytes or FLOPs, its kernels' fixed cost said apart when it counts
         hbm_s -= cost.overhead_s - cost.math_overhead_s
         math_s -= cost.math_overhead_s

@@ -66,6 +66,11 @@ def test_a_step_of_many_small_kernels_names_the_kernel_count(cpu_devices):
         kernel_overhead_s=5e-5), **kw)
     n = slow.compute.kernels
     assert slow.time_bottleneck().startswith(f"kernel count: {n:,.0f} kernels at 50.0 us")
+    # a decode step (one token a sequence) says where the figure it stands on comes from
+    assert "fitted on GPU training steps" not in slow.time_bottleneck()
+    decode = dataclasses.replace(slow, tokens_per_step=16, sequences_per_step=16)
+    assert "fitted on GPU training steps: a serving engine replaying CUDA graphs" in \
+        decode.time_bottleneck()
     assert not sharding.analyze(prog.step, *prog.args, calibration=IDENTITY,
                                 **kw).time_bottleneck().startswith("kernel count")
     # A fixed cost that counts but does not dominate (30% of the kernels' own time) is said
