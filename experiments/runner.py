@@ -18,6 +18,7 @@ from meshes.reserves import JAX_GPU_MEM_FRACTION, reserved
 from meshes.tpu import TpuSystem
 from models.inference import build_serve_program
 from models.memory import offload_bytes_per_step, serving_memory, training_memory
+from models.optimizer import spec_axes
 from models.pipeline import output_layer_share
 from models.train import build_train_program
 from models.transformer import dense_layer_note
@@ -355,7 +356,7 @@ def _what_changes(par) -> str:
 def _same_program(exp: Experiment, replicas: int, specs: dict[str, object]) -> str:
     """What of a device's program the reduced compile holds as the full run's; `specs`:
     its arguments' PartitionSpecs (a training step's are (params, optimizer state, batch))."""
-    split = any("data" in _mesh_axes(spec) for path, spec in specs.items()
+    split = any("data" in spec_axes(spec) for path, spec in specs.items()
                 if path.startswith("[1]"))
     if not (exp.train.shard_optimizer_over_data and exp.workload.kind == "train" and split):
         return "each device's program is the same"
@@ -366,11 +367,6 @@ def _same_program(exp: Experiment, replicas: int, specs: dict[str, object]) -> s
             f"of {exp.parallelism.data // replicas} times the share of its state a device of "
             f"the run updates: its HBM traffic, and the compiler's memory figure, are the "
             f"reduced run's")
-
-
-def _mesh_axes(spec) -> set[str]:
-    """The mesh axes a PartitionSpec (or None) splits over."""
-    return {a for e in spec or () for a in (e if isinstance(e, tuple) else (e,)) if a}
 
 
 def _no_reduced_run(exp: Experiment, limit: int) -> str:

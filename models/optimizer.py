@@ -41,12 +41,17 @@ def _axes_of(entry) -> tuple[str, ...]:
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
+def spec_axes(spec: PartitionSpec | None) -> set[str]:
+    """The mesh axes a PartitionSpec (or None: replicated) splits over."""
+    return {a for e in spec or () for a in _axes_of(e)}
+
+
 def sharded_over(spec: PartitionSpec, shape, extra: tuple[str, ...], mesh_shape
                  ) -> PartitionSpec:
     """`spec` further split over the `extra` mesh axes it does not use, on the dimension
     that takes them (the largest one whose size they divide with its own axes); `spec`
     itself when none does (a tiny vector stays whole)."""
-    used = {a for e in spec for a in _axes_of(e)}
+    used = spec_axes(spec)
     extra = tuple(a for a in extra if a not in used)
     if not extra:
         return spec
