@@ -87,7 +87,9 @@ def scalar(text: str):
 
 def parse_yaml(text: str) -> tuple[dict, str]:
     """The top-level `key: value` lines (nested blocks skipped) and the system a
-    `# shardscope system: NAME` line names ("" if none)."""
+    `# shardscope system: NAME` line names ("" if none). Not yaml.safe_load: YAML 1.1 reads
+    3e-6 (MaxText's post_train/rl.yml learning_rate) and the export's 3e-06 as strings,
+    where MaxText's own reader, OmegaConf, reads numbers, as this does."""
     out, system, block = {}, "", None  # block: the key whose value is an empty line
     for number, line in enumerate(text.splitlines(), 1):
         if line.startswith(SYSTEM_LINE):

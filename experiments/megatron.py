@@ -234,32 +234,47 @@ class Flags:
                               f"{self.values[name][0]!r}; write --{name} alone")
         return True
 
-    def int(self, name: str, default: int | None = None, minimum: int = 1) -> int | None:
-        v = self.text(name)
-        if v is None:
-            return default
-        try:
-            out = int(v)
-        except ValueError:
-            raise ConfigError(f"--{name} {v}: must be a whole number, e.g. --{name} "
-                              f"{max(minimum, default or 1)}") from None
-        if out < minimum:
-            raise ConfigError(f"--{name} {v}: must be at least {minimum}, e.g. --{name} "
-                              f"{max(minimum, default or 1)}")
-        return out
+    def int(self, name: str, default: int | None = None, minimum: int = 1,
+            example: int | None = None) -> int | None:
+        """The flag's whole number, at least `minimum` (`default` when absent); `example`: a
+        value a mistake's message shows (else the default, or `minimum`)."""
+        def whole(v: str) -> int:
+            try:
+                out = int(v)
+            except ValueError:
+                raise ValueError("a whole number") from None
+            if out < minimum:
+                raise ValueError(f"at least {minimum}")
+            return out
 
-    def float(self, name: str, default: float | None = None) -> float | None:
+        return self._number(name, default, whole,
+                            example if example is not None else max(minimum, default or 1))
+
+    def float(self, name: str, default: float | None = None,
+              example: float | None = None) -> float | None:
+        """The flag's finite number (`default` when absent); `example`: as `int`'s."""
+        def finite(v: str) -> float:
+            try:
+                out = float(v)
+            except ValueError:
+                out = math.nan
+            if not math.isfinite(out):  # float() reads "nan" and "inf" too
+                raise ValueError("a finite number")
+            return out
+
+        shown = example if example is not None else default if default is not None else 1.0
+        return self._number(name, default, finite, shown)
+
+    def _number(self, name: str, default, read, example):
+        """The flag's value as `read` makes it, `default` when absent; `read` raises
+        ValueError saying what is valid, which a one-line error shows with `example`."""
         v = self.text(name)
         if v is None:
             return default
         try:
-            out = float(v)
-        except ValueError:
-            out = math.nan
-        if not math.isfinite(out):  # float() reads "nan" and "inf" too
-            raise ConfigError(f"--{name} {v}: must be a finite number, e.g. --{name} "
-                              f"{default if default is not None else 1.0}")
-        return out
+            return read(v)
+        except ValueError as e:
+            raise ConfigError(f"--{name} {v}: must be {e}, e.g. --{name} {example}") from None
 
     def choice(self, name: str, default: str | None, choices, hint: str = "") -> str | None:
         v = self.text(name)
@@ -447,8 +462,8 @@ def _pipeline(f: Flags, layers: int, stages: int, microbatches: int) -> int:
     return virtual
 
 
-def _required(f: Flags, name: str, example: str) -> int:
-    v = f.int(name)
+def _required(f: Flags, name: str, example: int) -> int:
+    v = f.int(name, example=example)
     if v is None:
         raise ConfigError(f"no --{name}: shardscope needs it (Megatron's has no default "
                           f"here); add --{name} {example}, or the override {name}={example}")
@@ -490,9 +505,9 @@ def _list_expression(text: str) -> list[int]:
 
 
 def _model(f: Flags) -> dict:
-    layers = _required(f, "num-layers", "32")
-    d = _required(f, "hidden-size", "4096")
-    heads = _required(f, "num-attention-heads", "32")
+    layers = _required(f, "num-layers", 32)
+    d = _required(f, "hidden-size", 4096)
+    heads = _required(f, "num-attention-heads", 32)
     swiglu = f.switch("swiglu")
     # arguments.py's default: 4 h, or 2/3 of it for SwiGLU rounded down to 64
     ffn = f.int("ffn-hidden-size", int(4 * d * 2 / 3 / 64) * 64 if swiglu else 4 * d)
@@ -501,7 +516,7 @@ def _model(f: Flags) -> dict:
                           f"{heads}; give --kv-channels (each head's width)")
     head_dim = f.int("kv-channels", d // heads)
     groups = f.int("num-query-groups", 1) if f.switch("group-query-attention") else heads
-    vocab = f.int("vocab-size")
+    vocab = f.int("vocab-size", example=50257)  # GPT-2's
     if vocab is None:
         raise ConfigError("no --vocab-size: Megatron takes it from the tokenizer (--tokenizer-"
                           "type, --vocab-file), which shardscope does not read; add "
@@ -519,7 +534,7 @@ def _model(f: Flags) -> dict:
              "tie_embeddings": not f.switch("untie-embeddings-and-output-weights"),
              # Megatron fuses q, k, v (linear_qkv) and SwiGLU's gate and up (linear_fc1)
              "fused_qkv": True, "fused_mlp": swiglu}
-    max_positions = f.int("max-position-embeddings")
+    max_positions = f.int("max-position-embeddings", example=4096)
     if positions == "rope":
         model["rope_theta"] = f.float("rotary-base", 10000.0)
     elif max_positions:
@@ -626,7 +641,7 @@ def _train(f: Flags, layers_per_stage: int) -> dict:
            "overlap_param_gather": f.switch("overlap-param-gather"),
            "bucket_size": f.int("ddp-bucket-size", 0, minimum=0),
            "weight_decay": f.float("weight-decay", 0.01)}  # Megatron's default
-    lr = f.float("lr")
+    lr = f.float("lr", example=3e-4)  # Llama 2 7B's peak (arXiv:2307.09288)
     if lr is not None:
         out["learning_rate"] = lr
     return out
@@ -650,7 +665,7 @@ def translate(values: dict[str, list], system_name: str, name: str) -> tuple[dic
     virtual = _pipeline(f, model["n_layers"], stages, microbatches)
     if virtual > 1:
         par["virtual_stages"] = virtual
-    seq = _required(f, "seq-length", "4096")
+    seq = _required(f, "seq-length", 4096)
     if not f.switch("disable-bias-linear"):
         f.notes.append("no --disable-bias-linear: Megatron's linear layers carry biases, "
                        "shardscope's none (a few MB of parameters)")

@@ -324,16 +324,20 @@ def _with_replicas(exp: Experiment, replicas: int, per_replica: int) -> Experime
     return config_mod.from_dict(raw)
 
 
-def _argument_specs(exp: Experiment) -> dict[str, object]:
-    """The PartitionSpec of each argument of the experiment's step (abstract: no compile)."""
+def _argument_specs(exp: Experiment) -> dict[tuple[str, str], object]:
+    """The PartitionSpec of each array of the experiment's step (abstract: no compile), by
+    (the argument's name, e.g. "opt_state"; the array's path in it)."""
     program = _abstract_step(exp).program
-    return {jax.tree_util.keystr(path): getattr(getattr(leaf, "sharding", None), "spec", None)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(program.args)}
+    return {(name, jax.tree_util.keystr(path)):
+            getattr(getattr(leaf, "sharding", None), "spec", None)
+            for name, arg in zip(program.arg_names, program.args, strict=True)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(arg)}
 
 
 def _first_difference(small: dict, full: dict) -> tuple[str, object, object] | None:
-    """(argument, its spec on the reduced mesh, on the full one) of the first that differs."""
-    return next(((k, small.get(k), full[k]) for k in full if small.get(k) != full[k]), None)
+    """(array, its spec on the reduced mesh, on the full one) of the first that differs."""
+    return next((("".join(k), small.get(k), full[k]) for k in full
+                 if small.get(k) != full[k]), None)
 
 
 def _what_splits(exp: Experiment) -> str:
@@ -353,11 +357,12 @@ def _what_changes(par) -> str:
     return ": shard it another way, or on a TPU system compile it whole (--backend tpu)"
 
 
-def _same_program(exp: Experiment, replicas: int, specs: dict[str, object]) -> str:
+def _same_program(exp: Experiment, replicas: int,
+                  specs: dict[tuple[str, str], object]) -> str:
     """What of a device's program the reduced compile holds as the full run's; `specs`:
-    its arguments' PartitionSpecs (a training step's are (params, optimizer state, batch))."""
-    split = any("data" in spec_axes(spec) for path, spec in specs.items()
-                if path.startswith("[1]"))
+    its arrays' PartitionSpecs by (argument name, path), as `_argument_specs` gives them."""
+    split = any("data" in spec_axes(spec) for (arg, _), spec in specs.items()
+                if arg == "opt_state")
     if not (exp.train.shard_optimizer_over_data and exp.workload.kind == "train" and split):
         return "each device's program is the same"
     # a state split over data (and the other batch axes) is split `replicas` ways on the

@@ -16,10 +16,14 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from meshes.calibration import Calibration
 from meshes.chips import FORMAT_LABELS
 from sharding.units import counted
+
+if TYPE_CHECKING:
+    from experiments.config import Experiment
 
 VALIDATION_DIR = Path(__file__).resolve().parent / "validation"
 
@@ -102,19 +106,19 @@ def find_cases(where: str | Path | Sequence[str | Path]) -> list[Path]:
     return [p for p in paths if unique[p.resolve()] is p]
 
 
-def load_case(path: str | Path):
-    """A validation config: an experiment that must carry a [measured] table."""
+def load_case(path: str | Path) -> tuple[dict, Experiment]:
+    """A validation config, read once: (its tables as written, the hf_config path made
+    the file's; the experiment), which must carry a [measured] table."""
     from experiments import config
     from meshes.calibration import TABLES
 
-    raw = config.read_toml(path, what="validation config", example="give .toml configs with "
-                           "a [measured] table")
+    raw = config.load_raw(path)  # a case is a file find_cases found
     if "parameters" in raw and set(raw) <= set(TABLES):
         raise config.ConfigError(f"{path} is a calibration file (`shardscope calibrate "
                                  f"--out`), not a run with a [measured] table; move it out "
                                  f"of the folder of runs (--calibration {path} uses it)")
     try:
-        exp = config.load(path)
+        exp = config.from_dict(raw)
     except config.ConfigError as e:  # one file of a folder: say which
         if str(path) in str(e):
             raise
@@ -122,7 +126,7 @@ def load_case(path: str | Path):
     if exp.measured is None:
         raise config.ConfigError(f"{path}: no [measured] table; validation configs need "
                                  f"measured.step_time_s")
-    return exp
+    return raw, exp
 
 
 def _row(path: Path, exp, answer: dict) -> Row:
@@ -146,18 +150,18 @@ def validate(directory: str | Path | Sequence[str | Path] | None = None, *,
     with its leave-one-out estimate: the step under a calibration fitted on the other
     cases (experiments/calibrate.py). `calibration`: the efficiencies to estimate with
     (the catalog's by default)."""
-    from experiments import config
     from experiments import workers as workers_mod
 
     paths = find_cases(VALIDATION_DIR if not directory else directory)
-    cases = [(path, load_case(path)) for path in paths]  # config mistakes: before compiling
+    read = {path: load_case(path) for path in paths}  # config mistakes: before compiling
+    cases = [(path, exp) for path, (_, exp) in read.items()]
     _check_names(cases)
     submit, shutdown, _ = workers_mod.executor(workers=workers, timeout_s=timeout_s)
     request = {"backend": backend, "keep_unfit": True,
                "calibration": calibration.to_dict() if calibration else None}
     try:
         futures = [submit(workers_mod.devices_for(exp.system.num_devices),
-                          {**request, "config": config.load_raw(path)})
+                          {**request, "config": read[path][0]})
                    for path, exp in cases]
         rows = [_row(path, exp, f.result()) for (path, exp), f in zip(cases, futures, strict=True)]
     finally:

@@ -136,7 +136,7 @@ def build_serve_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
 
         step = jax.jit(prefill, in_shardings=(p_shard, tok_sharding),
                        out_shardings=(out_tokens, cache_sharding))
-        args = (params, tokens)
+        args, arg_names = (params, tokens), ("params", "tokens")
     else:
         def decode(p, kv, t, index):
             with use_rules(rules, mesh):
@@ -147,7 +147,7 @@ def build_serve_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
                        out_shardings=(out_tokens, cache_sharding),
                        donate_argnums=(1,))
         index = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-        args = (params, cache, tokens, index)
+        args, arg_names = (params, cache, tokens, index), ("params", "cache", "tokens", "index")
     def init(seed: int = 0):
         """Concrete arguments like `args`: the model's initial weights, a zero cache, random
         tokens, position 0."""
@@ -160,7 +160,7 @@ def build_serve_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
         return p, zeros, t, jax.device_put(jnp.int32(0), replicated)
 
     return ServeProgram(
-        init=init, step=step, args=args, param_count=cfg.param_count(),
+        init=init, step=step, args=args, arg_names=arg_names, param_count=cfg.param_count(),
         model_flops_per_step=serve_flops(cfg, w),
         tokens_per_step=w.tokens_per_step,
         param_bytes_per_device=per_device_bytes(params),

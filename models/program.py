@@ -275,6 +275,9 @@ class Program:
 
     step: object  # jax.jit-wrapped
     args: tuple
+    # what each of `args` is, in the step's order ("params", "opt_state", "batch"): a
+    # reader finds an argument by its name, not by where this step happens to take it
+    arg_names: tuple[str, ...]
     param_count: int
     model_flops_per_step: float
     tokens_per_step: int
@@ -282,3 +285,6 @@ class Program:
     # seed -> concrete arguments like `args` (the model's own initial weights, random
     # tokens), each with its sharding, built on the devices (`shardscope measure`)
     init: object = None
+
+    def __post_init__(self):
+        assert len(self.arg_names) == len(self.args), (self.arg_names, len(self.args))

@@ -453,6 +453,7 @@ def build_train_program(cfg: ModelConfig, mesh: Mesh, rules: AxisRules, *, workl
         pipeline=pipeline,
         step=step,
         args=(params, opt_state, batch),
+        arg_names=("params", "opt_state", "batch"),
         param_count=cfg.param_count(),
         model_flops_per_step=cfg.train_flops_per_token(workload.seq_len) * tokens_per_step,
         tokens_per_step=tokens_per_step,

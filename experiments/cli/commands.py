@@ -26,16 +26,15 @@ def calibration_of(args):
     return load_calibration(args.calibration)
 
 
-def calibration_used(args, out: dict | None = None) -> dict | None:
-    """With --calibration FILE: print the line that says the figures above used it, and
-    add `calibration` (its values and source, as `run --json` has) to `out`, the JSON."""
-    cal = calibration_of(args)
-    if cal is None:
+def calibration_used(calibration, out: dict) -> dict:
+    """`out`, a command's JSON, with the calibration its figures above were made with
+    (`calibration_of`'s, read once; None: the catalog's, unsaid): print the line that names
+    it and add `calibration` (its values and source, Calibration.summary, as `run --json`
+    has it)."""
+    if calibration is None:
         return out
-    print(f"calibration: {cal.source}")
-    if out is not None:
-        out = {**out, "calibration": cal.summary()}
-    return out
+    print(f"calibration: {calibration.source}")
+    return {**out, "calibration": calibration.summary()}
 
 
 def cmd_run(args) -> int:
@@ -95,15 +94,16 @@ def cmd_measure(args) -> int:
     procs = measure.start_processes(exp, coordinator=args.coordinator,
                                     num_processes=args.num_processes,
                                     process_id=args.process_id)
+    calibration = calibration_of(args)
     with progress_sink(args):
         m = measure.measure(exp, steps=args.steps, warmup=args.warmup,
-                            profile_dir=args.profile, calibration=calibration_of(args),
+                            profile_dir=args.profile, calibration=calibration,
                             processes=procs)
     if procs.index != 0:  # the others print their loss; process 0 writes
         print(f"process {procs.index}: loss " + " ".join(f"{x:.4f}" for x in m.loss or ()))
         return 0
     print(m.format())
-    data = calibration_used(args, m.to_dict())
+    data = calibration_used(calibration, m.to_dict())
     if args.out:  # first: the run's record for validate, kept whatever fails after it
         write_text(args.out, measure.to_toml(exp, m), flag="--out")
     if args.json:
@@ -116,11 +116,12 @@ def cmd_fit(args) -> int:
     from experiments import fit
 
     exp = config_mod.load(args.config, args.set or [])
+    calibration = calibration_of(args)
     with progress_sink(args):
-        verdict = fit.fit(exp, backend=args.backend, calibration=calibration_of(args),
+        verdict = fit.fit(exp, backend=args.backend, calibration=calibration,
                           limit=args.top, compile=not args.no_compile)
     print(verdict.format())
-    data = calibration_used(args, verdict.to_dict())
+    data = calibration_used(calibration, verdict.to_dict())
     if args.json:
         write_json(args.json, data)
     return 0
@@ -139,10 +140,10 @@ def _run_all_backends(args, exp, config) -> int:
         raise ConfigError("--power-budget and --tokens take one backend; run --backend all "
                           "without them, or with --backend cpu|tpu|gpu")
     backends = available_backends(exp.system)
-    reports = []
+    reports, calibration = [], calibration_of(args)
     with progress_sink(args):
         for b in backends:
-            reports.append((b, runner.run(exp, backend=b, calibration=calibration_of(args),
+            reports.append((b, runner.run(exp, backend=b, calibration=calibration,
                                           advise=fit.advice)))
     print(f"{exp.name}  on {reports[0][1].system}: the same step from each compiler\n")
     print(format_side_by_side(reports))

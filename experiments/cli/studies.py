@@ -35,13 +35,13 @@ def cmd_validate(args) -> int:
                              calibration=calibration)
     stats = validate.summary(rows)
     print(validate.format_table(rows, stats))
-    used = calibration or catalog_calibration()  # what the estimates ran with
-    print(f"calibration: {used.source}")
+    # the catalog's too: validate says what the estimates it judges ran with
+    data = calibration_used(calibration or catalog_calibration(),
+                            {"cases": [r.to_dict() for r in rows], "summary": stats})
     for line in validate.timing_lines(rows, time.perf_counter() - t0):
         print(line)
     if args.json:
-        write_json(args.json, {"cases": [r.to_dict() for r in rows], "summary": stats,
-                               "calibration": used.summary()})
+        write_json(args.json, data)
     bad = validate.unfit(rows)
     if bad:  # every run here ran: a "does not fit" is the memory model's error
         print(f"\n{len(bad)} published runs read 'does not fit' although they ran: "
@@ -229,7 +229,7 @@ def cmd_search(args) -> int:
                   f"{args.store} ({_how_found(outcome)})\n")
             title = exp.name
             not_tried = outcome.untried
-    _ranking_outputs(args, results, title, not_tried)
+    _ranking_outputs(args, results, title, not_tried, calibration=calibration)
     if args.export:
         _export_best(args, results)
     return 0
@@ -272,11 +272,12 @@ def _export_best(args, results) -> None:
     emit(f"# shardscope search: the best of {len(results)} configs, {best.name}\n{text}", args)
 
 
-def _ranking_outputs(args, results, title: str, untried: int = 0) -> None:
+def _ranking_outputs(args, results, title: str, untried: int = 0, *,
+                     calibration=None) -> None:
     from experiments import ranking
 
     print(ranking.format_results(results, top=args.top, untried=untried))
-    data = calibration_used(args, ranking.to_json(results))
+    data = calibration_used(calibration, ranking.to_json(results))
     if args.json:
         write_json(args.json, data)
     if args.html:
@@ -333,20 +334,21 @@ def cmd_compare(args) -> int:
         raise ConfigError(f"--price-per-device-hour {args.price_per_device_hour}: give the "
                           f"price you pay per device and hour, above 0")
     _outputs_checked(args)  # before the compiles
+    calibration = calibration_of(args)
     search = None
     if args.search:
         axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())
         search = {"store": args.store, "axes": axes, "workers": args.workers,
-                  "budget": args.budget, "calibration": calibration_of(args)}
+                  "budget": args.budget, "calibration": calibration}
     with progress_sink(args):
-        entries = compare_mod.compare(raw, args.systems, calibration=calibration_of(args),
+        entries = compare_mod.compare(raw, args.systems, calibration=calibration,
                                       price_per_device_hour=args.price_per_device_hour,
                                       search=search)
     entries = compare_mod.with_scale_out(entries, power_budget_w=args.power_budget,
                                          tokens=args.tokens)
     print(f"{raw['name']}: the same model and workload on {len(args.systems)} systems\n")
     print(compare_mod.format_compare(entries))
-    data = calibration_used(args, {"systems": [e.to_dict() for e in entries]})
+    data = calibration_used(calibration, {"systems": [e.to_dict() for e in entries]})
     if args.json:
         write_json(args.json, data)
     if args.html:

@@ -227,17 +227,25 @@ def test_compare_names_the_systems_whose_power_counts_chips_only(capsys, cpu_dev
 
 
 def test_compare_fit_and_search_say_which_calibration_they_used(tmp_path, capsys,
-                                                               cpu_devices):
+                                                               cpu_devices, monkeypatch):
     # --calibration FILE changes every step time of compare, fit and search; only `run`
     # said which calibration its figures were made with. A line names the file, and
-    # --json carries it as `run --json` does.
+    # --json carries it as `run --json` does. The file is read once a command (compare
+    # read it three times: for its compiles, its search and its JSON).
+    from experiments import config
+
+    reads = []
+    real = config.load_calibration
+    monkeypatch.setattr(config, "load_calibration", lambda p: reads.append(p) or real(p))
     cal = tmp_path / "mine.toml"
     cal.write_text('[parameters]\ngpu_bf16_matmul_efficiency = 0.4\n'
                    '[provenance]\nsummary = "my cluster, 3 runs"\n')
     out = tmp_path / "c.json"
     for command in (["compare", TINY, "--systems", "h100:8"], ["fit", TINY, "--no-compile"]):
+        reads.clear()
         assert cli.main([*command, "--quiet", "--calibration", str(cal), "--json",
                          str(out)]) == 0
+        assert reads == [str(cal)], command
         line = next(ln for ln in capsys.readouterr().out.splitlines()
                     if ln.startswith("calibration: "))
         assert "my cluster, 3 runs" in line and str(cal) in line

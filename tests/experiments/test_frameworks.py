@@ -207,6 +207,22 @@ def test_overrides_that_change_nothing_modelled_are_said_in_the_file(tmp_path, c
     assert config.load(tmp_path / "m.toml").parallelism.fsdp == 16
 
 
+def test_a_learning_rate_in_e_notation_goes_out_and_comes_back(tmp_path, capsys):
+    # The export writes Python's 3e-06, MaxText's own configs 3e-6 (post_train/rl.yml): both
+    # numbers to MaxText (OmegaConf reads YAML 1.2 floats) and to the import. PyYAML's
+    # safe_load (YAML 1.1) reads them as strings, and the import then refused the file.
+    yml = tmp_path / "lr.yml"
+    code, _, err = run_cli(["export", "tpu-recipes-v6e-8-llama3-8b", "--to", "maxtext",
+                            "--set", "train.learning_rate=3e-6", "--out", str(yml)], capsys)
+    assert code == 0 and "learning_rate: 3e-06\n" in yml.read_text(), err
+    for text in (yml.read_text(), yml.read_text().replace("3e-06", "3e-6")):
+        yml.write_text(text)
+        code, _, err = run_cli(["import", "maxtext", str(yml), "--out",
+                                str(tmp_path / "lr.toml"), "--force"], capsys)
+        assert code == 0, err
+        assert config.load(tmp_path / "lr.toml").train.learning_rate == 3e-6
+
+
 def test_a_line_that_is_not_key_value_is_named(tmp_path, capsys):
     yml = tmp_path / "bad.yml"
     yml.write_text("model_name: llama3-8b\nici_fsdp_parallelism 8\n")

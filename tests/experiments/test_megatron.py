@@ -1,6 +1,8 @@
 """`shardscope import megatron` (experiments/megatron.py): Megatron-LM's flags and launch
 scripts read back as experiments. Config transformations only, nothing compiled."""
 
+import re
+
 import pytest
 
 from experiments import config, frameworks
@@ -173,7 +175,10 @@ def test_overrides_as_flags_or_key_value(tmp_path, capsys):
     ("--micro-batch-size 0", "--micro-batch-size 0: must be at least 1, e.g. "
                              "--micro-batch-size 1"),
     ("--lr nan", "--lr nan: must be a finite number, e.g. --lr"),
-    ("--lr fast", "--lr fast: must be a finite number, e.g. --lr"),
+    # an example a run would use, not --lr 1.0 or --max-position-embeddings 1
+    ("--lr fast", "--lr fast: must be a finite number, e.g. --lr 0.0003"),
+    ("--max-position-embeddings 0", "--max-position-embeddings 0: must be at least 1, e.g. "
+                                    "--max-position-embeddings 4096"),
     ("--normalization BatchNorm", "--normalization BatchNorm: valid: LayerNorm, RMSNorm"),
     ("--recompute-granularity full --recompute-method block --recompute-num-layers 1",
      "--recompute-method block --recompute-num-layers 1: shardscope recomputes every layer"),
@@ -192,6 +197,20 @@ def test_overrides_as_flags_or_key_value(tmp_path, capsys):
 ])
 def test_bad_flags_are_one_line_naming_the_flag_and_the_fix(extra, named, tmp_path, capsys):
     code, _, err = _import(tmp_path, capsys, f"{SHAPE} {extra}", "--system", "h100:8")
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("given, named", [
+    ("--num-layers eighty", "--num-layers eighty: must be a whole number, e.g. --num-layers 32"),
+    ("--hidden-size 0", "--hidden-size 0: must be at least 1, e.g. --hidden-size 4096"),
+    ("--vocab-size 50k", "--vocab-size 50k: must be a whole number, e.g. --vocab-size 50257"),
+])
+def test_a_bad_shape_flag_shows_a_value_a_model_has(given, named, tmp_path, capsys):
+    # "e.g. --num-layers 1": valid, but no model's; the example is the one a missing flag's
+    # message gives
+    flag = given.split()[0]
+    text = re.sub(rf"{flag} \S+", given, SHAPE)
+    code, _, err = _import(tmp_path, capsys, text, "--system", "h100:8")
     assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
     assert not (tmp_path / "exp.toml").exists()

@@ -127,6 +127,34 @@ def test_two_runs_of_one_name_are_refused_before_compiling(tmp_path, capsys):
     assert find_cases([str(cases), first]) == [cases / "a.toml", cases / "b.toml"]
 
 
+def test_validate_reads_each_run_once(tmp_path, monkeypatch):
+    # load_case read each TOML twice (its check for a calibration file, then the config)
+    # and validate a third time (what it sends its worker): once, and the worker gets
+    # what was read, the hf_config path made the TOML's.
+    from concurrent.futures import Future
+
+    from experiments import config, validate, workers
+
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    run = write(cases, TINY + MEASURED, "a.toml")
+    reads, sent = [], []
+    real = config.read_toml
+    monkeypatch.setattr(config, "read_toml",
+                        lambda p, **k: reads.append(str(p)) or real(p, **k))
+
+    def submit(devices, request):
+        sent.append(request["config"])
+        answer = Future()
+        answer.set_result({"status": "refused", "message": "not compiled here"})
+        return answer
+
+    monkeypatch.setattr(workers, "executor", lambda **k: (submit, lambda _: None, 1))
+    rows = validate.validate(cases, workers=1)
+    assert reads == [run]
+    assert [r.status for r in rows] == ["refused"] and sent[0]["measured"]["step_time_s"]
+
+
 def test_validate_says_which_calibration_its_estimates_used(tmp_path, capsys, monkeypatch):
     # `--calibration FILE` changes every estimate; neither the table nor the JSON said
     # which calibration they were made with (the catalog's or the file's). Both do, and a

@@ -370,3 +370,29 @@ def test_a_sharded_optimizer_splitting_its_state_otherwise_on_fewer_replicas_is_
                        r"split P\(None, 'data', None, None\) on 2 replicas, "
                        r"P\(None, None, None, 'data'\) on 8; the distributed optimizer"):
         runner.run(exp, max_compile_devices=4)
+
+
+def test_the_distributed_optimizers_state_is_found_by_its_name_not_its_position(
+        cpu_devices, monkeypatch):
+    # The note read the optimizer state as the step's second argument ("[1]"): a step that
+    # takes (batch, params, opt_state) had its parameters read as the state, split over
+    # tensor only, and the update's overcount went unsaid.
+    from experiments import config, runner
+
+    exp = config.load("tiny-h100-dp-tp", [
+        "parallelism.data=4", "parallelism.tensor=2", "precision.params=bfloat16",
+        "precision.master_weights=float32", "train.shard_optimizer_over_data=true"])
+    overcount = "but for the distributed optimizer's update, of 2 times the share"
+    assert overcount in runner._same_program(exp, 2, runner._argument_specs(exp))
+    build = runner._abstract_step
+
+    def reordered(e):
+        step = build(e)
+        program = step.program
+        order = [program.arg_names.index(n) for n in ("batch", "params", "opt_state")]
+        return dataclasses.replace(step, program=dataclasses.replace(
+            program, args=tuple(program.args[i] for i in order),
+            arg_names=tuple(program.arg_names[i] for i in order)))
+
+    monkeypatch.setattr(runner, "_abstract_step", reordered)
+    assert overcount in runner._same_program(exp, 2, runner._argument_specs(exp))
