@@ -446,20 +446,22 @@ def _check_split(rules: AxisRules, sizes: Mapping[str, int], dims, index: int,
     if not size % ways:
         return
     keys = " x ".join(f"parallelism.{a}={sizes[a]}" for a in axes)
-    if len(axes) > 1:
+    split, valid = [], []  # (size, what, the other axes' ways) of each dimension it splits
+    if len(axes) == 1:
+        (axis,) = axes
+        for lg, sz, wh, pr in dims:
+            on = rules.mesh_axes(lg, params=pr)
+            if sz and axis in on:
+                split.append((sz, wh, math.prod(sizes.get(a, 1) for a in on if a != axis)))
+        valid = [v for v in range(1, devices + 1) if devices % v == 0
+                 and all(sz % (v * other) == 0 for sz, _, other in split)]
+    if not valid:  # several axes, or another one already splits a dimension unevenly
         fitting = [d for d in range(1, math.gcd(size, devices) + 1)
                    if size % d == 0 and devices % d == 0]
-        raise ConfigError(f"{keys} does not divide {what}={size}; make their product one that "
+        what_ways = "its ways" if len(axes) == 1 else "their product"
+        raise ConfigError(f"{keys} does not divide {what}={size}; make {what_ways} one that "
                           f"divides both {size} and the {devices} devices: "
                           f"{', '.join(map(str, fitting[-12:]))}")
-    (axis,) = axes
-    split = []  # (size, what, the other axes' ways) of each dimension `axis` splits
-    for lg, sz, wh, pr in dims:
-        on = rules.mesh_axes(lg, params=pr)
-        if sz and axis in on:
-            split.append((sz, wh, math.prod(sizes.get(a, 1) for a in on if a != axis)))
-    valid = [v for v in range(1, devices + 1) if devices % v == 0
-             and all(sz % (v * other) == 0 for sz, _, other in split)]
     named = ", ".join(f"{wh}={sz}" for sz, wh, _ in split)
     pick = _nearest(valid, sizes[axis])
     keep = _keeping_devices({**sizes, axis: pick}, devices, changed=axis)
@@ -496,15 +498,18 @@ def _check_model_splits(exp: Experiment) -> None:
 def _check_batch(exp: Experiment) -> None:
     w = exp.workload
     dp, keys, at_least = _batch_split(exp)
-    fix = _microbatch_fix(w.global_batch, w.microbatches, dp, keys, at_least)
+
+    def fix() -> str:
+        return _microbatch_fix(w.global_batch, w.microbatches, dp, keys, at_least)
+
     if w.global_batch % w.microbatches:
         raise ConfigError(f"workload.microbatches={w.microbatches} does not divide "
-                          f"workload.global_batch={w.global_batch}; {fix}")
+                          f"workload.global_batch={w.global_batch}; {fix()}")
     if w.micro_batch % dp:
         raise ConfigError(
             f"the micro-batch of {w.micro_batch} sequences (workload.global_batch="
             f"{w.global_batch} / workload.microbatches={w.microbatches}) is not divisible by "
-            f"{keys} = {dp} (they all shard the batch); {fix}"
+            f"{keys} = {dp} (they all shard the batch); {fix()}"
         )
     tiles = exp.train.num_vocab_tiling
     if w.kind == "train" and w.seq_len % tiles:
@@ -524,7 +529,7 @@ def _batch_split(exp: Experiment) -> tuple[int, str, int]:
     return rules.ways("batch", sizes), keys, at_least
 
 
-def microbatch_choices(global_batch: int, data_parallel: int) -> list[int]:
+def _microbatch_choices(global_batch: int, data_parallel: int) -> list[int]:
     """The numbers of microbatches that keep `global_batch` with a whole micro-batch on
     each of the `data_parallel` ranks: global_batch = micro-batch per rank x data_parallel
     x microbatches (Megatron's num_microbatches)."""
@@ -539,7 +544,7 @@ def _microbatch_fix(global_batch: int, microbatches: int, dp: int, keys: str,
     """The way out of a batch that does not split: the global batch kept and the number of
     microbatches changed (what the user meant is the batch per optimizer step), or, when
     no count can keep it, the nearest global batches that split."""
-    counts = [m for m in microbatch_choices(global_batch, dp) if m >= at_least]
+    counts = [m for m in _microbatch_choices(global_batch, dp) if m >= at_least]
     if counts:
         pick = next((m for m in counts if m >= microbatches), counts[-1])
         per_rank = global_batch // (dp * pick)
