@@ -368,11 +368,14 @@ def _check_devices(exp: Experiment) -> None:
         k = exp.system.chip.devices_per_chip
         # TPU7x: sizes count TensorCores, not the chips its slice names are made of
         cores = f" ({n // k} chips x {k} TensorCores, each a JAX device)" if k > 1 else ""
+        # Megatron counts its expert ranks among the data-parallel ones; here they multiply
+        expert = (f"; parallelism.expert={par.expert} is an axis of its own, not a part of "
+                  f"data as Megatron's expert-parallel ranks are" if par.expert > 1 else "")
         raise ConfigError(
             f"parallelism {sizes} = {par.num_devices} devices, but system.name="
             f"{exp.system.name!r} has {n}{cores}; make the product of the [parallelism] "
             f"sizes ({' x '.join(MESH_AXES)}; sequence is context parallelism) {n}"
-            f"{_keeping_devices(par.sizes(), n) or _no_replica_size(exp, n)}"
+            f"{_keeping_devices(par.sizes(), n) or _no_replica_size(exp, n)}{expert}"
         )
 
 

@@ -28,6 +28,16 @@ BAD = {
                 "[parallelism] sizes (pipeline x data x fsdp x expert x sequence x tensor; "
                 "sequence is context parallelism) 8, e.g. data = 4 (data 4 x fsdp 2 = 8 "
                 "devices)"),
+    # a Megatron user's expert ranks are data-parallel ones: 8 x 8 is 64 here, and said so
+    "product expert": (TINY.replace("[system]", "n_experts = 8\nexperts_per_token = 2\n[system]")
+                       .replace("data = 2\nfsdp = 4", "data = 8\nexpert = 8")
+                       .replace("global_batch = 16", "global_batch = 64"),
+                       "parallelism data=8 x expert=8 = 64 devices, but system.name='h100:8' "
+                       "has 8; make the product of the [parallelism] sizes (pipeline x data x "
+                       "fsdp x expert x sequence x tensor; sequence is context parallelism) 8, "
+                       "e.g. data = 1 (data 1 x expert 8 = 8 devices); parallelism.expert=8 is "
+                       "an axis of its own, not a part of data as Megatron's expert-parallel "
+                       "ranks are"),
     # no data size makes 8 of pipeline 3: the size that does not divide, and its choices
     # (4 stages would leave the 2 layers' pipeline a stage without a layer)
     "product pipeline": (TINY.replace("data = 2\nfsdp = 4", "data = 2\npipeline = 3"),
