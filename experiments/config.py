@@ -14,7 +14,7 @@ import dataclasses
 import difflib
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -339,8 +339,10 @@ def unchecked(raw: Mapping[str, Any]) -> Experiment:
 def validate(exp: Experiment) -> None:
     """Cross-table checks, each naming the keys involved and a fix."""
     _check_precision(exp)
-    _check_devices(exp)
+    # a size that splits no head evenly is named before the device count it also breaks
+    # (tensor = 3 on 128 GPUs: the heads are the mistake, the product its consequence)
     _check_model_splits(exp)
+    _check_devices(exp)
     _check_batch(exp)
     _check_strategies(exp)
 
@@ -366,33 +368,114 @@ def _check_devices(exp: Experiment) -> None:
         k = exp.system.chip.devices_per_chip
         # TPU7x: sizes count TensorCores, not the chips its slice names are made of
         cores = f" ({n // k} chips x {k} TensorCores, each a JAX device)" if k > 1 else ""
+        # Megatron counts its expert ranks among the data-parallel ones; here they multiply
+        expert = (f"; parallelism.expert={par.expert} is an axis of its own, not a part of "
+                  f"data as Megatron's expert-parallel ranks are" if par.expert > 1 else "")
         raise ConfigError(
             f"parallelism {sizes} = {par.num_devices} devices, but system.name="
             f"{exp.system.name!r} has {n}{cores}; make the product of the [parallelism] "
-            f"sizes {n}"
+            f"sizes ({' x '.join(MESH_AXES)}; sequence is context parallelism) {n}"
+            f"{_keeping_devices(par.sizes(), n) or _no_replica_size(exp, n)}{expert}"
         )
 
 
-def _check_split(rules: AxisRules, sizes: Mapping[str, int], logical: str, size: int,
-                 what: str, *, params: bool = False) -> None:
-    """The mesh axes the rules give `logical` must divide its size; the suggested ways
-    divide both the size and the device count."""
+def _replica_axis(sizes: Mapping[str, int], changed: str = "") -> str:
+    """The axis whose size the devices left over set, as Megatron derives its data-parallel
+    size (devices / (tensor x pipeline x context)): fsdp where the config shards the
+    replicas that way, else data."""
+    fsdp = sizes.get("fsdp", 1) > 1 and sizes.get("data", 1) == 1
+    axis = "fsdp" if fsdp else "data"
+    return ("fsdp" if axis == "data" else "data") if axis == changed else axis
+
+
+def _keeping_devices(sizes: Mapping[str, int], n: int, changed: str = "") -> str:
+    """", e.g. data = 4 (pipeline 8 x data 4 x tensor 4 = 128 devices)": the replica axis
+    resized so that the sizes multiply to the `n` devices, the other sizes kept (what a
+    Megatron user means: the model-parallel sizes, with the data-parallel size derived)."""
+    axis = _replica_axis(sizes, changed)
+    rest = math.prod(s for a, s in sizes.items() if a != axis)
+    if n % rest:
+        return ""
+    new = {**sizes, axis: n // rest}
+    product = " x ".join(f"{a} {s}" for a, s in new.items() if s > 1 or a == axis)
+    head = f"{changed} = {sizes[changed]} with " if changed else ""
+    return f", e.g. {head}{axis} = {n // rest} ({product} = {n} devices)"
+
+
+def _no_replica_size(exp: Experiment, n: int) -> str:
+    """Why no replica size makes the product `n`, and the way out: the size that does not
+    divide the devices, its choices, and the replica size that goes with one."""
+    sizes, virtual = exp.parallelism.sizes(), exp.parallelism.virtual_stages
+    axis = _replica_axis(sizes)
+    others = {a: s for a, s in sizes.items() if a != axis and s > 1}
+    bad = [a for a, s in others.items() if n % s] or list(others)
+    a = max(bad, key=lambda a: others[a])
+    rest = math.prod(s for b, s in others.items() if b != a)
+    # pipeline stages that would hold no layer are no choice (_check_idle_stages)
+    valid = [v for v in range(1, n + 1) if n % (v * rest) == 0 and not (
+        a == "pipeline" and v > 1 and _idle_stages(v, virtual, exp.model.n_layers))]
+    if not valid:
+        return (f"; the sizes other than {axis} multiply to {math.prod(others.values())}, "
+                f"which does not divide {n}: choose ones whose product divides {n} "
+                f"({divisors(n)})")
+    pick = _nearest(valid, sizes[a])
+    why = (f"{a} = {sizes[a]} does not divide the {n} devices" if n % sizes[a] else
+           f"the sizes other than {axis} multiply to {math.prod(others.values())}, which "
+           f"does not divide {n}")
+    return (f"; {why}: choose {a} = {_or_list(valid[-12:])}"
+            f"{_keeping_devices({**sizes, a: pick}, n, changed=a)}")
+
+
+def _or_list(values: Sequence[int]) -> str:
+    """"1, 2, 4 or 8"."""
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def _nearest(values: Sequence[int], given: int) -> int:
+    """The value closest to `given` by ratio (3 -> 4 of 1, 2, 4, 8), the larger on a tie."""
+    return min(values, key=lambda v: (abs(math.log(v / given)), -v))
+
+
+def _check_split(rules: AxisRules, sizes: Mapping[str, int], dims, index: int,
+                 devices: int) -> None:
+    """The mesh axes the rules give dimension `dims[index]` must divide its size. `dims`:
+    (logical, size, what, params) of every dimension the model splits, so that the choices
+    offered for one mesh axis divide every dimension it splits (tensor: the heads, the KV
+    heads, the MLP and the vocab), and the `devices`."""
+    logical, size, what, params = dims[index]
     axes = [a for a in rules.mesh_axes(logical, params=params) if sizes.get(a, 1) > 1]
     ways = math.prod(sizes[a] for a in axes)
-    if size % ways:
-        keys = " x ".join(f"parallelism.{a}={sizes[a]}" for a in axes)
-        devices = math.prod(sizes.values())
+    if not size % ways:
+        return
+    keys = " x ".join(f"parallelism.{a}={sizes[a]}" for a in axes)
+    split, valid = [], []  # (size, what, the other axes' ways) of each dimension it splits
+    if len(axes) == 1:
+        (axis,) = axes
+        for lg, sz, wh, pr in dims:
+            on = rules.mesh_axes(lg, params=pr)
+            if sz and axis in on:
+                split.append((sz, wh, math.prod(sizes.get(a, 1) for a in on if a != axis)))
+        valid = [v for v in range(1, devices + 1) if devices % v == 0
+                 and all(sz % (v * other) == 0 for sz, _, other in split)]
+    if not valid:  # several axes, or another one already splits a dimension unevenly
         fitting = [d for d in range(1, math.gcd(size, devices) + 1)
                    if size % d == 0 and devices % d == 0]
         what_ways = "its ways" if len(axes) == 1 else "their product"
         raise ConfigError(f"{keys} does not divide {what}={size}; make {what_ways} one that "
                           f"divides both {size} and the {devices} devices: "
                           f"{', '.join(map(str, fitting[-12:]))}")
+    named = ", ".join(f"{wh}={sz}" for sz, wh, _ in split)
+    pick = _nearest(valid, sizes[axis])
+    keep = _keeping_devices({**sizes, axis: pick}, devices, changed=axis)
+    raise ConfigError(f"{keys} does not divide {what}={size}; choose {axis} = "
+                      f"{_or_list(valid[-12:])} (each divides {named} and the {devices} "
+                      f"devices){keep or f', e.g. {axis} = {pick}'}")
 
 
 def _check_model_splits(exp: Experiment) -> None:
     m, rules, sizes = exp.model, exp.parallelism.axis_rules(), exp.parallelism.sizes()
-    for logical, size, what, params in (
+    dims = (
         ("experts", m.n_experts if m.n_experts > 1 else 0, "model.n_experts", True),
         ("heads", m.n_heads, "model.n_heads", False),
         ("kv_heads", m.n_kv_heads, "model.n_kv_heads", False),
@@ -400,9 +483,10 @@ def _check_model_splits(exp: Experiment) -> None:
         ("vocab", m.padded_vocab, "the padded vocab", False),
         ("embed", m.d_model, "model.d_model", True),
         ("seq", exp.workload.seq_len, "workload.seq_len", False),
-    ):
+    )
+    for i, (_, size, _, _) in enumerate(dims):
         if size:
-            _check_split(rules, sizes, logical, size, what, params=params)
+            _check_split(rules, sizes, dims, i, exp.system.num_devices)
     # decode writes the token after seq_len cached positions: position seq_len
     new_token = int(exp.workload.kind == "decode")
     positions = exp.workload.seq_len + new_token
@@ -415,19 +499,20 @@ def _check_model_splits(exp: Experiment) -> None:
 
 
 def _check_batch(exp: Experiment) -> None:
-    w, rules, sizes = exp.workload, exp.parallelism.axis_rules(), exp.parallelism.sizes()
+    w = exp.workload
+    dp, keys, at_least = _batch_split(exp)
+
+    def fix() -> str:
+        return _microbatch_fix(w.global_batch, w.microbatches, dp, keys, at_least)
+
     if w.global_batch % w.microbatches:
         raise ConfigError(f"workload.microbatches={w.microbatches} does not divide "
-                          f"workload.global_batch={w.global_batch}; choose one of "
-                          f"{divisors(w.global_batch)}")
-    dp = rules.ways("batch", sizes)
+                          f"workload.global_batch={w.global_batch}; {fix()}")
     if w.micro_batch % dp:
-        keys = " x ".join(f"parallelism.{a}" for a in rules.mesh_axes("batch"))
         raise ConfigError(
             f"the micro-batch of {w.micro_batch} sequences (workload.global_batch="
             f"{w.global_batch} / workload.microbatches={w.microbatches}) is not divisible by "
-            f"{keys} = {dp} (they all shard the batch); make global_batch a multiple of "
-            f"{dp * w.microbatches}"
+            f"{keys} = {dp} (they all shard the batch); {fix()}"
         )
     tiles = exp.train.num_vocab_tiling
     if w.kind == "train" and w.seq_len % tiles:
@@ -435,6 +520,54 @@ def _check_batch(exp: Experiment) -> None:
         raise ConfigError(f"train.num_vocab_tiling={tiles} does not divide "
                           f"workload.seq_len={w.seq_len}; choose one of "
                           f"{divisors(w.seq_len)}")
+
+
+def _batch_split(exp: Experiment) -> tuple[int, str, int]:
+    """The data-parallel ranks (every mesh axis that shards the batch), their keys, and the
+    fewest microbatches the pipeline takes (an interleaved one: one per stage)."""
+    par, rules, sizes = exp.parallelism, exp.parallelism.axis_rules(), exp.parallelism.sizes()
+    keys = " x ".join(f"parallelism.{a}" for a in rules.mesh_axes("batch"))
+    stages = rules.ways("layers", sizes, params=True)
+    at_least = stages if stages > 1 and par.virtual_stages > 1 else 1
+    return rules.ways("batch", sizes), keys, at_least
+
+
+def _microbatch_choices(global_batch: int, data_parallel: int) -> list[int]:
+    """The numbers of microbatches that keep `global_batch` with a whole micro-batch on
+    each of the `data_parallel` ranks: global_batch = micro-batch per rank x data_parallel
+    x microbatches (Megatron's num_microbatches)."""
+    if global_batch % data_parallel:
+        return []
+    per_step = global_batch // data_parallel
+    return [m for m in range(1, per_step + 1) if per_step % m == 0]
+
+
+def _microbatch_fix(global_batch: int, microbatches: int, dp: int, keys: str,
+                    at_least: int = 1) -> str:
+    """The way out of a batch that does not split: the global batch kept and the number of
+    microbatches changed (what the user meant is the batch per optimizer step), or, when
+    no count can keep it, the nearest global batches that split."""
+    counts = [m for m in _microbatch_choices(global_batch, dp) if m >= at_least]
+    if counts:
+        pick = next((m for m in counts if m >= microbatches), counts[-1])
+        per_rank = global_batch // (dp * pick)
+        return (f"keep workload.global_batch={global_batch} and set workload.microbatches "
+                f"to {_or_list(counts[-12:])} (global_batch = micro-batch per data-parallel "
+                f"rank x {dp} data-parallel ranks x microbatches, Megatron's "
+                f"num_microbatches), e.g. microbatches = {pick} ({per_rank} "
+                f"sequence{'s' if per_rank > 1 else ''} per rank)")
+    step = dp * at_least  # the smallest global batch that splits: one sequence per rank
+    below, above = global_batch // step * step, (global_batch // step + 1) * step
+    near = f"{below} or {above}" if below else f"{above}"
+    why = (f"workload.global_batch={global_batch} is not a multiple of the {dp} data-"
+           f"parallel ranks ({keys})" if global_batch % dp else
+           f"none of at least {at_least} (one per pipeline stage) leaves a whole micro-batch "
+           f"per rank")
+    ranks = f"the {dp} data-parallel ranks" + (f" x {at_least} microbatches" if at_least > 1
+                                               else "")
+    return (f"no number of microbatches keeps the batch: {why}; make global_batch a "
+            f"multiple of {step} ({ranks}), e.g. {near}, or shard the batch fewer ways (a "
+            f"data-parallel size that divides {global_batch}: {divisors(global_batch)})")
 
 
 def _check_strategies(exp: Experiment) -> None:
@@ -480,6 +613,13 @@ def _check_strategies(exp: Experiment) -> None:
         if par.pipeline_schedule not in SCHEDULES:
             raise ConfigError(f"parallelism.pipeline_schedule={par.pipeline_schedule!r} is not "
                               f"one of {', '.join(SCHEDULES)}")
+        if par.virtual_stages > 1 and w.microbatches < stages:
+            dp, keys, at_least = _batch_split(exp)
+            raise ConfigError(
+                f"interleaved stages (parallelism.virtual_stages={par.virtual_stages}) need at "
+                f"least as many microbatches as stages: workload.microbatches="
+                f"{w.microbatches} < parallelism.pipeline={stages}; "
+                f"{_microbatch_fix(w.global_batch, w.microbatches, dp, keys, at_least)}")
         try:
             Pipeline(stages=stages, microbatches=w.microbatches, layers=m.n_layers,
                      virtual=par.virtual_stages, schedule=par.pipeline_schedule)

@@ -12,6 +12,14 @@ Every candidate is a config the validator accepts and its memory is the same mod
 single changes first, then pairs, then the greedy stack of the changes that save most.
 Those that fit are compiled (XLA:CPU) and estimated, the fastest first: the cheapest way
 to fit in step time, checked.
+
+A Megatron-style config (frameworks.style: a GPU system without FSDP) is searched as
+Megatron-LM would change it: data-parallel ways moved to tensor, pipeline or context
+parallelism keep the micro-batch of each data-parallel rank (Megatron's --micro-batch-size,
+its number of microbatches growing), and what its usual recipes do not run (FSDP past the
+distributed optimizer, vocabulary tiling, offload by tensor name) comes after every change
+they do run, said so in its line. Every suggestion that changes the micro-batch or the
+number of microbatches says so, in its line and in its JSON.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from collections.abc import Sequence
 from experiments import config as config_mod
 from experiments import runner
 from experiments.config import ConfigError, Experiment
+from experiments.frameworks import style
 from experiments.reference import toml_value
 from experiments.runner import memory_of
 
@@ -32,27 +41,87 @@ from experiments.runner import memory_of
 # recomputed output projection; microbatches smaller matmuls; remat a recomputed forward).
 _KNOBS = ("train.shard_optimizer_over_data", "train.num_vocab_tiling", "workload.microbatches",
           "train.remat", "parallelism")
+# Megatron's own knobs first (the distributed optimizer, recompute, a smaller micro-batch,
+# tensor / pipeline / context parallelism), then what its usual recipes do not run.
+_MEGATRON_KNOBS = ("train.shard_optimizer_over_data", "train.remat", "workload.microbatches",
+                   "parallelism", "train.num_vocab_tiling")
+# (from, to): the mesh axes a move takes ways between, in the order shown without a compile
+_MOVES = {
+    "jax": (("data", "fsdp"), ("data", "tensor"), ("data", "pipeline"), ("fsdp", "tensor")),
+    "megatron": (("data", "tensor"), ("data", "pipeline"), ("data", "sequence"),
+                 ("data", "fsdp")),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Suggestion:
     """A change to the config ({"table.key": value}), the memory per device with it, and
-    (when compiled) its estimated step time."""
+    (when compiled) its estimated step time. `microbatches` and `micro_batch_per_rank`
+    (sequences per data-parallel rank in each microbatch, Megatron's --micro-batch-size):
+    (before, after); `notes`: what the line says beside the change (a changed micro-batch,
+    a change Megatron's usual recipes do not run)."""
 
     changes: dict
     memory_per_device_bytes: float
     fits: bool
     step_time_s: float | None = None
+    microbatches: tuple[int, int] = (1, 1)
+    micro_batch_per_rank: tuple[int, int] = (1, 1)
+    notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         from sharding.units import fmt_bytes
 
         change = ", ".join(f"{k} = {toml_value(v)}" for k, v in self.changes.items())
         step = "" if self.step_time_s is None else f", step {self.step_time_s:.3g} s"
-        return f"{change} ({fmt_bytes(self.memory_per_device_bytes)} per device{step})"
+        notes = "".join(f"{n}; " for n in self.notes)
+        return f"{change} ({notes}{fmt_bytes(self.memory_per_device_bytes)} per device{step})"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _per_rank(exp: Experiment) -> int:
+    """Sequences per data-parallel rank in one microbatch (Megatron's --micro-batch-size)."""
+    rules, sizes = exp.parallelism.axis_rules(), exp.parallelism.sizes()
+    return exp.workload.micro_batch // rules.ways("batch", sizes)
+
+
+def _foreign(changes: dict, exp: Experiment) -> str:
+    """What a change is that Megatron's usual recipes do not run ("" for one they do)."""
+    if changes.get("parallelism.fsdp", 1) > exp.parallelism.fsdp:
+        return ("FSDP: past the distributed optimizer (ZeRO-1) of Megatron's usual recipes "
+                "(Megatron-LM runs it with --use-megatron-fsdp)")
+    if changes.get("train.num_vocab_tiling", 1) > 1:
+        return "vocabulary tiling: MaxText's, no Megatron flag"
+    if changes.get("train.offload"):
+        return "offload by tensor name: MaxText's, no Megatron flag"
+    return ""
+
+
+def _suggestion(exp: Experiment, changes: dict, memory: float,
+                step: float | None = None) -> Suggestion:
+    """The suggestion, with what it does to the batch said (the global batch never
+    changes) and, on a Megatron-style config, what Megatron would not run."""
+    new = _changed(exp, changes)
+    mb = (exp.workload.microbatches, new.workload.microbatches)
+    per_rank = (_per_rank(exp), _per_rank(new))
+    notes = []
+    if exp.workload.kind != "train" and per_rank[0] != per_rank[1]:  # serving: one batch
+        notes.append(f"batch {per_rank[0]} -> {per_rank[1]} sequences per data-parallel rank")
+    elif per_rank[0] != per_rank[1]:
+        kept = (f"microbatches {mb[0]} -> {mb[1]}" if mb[0] != mb[1] else
+                f"microbatches kept at {mb[0]}")
+        notes.append(f"micro-batch {per_rank[0]} -> {per_rank[1]} sequences per "
+                     f"data-parallel rank, {kept}")
+    elif mb[0] != mb[1]:
+        notes.append(f"microbatches {mb[0]} -> {mb[1]}, micro-batch kept at {per_rank[0]} "
+                     f"sequence{'s' if per_rank[0] > 1 else ''} per data-parallel rank")
+    if notes:
+        notes[-1] += f", global batch {exp.workload.global_batch} kept"
+    foreign = _foreign(changes, exp) if style(exp) == "megatron" else ""
+    return Suggestion(changes, memory, True, step, mb, per_rank,
+                      tuple(notes) + ((foreign,) if foreign else ()))
 
 
 def _changed(exp: Experiment, changes: dict) -> Experiment | None:
@@ -69,7 +138,7 @@ def _changed(exp: Experiment, changes: dict) -> Experiment | None:
 
 def candidates(exp: Experiment) -> list[dict]:
     """Single changes that may lower the memory per device, by knob."""
-    w, t, par = exp.workload, exp.train, exp.parallelism
+    w, t = exp.workload, exp.train
     out: list[dict] = []
     if w.kind == "train":
         if not t.shard_optimizer_over_data:
@@ -84,33 +153,82 @@ def candidates(exp: Experiment) -> list[dict]:
         if "decoder_layer_input" not in t.offload:
             out.append({"train.remat": "custom", "train.save": [],
                         "train.offload": ["decoder_layer_input"]})
-    sizes = par.sizes()
-    for src, dst in (("data", "fsdp"), ("data", "tensor"), ("data", "pipeline"),
-                     ("fsdp", "tensor")):
-        for k in _factors(sizes[src]):
-            if dst == "pipeline" and w.kind != "train":
-                continue
-            out.append({f"parallelism.{src}": sizes[src] // k,
-                        f"parallelism.{dst}": sizes[dst] * k})
+    return out + _moves(exp)
+
+
+def _moves(exp: Experiment) -> list[dict]:
+    """Ways moved between mesh axes. On a Megatron-style config a move out of the batch
+    axes keeps each data-parallel rank's micro-batch, as Megatron keeps --micro-batch-size
+    and derives the number of microbatches (global batch / (micro-batch x data-parallel))."""
+    w, par = exp.workload, exp.parallelism
+    sizes, batch_axes = par.sizes(), par.axis_rules().mesh_axes("batch")
+    megatron = style(exp) == "megatron"
+    out = []
+    for src, dst in _MOVES[style(exp)]:
+        if dst == "pipeline" and w.kind != "train":
+            continue
+        # Megatron's tensor sizes are few (they divide the heads) and each one matters
+        for k in _factors(sizes[src], every=megatron and dst == "tensor"):
+            change = {f"parallelism.{src}": sizes[src] // k,
+                      f"parallelism.{dst}": sizes[dst] * k}
+            if megatron and w.kind == "train" and src in batch_axes and dst not in batch_axes:
+                change["workload.microbatches"] = w.microbatches * k
+            out.append(change)
     return out
 
 
-def _factors(n: int) -> list[int]:
+def _factors(n: int, every: bool = False) -> list[int]:
     """Ways to move: the two fewest and the two most (all of them), so that a large data
-    axis can move whole to FSDP as well as in part."""
+    axis can move whole to FSDP as well as in part; `every`: each divisor."""
     ks = [k for k in range(2, n + 1) if n % k == 0]
-    return sorted(set(ks[:2] + ks[-2:]))
+    return ks if every else sorted(set(ks[:2] + ks[-2:]))
+
+
+def _paired(exp: Experiment, a: dict, b: dict) -> dict | None:
+    """Two changes as one: two knobs side by side, or, on a Megatron-style config, two
+    moves out of data parallelism to different axes (tensor x pipeline, as Megatron
+    splits a model too large for one of them), each taking its ways from data."""
+    if _knob(a) != _knob(b):
+        return None if set(a) & set(b) else {**a, **b}
+    if _knob(a) != "parallelism" or style(exp) != "megatron":
+        return None
+    data, m = exp.parallelism.data, exp.workload.microbatches
+    grown = [next(k for k in c if k.startswith("parallelism.") and k != "parallelism.data")
+             for c in (a, b)]
+    if "parallelism.data" not in a or "parallelism.data" not in b or grown[0] == grown[1]:
+        return None
+    ka, kb = data // a["parallelism.data"], data // b["parallelism.data"]
+    if data % (ka * kb):
+        return None
+    out = {"parallelism.data": data // (ka * kb), grown[0]: a[grown[0]], grown[1]: b[grown[1]]}
+    more = a.get("workload.microbatches", m) // m * b.get("workload.microbatches", m) // m
+    return {**out, "workload.microbatches": m * more} if more > 1 else out
 
 
 # Without a compile, parallelism moves are shown by what they add to the step: FSDP a
 # gather of each layer's weights (overlapped), tensor parallelism collectives in every
-# layer's critical path, pipeline parallelism a bubble.
-_DESTINATIONS = ("fsdp", "tensor", "pipeline")
+# layer's critical path, pipeline parallelism a bubble. A Megatron-style config: its own
+# model-parallel axes, context parallelism among them, then FSDP.
+_DESTINATIONS = {"jax": ("fsdp", "tensor", "pipeline"),
+                 "megatron": ("tensor", "pipeline", "sequence", "fsdp")}
 
 
-def _destination(changes: dict) -> int:
+def _destination(changes: dict, kind: str = "jax") -> int:
+    order = _DESTINATIONS[kind]
     grown = [k.split(".", 1)[1] for k in changes if k.startswith("parallelism.")]
-    return min((_DESTINATIONS.index(a) for a in grown if a in _DESTINATIONS), default=0)
+    return min((order.index(a) for a in grown if a in order), default=0)
+
+
+def _order(exp: Experiment, size):
+    """The sort key of the changes shown without a compile (and compiled first)."""
+    kind = style(exp)
+    knobs = _MEGATRON_KNOBS if kind == "megatron" else _KNOBS
+
+    def key(c: dict):
+        foreign = kind == "megatron" and bool(_foreign(c, exp))
+        return (foreign, knobs.index(_knob(c)) if _knob(c) in knobs else 9, len(c),
+                _destination(c, kind), -size(c))
+    return key
 
 
 def _knob(changes: dict) -> str:
@@ -137,15 +255,23 @@ def search(exp: Experiment, *, limit: int = 3, compile: bool = True, backend: st
         return sized[key][1] if key in sized else None
 
     singles = candidates(exp)
+    # on a Megatron-style config a change Megatron runs is looked for (in pairs, then
+    # stacked) while only changes it does not run fit
+    megatron = style(exp) == "megatron"
+
+    def own(changes: Sequence[dict]) -> list[dict]:
+        return [c for c in changes if not (megatron and _foreign(c, exp))]
+
     fitting = [c for c in singles if (size(c) or float("inf")) <= capacity]
-    if not fitting:
-        pairs = [{**a, **b} for a, b in itertools.combinations(singles, 2)
-                 if _knob(a) != _knob(b) and not set(a) & set(b)]
-        fitting = [c for c in pairs if (size(c) or float("inf")) <= capacity]
+    if not own(fitting):
+        pairs = [p for a, b in itertools.combinations(singles, 2)
+                 if (p := _paired(exp, a, b)) is not None]
+        fitting += [c for c in pairs if (size(c) or float("inf")) <= capacity]
+    if not own(fitting):
+        fitting += _greedy(own(singles), size, capacity) if megatron else []
     if not fitting:
         fitting = _greedy(singles, size, capacity)
-    fitting.sort(key=lambda c: (_KNOBS.index(_knob(c)) if _knob(c) in _KNOBS else 9,
-                                len(c), _destination(c), -size(c)))
+    fitting.sort(key=_order(exp, size))
     out = []
     for changes in fitting[:limit if not compile else 2 * limit]:
         step = None
@@ -153,9 +279,12 @@ def search(exp: Experiment, *, limit: int = 3, compile: bool = True, backend: st
             step = _step_time(_changed(exp, changes), backend, calibration)
             if step is None:
                 continue
-        out.append(Suggestion(changes, size(changes), True, step))
+        out.append(_suggestion(exp, changes, size(changes), step))
     if compile:
-        out.sort(key=lambda s: s.step_time_s)
+        # fastest first; on a Megatron-style config what Megatron runs before what it does
+        # not, however fast
+        megatron = style(exp) == "megatron"
+        out.sort(key=lambda s: (megatron and bool(_foreign(s.changes, exp)), s.step_time_s))
     return out[:limit]
 
 
@@ -202,9 +331,10 @@ class Verdict:
     suggestions: tuple[Suggestion, ...] = ()
     compiler_bytes: float | None = None
     compiler_source: str = ""
+    style: str = "jax"  # frameworks.style: "megatron" ranks what Megatron runs first
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "system": self.system, "fits": self.fits,
+        return {"name": self.name, "system": self.system, "fits": self.fits, "style": self.style,
                 "memory_per_device_bytes": self.memory_per_device_bytes,
                 "hbm_capacity_bytes": self.hbm_capacity_bytes,
                 "breakdown": [{"part": p, "bytes": b} for p, b in self.breakdown],
@@ -226,8 +356,12 @@ class Verdict:
                          f"{self.compiler_source})")
         lines += [f"  {n}" for n in self.notes]
         if not self.fits:
-            lines.append("to fit (each compiled and estimated, fastest first):"
-                         if any(s.step_time_s for s in self.suggestions) else "to fit:")
+            order = ("each compiled and estimated, fastest first"
+                     if any(s.step_time_s for s in self.suggestions) else "")
+            if self.style == "megatron" and self.suggestions:
+                order += ("; " if order else "") + ("as Megatron-LM runs it: tensor, pipeline, "
+                                                    "context parallelism before FSDP")
+            lines.append(f"to fit ({order}):" if order else "to fit:")
             lines += [f"  {i}. {s.describe()}" for i, s in enumerate(self.suggestions, 1)]
             if not self.suggestions:
                 lines.append("  no change the search tries is enough: shard over more devices")
@@ -268,7 +402,8 @@ def fit(exp: Experiment, *, backend: str = "cpu", calibration=None, limit: int =
                    memory_per_device_bytes=memory.total_bytes, hbm_capacity_bytes=cap,
                    breakdown=(*memory.components, *memory.reserved), source=memory.source,
                    notes=(*refused, *memory.notes), suggestions=suggestions,
-                   compiler_bytes=memory.compiler_bytes, compiler_source=memory.compiler_source)
+                   compiler_bytes=memory.compiler_bytes, compiler_source=memory.compiler_source,
+                   style=style(exp))
 
 
 def advice(exp: Experiment, calibration=None) -> tuple[str, ...]:

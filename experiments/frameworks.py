@@ -49,6 +49,19 @@ SET_LINE = "# shardscope set: "
 MAXTEXT_FUSED = ("fused_qkv", "fused_mlp")  # the same names in MaxText and [model]
 
 
+def style(exp: Experiment) -> str:
+    """How the config is written to run: "megatron" for a GPU system with no FSDP axis and
+    the default rules, as Megatron-LM and NeMo run it (their usual recipes shard the
+    data-parallel replicas only with the distributed optimizer, ZeRO-1, and split the
+    model with tensor, pipeline and context parallelism); "jax" otherwise (MaxText's FSDP,
+    a TPU slice)."""
+    from meshes.gpu import GpuSystem
+
+    par = exp.parallelism
+    gpu = isinstance(exp.system, GpuSystem)
+    return "megatron" if gpu and par.fsdp == 1 and par.rules == "default" else "jax"
+
+
 def granules(exp_system) -> tuple[int, str]:
     """How many ICI domains MaxText's DCN axes join, and what they are: a TPU system's
     slices; a GPU system's nodes (its NVLink domains)."""

@@ -334,10 +334,12 @@ def _parallelism(f: Flags, n: int, system: str) -> tuple[dict, int]:
     t, p = f.int("tensor-model-parallel-size", 1), f.int("pipeline-model-parallel-size", 1)
     c, e = f.int("context-parallel-size", 1), f.int("expert-model-parallel-size", 1)
     if n % (t * p * c):
+        resized = _resized_flag({"tensor": t, "pipeline": p, "context": c}, n)
         raise ConfigError(f"--tensor-model-parallel-size {t} x --pipeline-model-parallel-size "
                           f"{p} x --context-parallel-size {c} = {t * p * c} does not divide "
                           f"the {n} devices of {system} (Megatron refuses it too); make the "
-                          f"product a divisor of {n}, or give another --system")
+                          f"product a divisor of {n} (the data-parallel size is the rest: "
+                          f"{n} / product){resized}, or give another --system")
     dp = n // (t * p * c)
     etp = f.int("expert-tensor-parallel-size", t)
     if etp != t:
@@ -369,6 +371,21 @@ def _parallelism(f: Flags, n: int, system: str) -> tuple[dict, int]:
     if f.switch("no-overlap-p2p-communication"):
         par["overlap_p2p_comm"] = False
     return par, dp
+
+
+def _resized_flag(sizes: dict[str, int], n: int) -> str:
+    """", e.g. --pipeline-model-parallel-size 2 or 4": the sizes that divide `n` with the
+    other flags kept, for the flag whose own size does not divide it (else the largest)."""
+    bad = [k for k, v in sizes.items() if n % v] or list(sizes)
+    name = max(bad, key=lambda k: sizes[k])
+    rest = math.prod(v for k, v in sizes.items() if k != name)
+    valid = [v for v in range(1, n + 1) if n % (v * rest) == 0]
+    if not valid:
+        return ""
+    lower = [v for v in valid if v < sizes[name]][-1:]
+    upper = [v for v in valid if v > sizes[name]][:1]
+    flag = f"--{name}{'-model' if name != 'context' else ''}-parallel-size"
+    return f", e.g. {flag} {' or '.join(map(str, lower + upper))}"
 
 
 def _stage_layers(f: Flags, layers: int, stages: int) -> tuple[int, list[list[int]], str]:

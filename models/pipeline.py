@@ -62,7 +62,8 @@ class Pipeline:
             raise ValueError(
                 f"interleaved stages (parallelism.virtual_stages={self.virtual}) need at least "
                 f"as many microbatches as stages: workload.microbatches={self.microbatches} < "
-                f"parallelism.pipeline={self.stages}; raise workload.microbatches")
+                f"parallelism.pipeline={self.stages}; raise workload.microbatches to at least "
+                f"{self.stages}, a number that divides workload.global_batch")
         if self.virtual > 1 and self.schedule == "gpipe":
             raise ValueError("parallelism.virtual_stages > 1 is interleaved 1F1B; set "
                              "parallelism.pipeline_schedule = '1f1b'")

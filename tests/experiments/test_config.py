@@ -14,20 +14,53 @@ BAD = {
     # A typo of a required key is the typo, not a missing key.
     "typo": (TINY.replace("global_batch", "global_batc"),
              "unknown key 'workload.global_batc'; did you mean 'workload.global_batch'?"),
-    # 72 devices: the suggestions divide both d_model = 64 and 72, not just 64.
+    # 72 devices: the suggestions divide both d_model = 64 and 72, not just 64; the fix
+    # keeps the 72 devices, the data-parallel size taking what fsdp leaves
     "suggest": (TINY.replace('"h100:8"', '"gb200-nvl72:72"').replace(
         "data = 2\nfsdp = 4", "fsdp = 72").replace("global_batch = 16", "global_batch = 72"),
-                "parallelism.fsdp=72 does not divide model.d_model=64; make its ways one that "
-                "divides both 64 and the 72 devices: 1, 2, 4, 8"),
+                "parallelism.fsdp=72 does not divide model.d_model=64; choose fsdp = 1, 2, 4 "
+                "or 8 (each divides model.d_model=64 and the 72 devices), e.g. fsdp = 8 with "
+                "data = 9 (data 9 x fsdp 8 = 72 devices)"),
+    # the product named as the axes multiply, and the data-parallel size that makes it (as
+    # Megatron derives data = devices / (tensor x pipeline x context)), not a bare total
     "product": (TINY.replace("fsdp = 4", "fsdp = 2"),
-                "= 4 devices, but system.name='h100:8' has 8"),
+                "= 4 devices, but system.name='h100:8' has 8; make the product of the "
+                "[parallelism] sizes (pipeline x data x fsdp x expert x sequence x tensor; "
+                "sequence is context parallelism) 8, e.g. data = 4 (data 4 x fsdp 2 = 8 "
+                "devices)"),
+    # a Megatron user's expert ranks are data-parallel ones: 8 x 8 is 64 here, and said so
+    "product expert": (TINY.replace("[system]", "n_experts = 8\nexperts_per_token = 2\n[system]")
+                       .replace("data = 2\nfsdp = 4", "data = 8\nexpert = 8")
+                       .replace("global_batch = 16", "global_batch = 64"),
+                       "parallelism data=8 x expert=8 = 64 devices, but system.name='h100:8' "
+                       "has 8; make the product of the [parallelism] sizes (pipeline x data x "
+                       "fsdp x expert x sequence x tensor; sequence is context parallelism) 8, "
+                       "e.g. data = 1 (data 1 x expert 8 = 8 devices); parallelism.expert=8 is "
+                       "an axis of its own, not a part of data as Megatron's expert-parallel "
+                       "ranks are"),
+    # no data size makes 8 of pipeline 3: the size that does not divide, and its choices
+    # (4 stages would leave the 2 layers' pipeline a stage without a layer)
+    "product pipeline": (TINY.replace("data = 2\nfsdp = 4", "data = 2\npipeline = 3"),
+                         "has 8; make the product of the [parallelism] sizes (pipeline x "
+                         "data x fsdp x expert x sequence x tensor; sequence is context "
+                         "parallelism) 8; pipeline = 3 does not divide the 8 devices: choose "
+                         "pipeline = 1 or 2, e.g. pipeline = 2 with data = 4 (pipeline 2 x "
+                         "data 4 = 8 devices)"),
     # TPU7x sizes count TensorCores: a MaxText user's 64 chips are 128 devices
     "tpu7x cores": (TINY.replace('"h100:8"', '"tpu7x:4x4x4"').replace("fsdp = 4", "fsdp = 32"),
                     "= 64 devices, but system.name='tpu7x:4x4x4' has 128 (64 chips x 2 "
                     "TensorCores, each a JAX device); make the product"),
+    # the choices divide every dimension tensor splits, not only the one that failed
     "indivisible": (TINY.replace("data = 2\nfsdp = 4", "data = 2\ntensor = 4"),
-                    "parallelism.tensor=4 does not divide model.n_kv_heads=2; make its ways one "
-                    "that divides both 2 and the 8 devices: 1, 2"),
+                    "parallelism.tensor=4 does not divide model.n_kv_heads=2; choose tensor = "
+                    "1 or 2 (each divides model.n_heads=4, model.n_kv_heads=2, model.d_ff=128, "
+                    "the padded vocab=256 and the 8 devices), e.g. tensor = 2 with data = 4 "
+                    "(data 4 x tensor 2 = 8 devices)"),
+    # tensor = 3 also breaks the device count (2 x 3 = 6 of 8): the heads are the mistake,
+    # and they are what the message names (it named the device count)
+    "tensor 3": (TINY.replace("data = 2\nfsdp = 4", "data = 2\ntensor = 3"),
+                 "parallelism.tensor=3 does not divide model.n_heads=4; choose tensor = 1 or 2 "
+                 "(each divides model.n_heads=4, model.n_kv_heads=2"),
     "system": (TINY.replace('"h100:8"', '"h900:8"'),
                "unknown system family 'h900' in 'h900:8'; did you mean h200:8? valid: a100:8"),
     "system type": (TINY.replace('"h100:8"', '8'),
@@ -43,11 +76,33 @@ BAD = {
                       "[workload] section); add it (`shardscope keys workload` lists its keys"),
     "syntax": (TINY.replace("[workload]", "[workload"), "not valid TOML"),
     "batch": (TINY.replace("global_batch = 16", "global_batch = 12"),
-              "not divisible by parallelism.data x parallelism.fsdp x parallelism.expert = 8"),
+              "not divisible by parallelism.data x parallelism.fsdp x parallelism.expert = 8 "
+              "(they all shard the batch); no number of microbatches keeps the batch: "
+              "workload.global_batch=12 is not a multiple of the 8 data-parallel ranks"),
+    # the global batch is what the user means: the fix changes the number of microbatches
+    # (global_batch = micro-batch x data-parallel x microbatches), not the global batch
+    "batch kept": (TINY.replace("global_batch = 16", "global_batch = 16\nmicrobatches = 4"),
+                   "the micro-batch of 4 sequences (workload.global_batch=16 / "
+                   "workload.microbatches=4) is not divisible by parallelism.data x "
+                   "parallelism.fsdp x parallelism.expert = 8 (they all shard the batch); keep "
+                   "workload.global_batch=16 and set workload.microbatches to 1 or 2 "
+                   "(global_batch = micro-batch per data-parallel rank x 8 data-parallel "
+                   "ranks x microbatches, Megatron's num_microbatches), e.g. microbatches = 2"),
+    "microbatches": (TINY.replace("global_batch = 16", "global_batch = 16\nmicrobatches = 3"),
+                     "workload.microbatches=3 does not divide workload.global_batch=16; keep "
+                     "workload.global_batch=16 and set workload.microbatches to 1 or 2"),
+    # an interleaved pipeline takes at least one microbatch per stage: 1 is no choice
+    "interleaved microbatches": (
+        TINY.replace("data = 2\nfsdp = 4", "data = 4\npipeline = 2\nvirtual_stages = 2")
+        .replace('preset = "tiny"', 'preset = "tiny"\nn_layers = 4'),
+        "interleaved stages (parallelism.virtual_stages=2) need at least as many microbatches "
+        "as stages: workload.microbatches=1 < parallelism.pipeline=2; keep "
+        "workload.global_batch=16 and set workload.microbatches to 2 or 4"),
     "experts": (TINY.replace("[system]", "n_experts = 4\nexperts_per_token = 2\n[system]")
                 .replace("data = 2\nfsdp = 4", "expert = 8"),
-                "parallelism.expert=8 does not divide model.n_experts=4; make its ways one "
-                "that divides both 4 and the 8 devices: 1, 2, 4"),
+                "parallelism.expert=8 does not divide model.n_experts=4; choose expert = 1, 2 "
+                "or 4 (each divides model.n_experts=4 and the 8 devices), e.g. expert = 4 "
+                "with data = 2"),
     "moe+cp": (TINY.replace("[system]", "n_experts = 4\nexperts_per_token = 2\n[system]")
                .replace("data = 2\nfsdp = 4", "data = 4\nsequence = 2"),
                "parallelism.sequence=2 with a mixture of experts"),

@@ -50,6 +50,12 @@ def test_fit_finds_gradient_accumulation_and_the_change_compiles_and_fits(tmp_pa
     (best,) = d["suggestions"]
     assert list(best["changes"]) == ["workload.microbatches"] and best["fits"]
     assert best["step_time_s"] > 0 and "workload.microbatches = " in text
+    # the line and the JSON say what the change does to the micro-batch: 1024 sequences over
+    # 8 ranks are 128 a rank in one microbatch, 128 / k in each of k
+    k = best["changes"]["workload.microbatches"]
+    assert best["microbatches"] == [1, k] and best["micro_batch_per_rank"] == [128, 128 // k]
+    assert (f"micro-batch 128 -> {128 // k} sequences per data-parallel rank, microbatches "
+            f"1 -> {k}, global batch 1024 kept") in text
     # the suggestion, applied, compiles and fits, with the memory fit said
     exp = fit._changed(config_mod.load(path), best["changes"])
     report = runner.run(exp)
@@ -67,12 +73,18 @@ def test_a_step_that_fits_gets_no_suggestions(tmp_path, capsys):
     assert any(p["part"].startswith("CUDA context") for p in d["breakdown"])
 
 
+# MaxText's rules make a GPU config a JAX-style one (frameworks.style), searched with FSDP
+# among its first changes; with tensor = 1 they change nothing else.
+MAXTEXT_STYLE = "parallelism.rules='maxtext'"
+
+
 def test_the_search_combines_changes_when_no_single_one_is_enough():
     # 128 sequences of 8192 tokens of Llama 3 8B on 8 data-parallel GPUs: no single change
     # the search tries fits; a pair does, and every suggestion fits by the memory model.
     exp = config_mod.load("tiny-h100-dp-tp", [
         "model.preset='llama3-8b'", "model.n_kv_heads=8", "parallelism.data=8",
-        "parallelism.tensor=1", "workload.seq_len=8192", "workload.global_batch=128"])
+        "parallelism.tensor=1", "workload.seq_len=8192", "workload.global_batch=128",
+        MAXTEXT_STYLE])
     cap = exp.system.chip.hbm_bytes
     singles = [c for c in fit.candidates(exp) if fit._changed(exp, c) is not None]
     assert singles and all(fit.memory_of(fit._changed(exp, c)).total_bytes > cap
@@ -86,7 +98,7 @@ def test_the_search_combines_changes_when_no_single_one_is_enough():
     bigger = config_mod.load("tiny-h100-dp-tp", [
         "model.preset='llama3-8b'", "model.n_kv_heads=8", "parallelism.data=8",
         "parallelism.tensor=1", "workload.seq_len=8192", "workload.global_batch=64",
-        "train.remat='none'"])
+        "train.remat='none'", MAXTEXT_STYLE])
     found = fit.search(bigger, compile=False, limit=3)
     assert found and all(fit.memory_of(fit._changed(bigger, s.changes)).total_bytes <= cap
                          for s in found)
@@ -99,7 +111,7 @@ def test_a_large_data_axis_can_move_whole_to_fsdp():
     exp = config_mod.load("tiny-h100-dp-tp", [
         "model.preset='llama3-70b'", "model.n_kv_heads=8", "system.name='h100:32'",
         "parallelism.data=32", "parallelism.tensor=1", "workload.seq_len=4096",
-        "workload.global_batch=32"])
+        "workload.global_batch=32", MAXTEXT_STYLE])
     found = fit.search(exp, compile=False, limit=3)
     assert {"parallelism.data": 1, "parallelism.fsdp": 32} in [s.changes for s in found]
     assert all(s.memory_per_device_bytes <= exp.system.chip.hbm_bytes for s in found)
@@ -147,3 +159,67 @@ def test_auto_hands_a_gpu_run_past_one_compile_to_the_gpu_compiler_as_run_does(m
     monkeypatch.setattr(runner, "run", compiled)
     fit.fit(exp, backend="auto", compile=False)
     assert used == ["gpu"]
+
+
+# Llama 3 8B, 64 sequences of 8192 tokens on 8 data-parallel H100s: a GPU config without
+# FSDP, as Megatron-LM runs one (the README's `fit` example).
+MEGATRON_8B = ["model.preset='llama3-8b'", "model.n_kv_heads=8", "parallelism.data=8",
+               "parallelism.tensor=1", "workload.seq_len=8192", "workload.global_batch=64"]
+
+
+def test_a_megatron_style_config_gets_megatrons_changes_before_fsdp():
+    # fit led with data = 1, fsdp = 8: Megatron has no FSDP beyond its distributed
+    # optimizer in its usual recipes. Tensor parallelism fits too, and moving data ways to
+    # it keeps each rank's micro-batch (Megatron keeps --micro-batch-size; its number of
+    # microbatches, global batch / (micro-batch x data-parallel), grows), said in the line.
+    exp = config_mod.load("tiny-h100-dp-tp", MEGATRON_8B)
+    verdict = fit.fit(exp, compile=False, limit=4)
+    d = json.loads(json.dumps(verdict.to_dict()))
+    assert d["style"] == "megatron" and not d["fits"]
+    found = verdict.suggestions
+    first = found[0].changes
+    assert "parallelism.fsdp" not in first and first["parallelism.tensor"] > 1
+    foreign = [bool(fit._foreign(s.changes, exp)) for s in found]
+    assert foreign == sorted(foreign)  # what Megatron runs, then what it does not
+    for s, sd in zip(found, d["suggestions"]):
+        if "parallelism.tensor" in s.changes:  # 8 sequences a rank, before and after
+            ways = 8 // s.changes["parallelism.data"]
+            assert s.changes["workload.microbatches"] == ways
+            assert sd["microbatches"] == [1, ways] and sd["micro_batch_per_rank"] == [8, 8]
+            assert (f"microbatches 1 -> {ways}, micro-batch kept at 8 sequences per "
+                    f"data-parallel rank, global batch 64 kept") in s.describe()
+        if "parallelism.fsdp" in s.changes:
+            assert "FSDP: past the distributed optimizer (ZeRO-1)" in s.describe()
+    assert "as Megatron-LM runs it: tensor, pipeline, context parallelism before FSDP" in (
+        verdict.format())
+
+
+def test_megatron_style_splits_a_model_over_tensor_and_pipeline_before_fsdp():
+    # Llama 3 70B over 32 data-parallel H100s: no single change Megatron runs fits, and fit
+    # offered FSDP alone; Megatron's way is tensor 8 (the 8 KV heads) x pipeline 4, the
+    # number of microbatches grown to keep one sequence a rank.
+    exp = config_mod.load("tiny-h100-dp-tp", [
+        "model.preset='llama3-70b'", "model.n_kv_heads=8", "system.name='h100:32'",
+        "parallelism.data=32", "parallelism.tensor=1", "workload.seq_len=4096",
+        "workload.global_batch=32"])
+    found = fit.search(exp, compile=False, limit=6)
+    tp_pp = {"parallelism.data": 1, "parallelism.tensor": 8, "parallelism.pipeline": 4,
+             "workload.microbatches": 32}
+    changes = [s.changes for s in found]
+    assert tp_pp in changes
+    fsdp = [i for i, c in enumerate(changes) if "parallelism.fsdp" in c]
+    assert fsdp and changes.index(tp_pp) < min(fsdp)
+    assert all(s.memory_per_device_bytes <= exp.system.chip.hbm_bytes for s in found)
+
+
+def test_a_jax_style_move_says_the_micro_batch_it_grows():
+    # MaxText-style (its rules): data ways moved to tensor keep the number of microbatches,
+    # so each data-parallel rank's micro-batch doubles; the line says so, not silently.
+    exp = config_mod.load("tiny-h100-dp-tp", [*MEGATRON_8B, MAXTEXT_STYLE])
+    move = {"parallelism.data": 4, "parallelism.tensor": 2}
+    assert move in fit.candidates(exp)
+    s = fit._suggestion(exp, move, fit.memory_of(fit._changed(exp, move)).total_bytes)
+    assert s.microbatches == (1, 1) and s.micro_batch_per_rank == (8, 16)
+    assert ("micro-batch 8 -> 16 sequences per data-parallel rank, microbatches kept at 1, "
+            "global batch 64 kept") in s.describe()
+    assert json.loads(json.dumps(s.to_dict()))["micro_batch_per_rank"] == [8, 16]

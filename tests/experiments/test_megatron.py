@@ -188,7 +188,12 @@ def test_overrides_as_flags_or_key_value(tmp_path, capsys):
     ("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3",
      "--num-layers = 8 layers do not split evenly over --pipeline-model-parallel-size 2 x "
      "--num-layers-per-virtual-pipeline-stage 3"),
-    ("--pipeline-model-parallel-size 3", "= 3 does not divide the 8 devices of h100:8"),
+    # the choices of the flag that broke it, the others kept
+    ("--pipeline-model-parallel-size 3", "= 3 does not divide the 8 devices of h100:8 "
+                                         "(Megatron refuses it too); make the product a "
+                                         "divisor of 8 (the data-parallel size is the rest: "
+                                         "8 / product), e.g. --pipeline-model-parallel-size 2 "
+                                         "or 4"),
     ("--num-layers-per-virtual-pipeline-stage 2", "--num-layers-per-virtual-pipeline-stage 2: "
                                                   "virtual stages need pipeline stages"),
     ("--virtual-pipeline-model-parallel-size 2", "add --pipeline-model-parallel-size 2 or more"),

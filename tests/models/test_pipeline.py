@@ -177,3 +177,10 @@ def test_sequence_parallel_splits_the_stage_transfers_over_tensor(cpu_devices):
     # the tensor-parallel regions start with an all-gather and end with a reduce-scatter
     kinds = {c.kind for c in rep.collectives if c.mesh_axes == ("tensor",)}
     assert {"all-gather", "reduce-scatter"} <= kinds
+
+
+def test_an_interleaved_pipeline_short_of_microbatches_says_how_many():
+    # the Python API's own check (a config gets experiments/config.py's, with the choices)
+    with pytest.raises(ValueError, match="raise workload.microbatches to at least 4, a "
+                                         "number that divides workload.global_batch"):
+        Pipeline(stages=4, microbatches=2, layers=8, virtual=2)
