@@ -92,3 +92,20 @@ def test_every_held_out_point_names_its_source_and_what_was_measured():
         assert p["source"].startswith("https://github.com/") and p["what"], p["name"]
         assert p["precision"] in PRECISION, p["name"]
         assert not p.get("open") or p.get("why"), p["name"]
+
+
+def test_a_fit_on_a_decode_step_under_cuda_graphs_leaves_its_launches_alone(cpu_devices):
+    # `shardscope calibrate` on a user's measured decode runs: the launches under CUDA
+    # graphs are a microbenchmark's, not kernel_overhead_s's, so that run's step must not
+    # move with the fitted time per kernel (it would steer the fit to explain it).
+    from experiments.calibrate import predict
+
+    on, off = run(TINY_DECODE), run(TINY_DECODE, serving={"cuda_graphs": False})
+    values = catalog_calibration().values()
+    for rep in (on, off):  # the decomposition adds up to the estimate at the fit's values
+        assert predict(rep.calibration_features(), values) == pytest.approx(rep.step_time_s)
+    never, slow = {**values, "kernel_overhead_s": 0.0}, {**values, "kernel_overhead_s": 5e-5}
+    f = on.calibration_features()
+    assert f["kernels"] == 0 and predict(f, never) == pytest.approx(predict(f, slow))
+    g = off.calibration_features()
+    assert predict(g, slow) - predict(g, never) == pytest.approx(g["kernels"] * 5e-5)
