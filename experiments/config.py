@@ -22,6 +22,7 @@ from experiments.measured import Measured
 from meshes import System, get_system
 from meshes.calibration import Calibration, calibration_from_dict, catalog_calibration
 from meshes.catalog import OVERRIDES
+from meshes.chips import CUDA_GRAPH_KERNEL_S
 from meshes.power import Cost
 from models import hf
 from models.config import PRESETS, ModelConfig, preset, preset_notes
@@ -88,6 +89,21 @@ class Parallelism:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Serving:
+    """`[serving]`: how a serving engine runs the step (ignored when training)."""
+
+    cuda_graphs: bool = described(
+        'GPU systems, workload.kind = "decode": the engine replays the decode step as a CUDA '
+        "graph, as vLLM, SGLang and TensorRT-LLM do by default for batches up to their "
+        "largest captured size, so each kernel's fixed cost is a launch under CUDA graphs "
+        f"({CUDA_GRAPH_KERNEL_S * 1e6:.1f} us, measured on an H100: meshes/chips.py) instead "
+        "of the calibration's kernel_overhead_s fitted on training steps; false for an "
+        "engine run without them (vLLM "
+        "--enforce-eager, SGLang --disable-cuda-graph, a batch above the captured sizes). "
+        "Prefill and TPU systems are not affected", True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Experiment:
     name: str
     model: ModelConfig
@@ -96,6 +112,7 @@ class Experiment:
     workload: Workload
     precision: Precision
     train: Train
+    serving: Serving = dataclasses.field(default_factory=Serving)
     measured: Measured | None = None
     cost: Cost = dataclasses.field(default_factory=Cost)
     notes: tuple[str, ...] = ()  # what the model approximates (hf.py, PRESET_NOTES)
@@ -103,7 +120,8 @@ class Experiment:
     def to_dict(self) -> dict:
         """The config as run, table by table (every default filled in), for --json."""
         tables = {name: dataclasses.asdict(getattr(self, name))
-                  for name in ("model", "parallelism", "workload", "precision", "train")}
+                  for name in ("model", "parallelism", "workload", "precision", "train",
+                               "serving")}
         out = {"name": self.name, "system": {"name": self.system.name, **self.system.overrides},
                **tables}
         if self.measured is not None:
@@ -114,7 +132,7 @@ class Experiment:
 
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 _TABLES = {"parallelism": Parallelism, "workload": Workload, "precision": Precision,
-           "train": Train}
+           "train": Train, "serving": Serving}
 _SECTIONS = {
     "model": {"preset", "hf_config"} | _MODEL_FIELDS,
     "system": {"name", *OVERRIDES},

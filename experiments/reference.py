@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from experiments.config import Parallelism
+from experiments.config import Parallelism, Serving
 from experiments.measured import Measured
 from meshes.catalog import OVERRIDES
 from meshes.power import Cost
@@ -29,6 +29,8 @@ TABLES = {
     "precision": (Precision, "the dtypes of the parameters, the matmuls and what serving "
                              "stores"),
     "train": (Train, "the training recipe (ignored when serving)"),
+    "serving": (Serving, "how a serving engine runs a decode step (ignored when "
+                         "training)"),
     "cost": (Cost, "prices and the facility, for energy and cost: [power, energy and cost]"
                    "(power.md)"),
     "measured": (Measured, "a measured step, in the configs `validate` and `calibrate` "

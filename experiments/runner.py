@@ -147,7 +147,10 @@ def analyze_step(exp: Experiment, step: Step, mesh, *, memory: sharding.Memory |
         overlap_grad_reduce=exp.train.overlap_grad_reduce and not step.serving,
         overlap_param_gather=exp.train.overlap_param_gather and not step.serving,
         bucket_size=exp.train.bucket_size, gradient_buckets=not step.serving,
-        overlap_p2p_comm=exp.parallelism.overlap_p2p_comm and not step.serving, **kwargs)
+        overlap_p2p_comm=exp.parallelism.overlap_p2p_comm and not step.serving,
+        # engines replay decode steps as CUDA graphs; a prefill's kernels are long enough
+        # to hide their launches, and a training step pays what the calibration fitted
+        cuda_graphs=exp.serving.cuda_graphs and exp.workload.kind == "decode", **kwargs)
 
 
 def _with_compare_hint(note: str, system) -> str:

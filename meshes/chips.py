@@ -142,6 +142,19 @@ GPU_BF16_BOOK_EFFICIENCY = 0.80
 # H100 HBM STREAM triad 2.97 TB/s of 3.35 spec (Azure ND H100 v5): 0.887.
 _GPU_HBM_EFF = 2.97 / 3.35
 
+# The fixed time a kernel costs on a GPU when the step is replayed as a CUDA graph, as
+# serving engines run decode: the GPU's gap between one kernel and the next, measured on an
+# H100 with a dummy kernel that records its start and end times: ~2.1 us launched on a
+# CUDA stream, ~1.3 us replayed from a CUDA graph. It is a launch, not a training step's
+# fitted per-kernel time (meshes/calibration.toml's kernel_overhead_s, which also holds a
+# framework's host gaps). Measured on Hopper only; the catalog's other NVIDIA GPUs are given
+# the same figure (no public measurement for them).
+CUDA_GRAPH_KERNEL_S = 1.3e-6
+CUDA_GRAPH_KERNEL_SOURCE = (
+    "Hazy Research, 'Look Ma, No Bubbles! Designing a Low-Latency Megakernel for Llama-1B' "
+    "(2025-05-27, hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles): a dummy kernel "
+    "on an H100, ~2.1 us launch cost on a CUDA stream, ~1.3 us with CUDA graphs")
+
 CHIPS: dict[str, Chip] = {
     "a100": Chip(
         name="a100",

@@ -47,6 +47,9 @@ class AnalysisInputs:
             other microbatches' compute, but in its warm-up and flush (Megatron's).
         gradient_buckets: GPU systems: small data-parallel gradient sums ride in Megatron's
             gradient buckets (a framework's training step, not any function).
+        cuda_graphs: GPU systems: the step is replayed as a CUDA graph, as serving engines
+            run decode: each kernel's fixed time is the launch under CUDA graphs
+            (meshes.chips.CUDA_GRAPH_KERNEL_S), not the calibration's fit on training steps.
         timings: the stages already timed (build, lower, compile, parse, read).
         plan: the program as read; re-timing from it skips reading the HLO.
     """
@@ -74,6 +77,7 @@ class AnalysisInputs:
     bucket_size: int = 0
     overlap_p2p_comm: bool = False
     gradient_buckets: bool = False
+    cuda_graphs: bool = False
     timings: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
     plan: Plan | None = None
 

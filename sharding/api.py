@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 
 from meshes import System, get_system
 from meshes.calibration import Calibration, catalog_calibration
+from meshes.chips import CUDA_GRAPH_KERNEL_S
 from meshes.power import Cost
 from meshes.power import estimate as estimate_energy
 from sharding import gpu_frameworks
@@ -196,10 +197,13 @@ def estimate(inputs: AnalysisInputs, *, system: System,
     output_scale = gpu_frameworks.output_layer_scale(inputs.pipeline) if gpu else 1.0
     overlapped = gpu_frameworks.overlapped_stage_transfers(collectives, inputs.pipeline) \
         if gpu and inputs.overlap_p2p_comm else {}
+    # a GPU step replayed as a CUDA graph pays a launch per kernel, not the training fit's
+    graph_kernel_s = CUDA_GRAPH_KERNEL_S if gpu and inputs.cuda_graphs else None
     per_comp = time_work(plan.work, system.chip, compute_dtype=inputs.compute_dtype,
                          calibration=calibration,
                          weight_cast_share=gpu_frameworks.weight_cast_share(inputs.pipeline),
-                         stretched=(gpu_frameworks.OUTPUT_SCOPES, output_scale))
+                         stretched=(gpu_frameworks.OUTPUT_SCOPES, output_scale),
+                         kernel_overhead_s=graph_kernel_s)
     step_cost = compute_cost(None, system.chip, costs=per_comp, counts=plan.counts)
     warnings = (*inputs.warnings, *_promotion_note(collectives),
                 *_windowed_einsum_note(plan.counts, per_comp), *plan.notes)
@@ -245,6 +249,7 @@ def estimate(inputs: AnalysisInputs, *, system: System,
         unknown_ops=plan.unknown_ops,
         scheduled_step_s=schedule.step_s,
         calibration=calibration,
+        cuda_graph_kernel_s=graph_kernel_s,
         system_family=family,
         host_transfer_bytes=inputs.host_transfer_bytes,
         host_bytes_per_s=system.chip.host_bytes_per_s,
@@ -372,6 +377,7 @@ def analyze(
     bucket_size: int = 0,
     overlap_p2p_comm: bool = False,
     gradient_buckets: bool = False,
+    cuda_graphs: bool = False,
 ) -> Report:
     """Compile `fn(*args)` over `mesh` and report its collectives, time and memory.
 
@@ -426,6 +432,11 @@ def analyze(
             collective; sharding/gpu_frameworks.py). Off here, the collectives as compiled
             whatever the mesh axes are called; the experiment runner sets it for a training
             step.
+        cuda_graphs: on GPU systems, the step is replayed as a CUDA graph, as serving
+            engines (vLLM, SGLang, TensorRT-LLM) run decode: each kernel's fixed time is a
+            launch under CUDA graphs (meshes.chips.CUDA_GRAPH_KERNEL_S, a microbenchmark),
+            not the calibration's kernel_overhead_s fitted on training steps. Off here; the
+            experiment runner sets it for a decode step with `serving.cuda_graphs`.
     """
     system = _system_of(system)
     _check_mesh(mesh)
@@ -456,7 +467,8 @@ def analyze(
         fit_advice=tuple(fit_advice), timings={**(timings or {}), **c.timings},
         tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather, bucket_size=bucket_size,
-        overlap_p2p_comm=overlap_p2p_comm, gradient_buckets=gradient_buckets)
+        overlap_p2p_comm=overlap_p2p_comm, gradient_buckets=gradient_buckets,
+        cuda_graphs=cuda_graphs)
     if system is None:
         return untimed(inputs)
     return estimate(inputs, system=system, calibration=calibration, cost=cost)

@@ -227,13 +227,17 @@ def time_work(
     works: dict[str, Work], chip: Chip, *, compute_dtype: str | None = None,
     calibration: Calibration = IDENTITY, weight_cast_share: float = 1.0,
     stretched: tuple[tuple[str, ...], float] = ((), 1.0),
+    kernel_overhead_s: float | None = None,
 ) -> dict[str, ExecutionCost]:
     """Cost of one execution of each computation on `chip` from its `work(module)`;
     `weight_cast_share`: of the FP8 weight casts the program runs, the share a GPU framework
     runs (it casts once per step what the program casts at every microbatch).
     `stretched`: (named scopes, factor): the time of the ops under those scopes times the
     factor, their FLOPs and bytes as they are (a pipeline's output layer, which a GPU
-    framework runs on one stage: sharding/gpu_frameworks.output_layer_scale)."""
+    framework runs on one stage: sharding/gpu_frameworks.output_layer_scale).
+    `kernel_overhead_s`: the fixed time per kernel where the run does not pay the chip's or
+    the fit's (a decode step replayed as a CUDA graph: meshes.chips.CUDA_GRAPH_KERNEL_S);
+    None: theirs."""
     hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
     target = GPU_TARGETS.get(chip.name)
     l2_bytes = target.l2_bytes if target is not None else 0
@@ -242,14 +246,17 @@ def time_work(
     def stretch(op: str) -> float:
         return factor if scopes and op.split(" (")[0].split("/")[0] in scopes else 1.0
 
+    overhead_s = _kernel_overhead(chip, calibration) if kernel_overhead_s is None \
+        else kernel_overhead_s
     out: dict[str, ExecutionCost] = {}
     for name, w in works.items():
         c = ExecutionCost()
         for m in w.matmuls:
-            _add_matmul(c, m, chip, hbm_bw, compute_dtype, calibration, stretch(m.op))
+            _add_matmul(c, m, chip, hbm_bw, compute_dtype, overhead_s, calibration,
+                        stretch(m.op))
         for k in w.kernels_on(chip):
             share = weight_cast_share if k.weight_cast else 1.0
-            _add_kernel(c, k, hbm_bw, _kernel_overhead(chip, calibration), l2_bytes, share,
+            _add_kernel(c, k, hbm_bw, overhead_s, l2_bytes, share,
                         fitted=chip.kernel_overhead_s is None, stretch=stretch(k.op))
         out[name] = c
     _overlap_fused_matmuls(works, out)
@@ -257,12 +264,12 @@ def time_work(
 
 
 def _add_matmul(c: ExecutionCost, m: MatmulWork, chip: Chip, hbm_bw: float,
-                compute_dtype: str | None, calibration: Calibration,
+                compute_dtype: str | None, overhead_s: float, calibration: Calibration,
                 stretch: float = 1.0) -> None:
     """A dot or convolution: the larger of its math at the measured rate for its size and
-    its operand traffic, plus the fixed per-kernel overhead when it is a kernel of its own
-    (not inside a fusion, whose kernel pays it); `stretch`: its time (not its FLOPs or
-    bytes) times this (`time_work`)."""
+    its operand traffic, plus the fixed per-kernel overhead (`overhead_s`) when it is a
+    kernel of its own (not inside a fusion, whose kernel pays it); `stretch`: its time (not
+    its FLOPs or bytes) times this (`time_work`)."""
     f, io = m.flops, m.io
     dt = compute_dtype or m.dtype
     size = (f / 2) ** (1 / 3) if f > 0 else None  # cube-equivalent M = N = K
@@ -277,7 +284,7 @@ def _add_matmul(c: ExecutionCost, m: MatmulWork, chip: Chip, hbm_bw: float,
         rate = chip.peak_for(dt) * chip.efficiency_for(dt, size) * calibration.rate_factor(
             rate_class)
     t_math = (f / rate if f > 0 else 0.0) * stretch
-    overhead = (_kernel_overhead(chip, calibration) if m.own_kernel else 0.0) * stretch
+    overhead = (overhead_s if m.own_kernel else 0.0) * stretch
     t = max(t_math, io / hbm_bw * stretch) + overhead
     if chip.kernel_overhead_s is None:
         c.kernels += m.own_kernel * stretch

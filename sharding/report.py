@@ -23,6 +23,9 @@ from sharding.units import fmt_bytes
 # within what the model can tell apart from perfect overlap, so such a step is not called
 # communication-bound.
 EXPOSED_COMM_SIGNIFICANT = 0.05
+# Where a decode step's fixed cost per kernel comes from when it runs as a CUDA graph.
+_GRAPH_LAUNCH = ("launches under CUDA graphs as serving engines replay decode, "
+                 "measured on an H100: serving.cuda_graphs, docs/limits.md")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -126,6 +129,10 @@ class Report:
     name: str = ""
     scheduled_step_s: float | None = None  # from sharding.schedule; None: no overlap
     calibration: Calibration = IDENTITY  # the fitted efficiencies the times used
+    # The fixed time per kernel where the step is replayed as a CUDA graph (a serving
+    # engine's decode on a GPU: meshes.chips.CUDA_GRAPH_KERNEL_S), in place of the
+    # calibration's kernel_overhead_s; None: the calibration's (or the chip's own).
+    cuda_graph_kernel_s: float | None = None
     system_family: str = ""  # for the calibration's best measured MFU
     # Activations moved to host memory and back (offload), per device and step, and the
     # host link's bandwidth (None: not in the catalog, the transfers are not timed).
@@ -349,23 +356,34 @@ class Report:
             return (f"communication: {worst['kind']} over {worst['link']} on axis {axes} "
                     f"takes {worst['time_s'] / step:.0%} of the step; "
                     f"{self.exposed_comm_s / step:.0%} of the step is exposed communication")
+        graphs = self.cuda_graph_kernel_s is not None
         if cost.overhead_s > 0.5 * (hbm_s + math_s) and cost.kernels:
-            # The fixed cost per kernel (the calibration's) outweighs the kernels' own bytes
-            # and FLOPs: many small kernels (decode), which HBM bandwidth would not speed up.
-            fitted = ""
-            if self.time_per_output_token_s is not None and self.system_family != "host-cpu":
+            # The fixed cost per kernel outweighs the kernels' own bytes and FLOPs: many
+            # small kernels (decode), which HBM bandwidth would not speed up.
+            origin = ""
+            if graphs:
+                origin = f" ({_GRAPH_LAUNCH})"
+            elif self.time_per_output_token_s is not None and \
+                    self.system_family != "host-cpu":
                 # the figure a decode step stands on: say where it comes from
-                fitted = ("; that cost is fitted on GPU training steps: a serving engine "
-                          "replaying CUDA graphs, or a TPU, may pay less (docs/limits.md)")
+                origin = ("; that cost is fitted on GPU training steps: a serving engine "
+                          "replaying CUDA graphs (serving.cuda_graphs, GPU systems), or a "
+                          "TPU, may pay less (docs/limits.md)")
             return (f"kernel count: {cost.kernels:,.0f} kernels at "
                     f"{cost.overhead_s / cost.kernels * 1e6:.1f} us fixed cost each are "
                     f"{cost.overhead_s / step:.0%} of the step, their bytes and FLOPs "
-                    f"{(hbm_s + math_s - cost.overhead_s) / step:.0%}{fitted}")
+                    f"{(hbm_s + math_s - cost.overhead_s) / step:.0%}{origin}")
         # Each class's own bytes or FLOPs, its kernels' fixed cost said apart when it counts
+        # (always under CUDA graphs: the figure the decode step stands on)
         hbm_s -= cost.overhead_s - cost.math_overhead_s
         math_s -= cost.math_overhead_s
-        fixed = (f"; the {cost.kernels:,.0f} kernels' fixed cost {cost.overhead_s / step:.0%}"
-                 if cost.overhead_s >= 0.1 * step and cost.kernels else "")
+        fixed = ""
+        if cost.kernels and (graphs or cost.overhead_s >= 0.1 * step):
+            fixed = (f"; the {cost.kernels:,.0f} kernels' fixed cost "
+                     f"{cost.overhead_s / step:.0%}")
+            if graphs:
+                fixed += (f" ({cost.overhead_s / cost.kernels * 1e6:.1f} us each: "
+                          f"{_GRAPH_LAUNCH})")
         if hbm_s >= math_s:
             return (f"HBM bandwidth: bandwidth-bound work (matmuls streaming their weights or "
                     f"KV cache, and memory-bound kernels) is {hbm_s / step:.0%} of the "
@@ -422,8 +440,9 @@ class Report:
         """The step decomposed by what each calibration parameter scales, at the
         uncalibrated rates, for fitting (experiments/calibrate.py): the math time of the
         math-bound matmuls by rate class (and inside flash attention or not), the kernels
-        run, the rest of compute (memory-bound kernels, HBM-bound matmuls) and the
-        communication the schedule left exposed."""
+        run (none under CUDA graphs, whose launches no fit scales), the rest of compute
+        (memory-bound kernels, HBM-bound matmuls) and the communication the schedule left
+        exposed."""
         cal, c = self.calibration, self.compute
         math_s = {}
         for key, t in c.math_s_by_class.items():
@@ -432,8 +451,11 @@ class Report:
             if attention:
                 factor *= cal.attention_factor(rate_class)
             math_s[key] = t * factor
-        return {"math_s": math_s, "kernels": c.kernels,
-                "other_s": self.compute_s - sum(c.math_s_by_class.values()) - c.overhead_s,
+        # launches under CUDA graphs are a microbenchmark's, not the fit's: part of the rest
+        fitted = self.cuda_graph_kernel_s is None
+        return {"math_s": math_s, "kernels": c.kernels if fitted else 0.0,
+                "other_s": self.compute_s - sum(c.math_s_by_class.values())
+                - (c.overhead_s if fitted else 0.0),
                 "exposed_s": self.step_time_s - self.compute_s}
 
     # --- output --------------------------------------------------------------------
@@ -495,6 +517,7 @@ class Report:
             "host_transfer_s": self.host_transfer_s if self.host_bytes_per_s and self.timed
             else None,
             "calibration": self.calibration.summary(),
+            "cuda_graph_kernel_s": self.cuda_graph_kernel_s,
             "unknown_ops": list(self.unknown_ops),
             "pipeline": None if self.pipeline is None else {
                 **self.pipeline, "bubble_s": self.pipeline_bubble_s},

@@ -118,6 +118,12 @@ BAD = {
     "choice typo": (TINY + '[train]\nremat = "fulll"\n',
                     "train.remat='fulll' is not one of 'none', 'minimal', 'full', 'custom' "
                     "(did you mean 'full'?)"),
+    "serving bool": (TINY + '[serving]\ncuda_graphs = "yes"\n',
+                     "serving.cuda_graphs='yes' must be true or false (lower case, as TOML "
+                     "writes it: cuda_graphs = true)"),
+    "serving key": (TINY + "[serving]\ncuda_graph = false\n",
+                    "unknown key 'serving.cuda_graph'; did you mean 'serving.cuda_graphs'? "
+                    "valid keys in [serving]: cuda_graphs"),
     "override key": (TINY.replace('name = "h100:8"', 'name = "h100:8"\nnic_gb = 100'),
                      "unknown key 'system.nic_gb'; did you mean 'system.nic_gbps'? valid keys in "
                      "[system]: allreduce_alpha_us, dcn_gbps, fabric, gpus_per_domain, name, "
@@ -194,6 +200,10 @@ def test_missing_file_and_bad_override(tmp_path, capsys):
     code, _, err = run_cli(["run", write(tmp_path, TINY), "--set",
                             "parallelism.tp_comm_overlap=False"], capsys)
     assert code == 2 and "parallelism.tp_comm_overlap='False' must be true or false" in err
+    code, _, err = run_cli(["run", write(tmp_path, TINY), "--set", "serving.cuda_graphs=1"],
+                           capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "serving.cuda_graphs=1 must be true or false" in err
 
 
 def test_every_shipped_config_is_valid():

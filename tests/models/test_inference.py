@@ -188,6 +188,8 @@ global_batch = 32
 [precision]
 params = "bfloat16"
 compute = "bfloat16"
+[serving]
+cuda_graphs = false  # the bytes alone: nor a CUDA graph's launch per kernel
 """
     path = tmp_path / "d.toml"
     path.write_text(text)

@@ -71,6 +71,27 @@ def test_a_chips_own_kernel_overhead_replaces_the_fitted_one():
     assert compute_cost(module, H100, calibration=cal).kernels == 3
 
 
+def test_a_cuda_graph_launch_replaces_the_fitted_time_per_kernel():
+    # A serving engine's decode replayed as a CUDA graph (serving.cuda_graphs): the matmul
+    # and the two kernels of x / sum(x) each pay the 1.3 us launch measured under CUDA
+    # graphs on an H100 in place of the fitted 13.6 us: 3 x 12.3 us less, the same bytes.
+    from meshes.chips import CUDA_GRAPH_KERNEL_S
+    from sharding.compute import time_work, work
+    from sharding.loops import execution_counts
+
+    a = jax.ShapeDtypeStruct((4096, 4096), jnp.float32)
+    module = parse_hlo(jax.jit(lambda a: (a / jnp.sum(a, axis=-1, keepdims=True)) @ a)
+                       .lower(a).as_text(dialect="hlo"))
+    cal = Calibration(kernel_overhead_s=13.6e-6)
+    fitted = compute_cost(module, H100, calibration=cal)
+    graphs = compute_cost(None, H100, counts=execution_counts(module), costs=time_work(
+        work(module), H100, calibration=cal, kernel_overhead_s=CUDA_GRAPH_KERNEL_S))
+    assert fitted.kernels == graphs.kernels == 3
+    assert graphs.overhead_s == pytest.approx(3 * 1.3e-6)
+    assert graphs.compute_s == pytest.approx(fitted.compute_s - 3 * (13.6e-6 - 1.3e-6))
+    assert graphs.hbm_bytes == fitted.hbm_bytes
+
+
 def test_elementwise_chain_is_one_kernel():
     # exp(x) * 2 + 1 over 256 MiB of f32: one fused kernel reads x once and writes once,
     # whatever the chain's length, at the measured STREAM bandwidth (2.97 TB/s).
