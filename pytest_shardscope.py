@@ -22,7 +22,9 @@ JAX_ENABLE_X64) before importing JAX keeps its effect.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pathlib
 import re
 import sys
 
@@ -136,10 +138,42 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             os.environ[key] = value
 
 
+# The packages the fixtures import (`sharding` imports `meshes`); `models` and `experiments`
+# are shardscope's too, but the plugin does not import them.
+_IMPORTED = ("sharding", "meshes")
+
+
+def _check_not_shadowed() -> None:
+    """Fail in one line when `import sharding` (or `meshes`) would find a module of the
+    user's project instead of shardscope's package: the wheel installs them as top-level
+    packages, and a project's own `sharding.py` or `meshes/` on sys.path before them hides
+    them ("'sharding' is not a package"): pytest's `pythonpath = ["."]`, the folder of a
+    test file in the default import mode, the working folder under `python -m pytest`."""
+    here = pathlib.Path(__file__).resolve().parent
+    for name in _IMPORTED:
+        ours = here / name / "__init__.py"
+        if not ours.is_file():  # not installed beside the plugin: nothing to compare with
+            continue
+        module = sys.modules.get(name)
+        origin = getattr(module, "__file__", None) if module is not None else \
+            getattr(importlib.util.find_spec(name), "origin", None)
+        if not origin or pathlib.Path(origin).resolve() == ours:
+            continue
+        found = pathlib.Path(origin)
+        theirs = found.parent if found.name == "__init__.py" else found
+        label = f"{theirs.name}/" if theirs is not found else theirs.name
+        pytest.fail(f"shardscope: `import {name}` finds {theirs}, not shardscope's top-level "
+                    f"{name} package; rename your {label}, or keep {theirs.parent} off "
+                    f"sys.path (drop \".\" from pytest's pythonpath; no test files in it, or "
+                    f"--import-mode=importlib; `pytest`, not `python -m pytest`)",
+                    pytrace=False)
+
+
 @pytest.fixture
 def fake_mesh():
     """A factory: `fake_mesh(data=2, tensor=4)` is a `jax.sharding.Mesh` over the first
     fake CPU devices with those axis names, in that order."""
+    _check_not_shadowed()
     from sharding.testing import cpu_mesh
 
     def make(**axis_sizes: int):
@@ -155,6 +189,7 @@ def collectives():
     """A factory: `collectives(fn, *args, mesh=mesh, system=None)` compiles `fn(*args)` over
     `mesh` and gives the `sharding.Report`; without a system, the collectives' bytes and
     counts and no times. Other keywords go to `sharding.analyze`."""
+    _check_not_shadowed()
     from sharding.api import analyze
 
     def compile_and_read(fn, *args, mesh, system=None, **kwargs):
@@ -170,6 +205,7 @@ def collectives_snapshot(request: pytest.FixtureRequest):
     test file: written when absent (the session's summary names it), rewritten with
     `--shardscope-update`, an AssertionError listing the differences otherwise. A second
     call in one test uses `<test name>.2.json`, or give `name=`."""
+    _check_not_shadowed()
     from sharding.testing import check_snapshot
 
     update = request.config.getoption("shardscope_update")

@@ -60,8 +60,9 @@ def entries(table: str) -> list[tuple[str, str, str]]:
     """(key, default, description) of every key of a table."""
     cls, _ = TABLES[table]
     if cls is None:
-        return [("system.name", "required", "a catalog system, e.g. \"gb200-nvl72:72\", "
-                                            "\"h100:64\", \"tpu-v6e:16x16\"")] + [
+        name = ("a catalog system, e.g. \"gb200-nvl72:72\", \"h100:64\", \"tpu-v6e:16x16\", "
+                "or Google's TPU type, \"v5p-256\" (docs/config.md, System names)")
+        return [("system.name", "required", name)] + [
             (f"system.{k}", "the system's", f"{help} ({kind.upper()} systems)")
             for k, (kind, _, help) in OVERRIDES.items()]
     out = [(f"{table}.preset", "none", "a preset's name"),

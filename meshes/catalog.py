@@ -18,6 +18,12 @@ from meshes.system import System
 from meshes.tpu import TPU_FAMILIES, TpuFamily, TpuSystem
 
 _TOPOLOGY = re.compile(r"^(\d+(?:x\d+)*)(?:\*(\d+))?$")
+# Google's accelerator types (gcloud --accelerator-type, GKE and xpk device types, MaxText's
+# compile_topology): `v6e-256`, `v5litepod-16`, `v5p-128`, `tpu7x-64`, with shardscope's
+# `*SLICES` for several over DCN.
+_ACCELERATOR_TYPE = re.compile(r"^([a-z0-9]+)-(\d+)(?:\*(\d+))?$")
+ACCELERATOR_TYPES: dict[str, TpuFamily] = {
+    t: f for f in TPU_FAMILIES.values() for t in f.accelerator_types}
 
 
 def system_names() -> list[str]:
@@ -26,6 +32,20 @@ def system_names() -> list[str]:
     gpus = [f"{f.name}:{f.domain_size}" for f in GPU_FAMILIES.values()]
     tpus = [f"{f.name}:{'x'.join(map(str, f.example_shape))}" for f in TPU_FAMILIES.values()]
     return gpus + tpus
+
+
+def system_of_size(system: System, devices: int) -> str | None:
+    """A name of `system`'s family with `devices` devices (TPUs: Google's default shape
+    for that many chips, else any slice the family has), or None when it has none."""
+    if not isinstance(system, TpuSystem):
+        return f"{system.family.name}:{devices}"
+    f = system.family
+    chips, rest = divmod(devices, system.chip.devices_per_chip)
+    if rest or chips < 1:
+        return None
+    shape = f.default_shape(chips) or next(
+        (s for s in f.valid_shapes() if math.prod(s) == chips), None)
+    return None if shape is None else f"{f.name}:{'x'.join(map(str, shape))}"
 
 
 # Overrides of the catalog's network, for a real cluster: (systems they apply to, type,
@@ -84,9 +104,16 @@ def get_system(name: str, **overrides) -> System:
     if not isinstance(name, str):
         raise TypeError(f"system name {name!r} is not a string; give <family>:<size>, e.g. "
                         f"{valid}")
+    accelerator = _ACCELERATOR_TYPE.match(name)
+    if accelerator and accelerator.group(1) in ACCELERATOR_TYPES:
+        f = ACCELERATOR_TYPES[accelerator.group(1)]
+        _check_overrides(name, "tpu", overrides)
+        return _tpu_system(f, name, _accelerator_size(f, name, accelerator), overrides,
+                           alias=name)
     family, sep, size = name.partition(":")
     if not sep or not size:
-        raise ValueError(f"system {name!r} needs the form <family>:<size>; e.g. {valid}")
+        raise ValueError(f"system {name!r} needs the form <family>:<size> or a TPU "
+                         f"accelerator type (v6e-256, v5p-256); e.g. {valid}")
     if family in GPU_FAMILIES:
         _check_overrides(name, "gpu", overrides)
         return _gpu_system(GPU_FAMILIES[family], name, size, overrides)
@@ -166,7 +193,35 @@ def _gpu_system(f: GpuFamily, name: str, size: str, overrides: dict) -> GpuSyste
                      pod_oversubscription=float(tiers.get("pod_oversubscription", 1.0)))
 
 
-def _tpu_system(f: TpuFamily, name: str, size: str, overrides: dict) -> TpuSystem:
+def _accelerator_size(f: TpuFamily, name: str, m: re.Match) -> str:
+    """The `<shape>[*slices]` of an accelerator type (`v5p-256` -> `4x4x8`): the shape
+    Google gives that many chips."""
+    count, slices = int(m.group(2)), m.group(3)
+    per_chip = f.type_cores_per_chip
+    unit = "TensorCores (2 a chip)" if per_chip > 1 else "chips"
+    shape = f.default_shape(count // per_chip) if count % per_chip == 0 else None
+    if shape is None:
+        sizes = _accelerator_sizes(f)
+        near = sorted(sizes, key=lambda n: (abs(n - count), n))[:2]
+        listed = ", ".join(f"{m.group(1)}-{n}" for n in sizes[:8])
+        more = ", ... (then whole 4x4x4 cubes)" if len(sizes) > 8 else ""
+        raise ValueError(f"system {name!r}: the number of {m.group(1)}-N counts {unit}, and "
+                         f"Google has no {f.name} slice of {count}; the nearest are "
+                         f"{' and '.join(f'{m.group(1)}-{n}' for n in sorted(near))} (sizes: "
+                         f"{listed}{more}), or write the shape, e.g. {f.name}:"
+                         f"{'x'.join(map(str, f.example_shape))}")
+    return "x".join(map(str, shape)) + (f"*{slices}" if slices else "")
+
+
+def _accelerator_sizes(f: TpuFamily) -> list[int]:
+    """The N of every `<type>-N` the family has (one default shape each)."""
+    chips = sorted({math.prod(s) for s in f.valid_shapes()})
+    return [c * f.type_cores_per_chip for c in chips if f.default_shape(c) is not None]
+
+
+def _tpu_system(f: TpuFamily, name: str, size: str, overrides: dict, *,
+                alias: str = "") -> TpuSystem:
+    """`alias`: the accelerator type the user wrote (`v5p-256`), said on reports."""
     m = _TOPOLOGY.match(size)
     example = "x".join(["4"] * f.ndim)
     if not m:
@@ -189,4 +244,4 @@ def _tpu_system(f: TpuFamily, name: str, size: str, overrides: dict) -> TpuSyste
         raise ValueError(f"system override dcn_gbps applies to several slices over DCN; "
                          f"{name!r} is one slice (write e.g. {name}*2)")
     return TpuSystem(f, shape, slices, dcn_bytes_per_s_per_chip=dcn * 1e9 / 8 if dcn else None,
-                     overrides=overrides)
+                     overrides=overrides, alias=alias)

@@ -36,6 +36,15 @@ class TpuFamily:
     # Each torus axis's link bandwidth relative to `ici_bytes_per_s` (empty: all equal);
     # the Trn2 UltraServer's ring across instances runs at half the bandwidth.
     axis_scale: tuple[float, ...] = ()
+    # The slice shapes Google provisions, in Google's orientation (either is accepted): a 2D
+    # family's all of them; a cube family's below one 4x4x4 cube (the default shape of each
+    # size; larger slices are whole cubes, `shape_error`). Empty: no list (Trainium).
+    slice_shapes: tuple[tuple[int, ...], ...] = ()
+    # Google's accelerator-type spellings of the family (`v5litepod-256`, MaxText's
+    # `v5e-256`), and what their number counts: TensorCores (2 a chip on v4, v5p, TPU7x),
+    # or chips (1 on v5e, v6e).
+    accelerator_types: tuple[str, ...] = ()
+    type_cores_per_chip: int = 1
 
     def axis_bytes_per_s(self, axis: int) -> float:
         return self.ici_bytes_per_s * (self.axis_scale[axis] if self.axis_scale else 1.0)
@@ -43,7 +52,10 @@ class TpuFamily:
     def shape_error(self, shape: tuple[int, ...]) -> str | None:
         """Why a slice cannot have this shape, or None. A TPU slice is made of hosts of
         2 x 2 chips (a smaller slice is part of one): each of its first two dimensions is
-        1 or even (libtpu refuses the others, e.g. v5e:3x3)."""
+        1 or even (libtpu refuses the others, e.g. v5e:3x3). Past that, what Google
+        provisions: a 2D family's listed shapes; a 3D slice larger than one 4x4x4 cube is
+        whole cubes, every dimension a multiple of 4 (Cloud TPU docs, types and
+        topologies: "A, B, C are either all <= 4 or all integer multiples of 4")."""
         if len(shape) != self.ndim:
             return f"{self.name} slices are {self.ndim}D"
         if any(s < 1 for s in shape):
@@ -54,39 +66,113 @@ class TpuFamily:
         if self.compiler == "tpu" and any(s != 1 and s % 2 for s in shape[:2]):
             return (f"a {self.name} slice is made of hosts of 2x2 chips, so each of its first "
                     f"two dimensions is 1 or even")
+        if self.ndim == 2 and self.slice_shapes and \
+                shape not in self.slice_shapes and shape[::-1] not in self.slice_shapes:
+            listed = ", ".join("x".join(map(str, s)) for s in self.slice_shapes)
+            return (f"Google provisions {self.name} slices of {listed} only (Cloud TPU "
+                    f"{self.name.removeprefix('tpu-')} docs; no custom 2D shapes)")
+        if self.wrap_rule == "cube" and any(s > 4 for s in shape) and \
+                any(s % 4 for s in shape):
+            return (f"a {self.name} slice larger than one 4x4x4 cube is whole cubes, so "
+                    f"every dimension is a multiple of 4 (Cloud TPU docs: all <= 4 or all "
+                    f"multiples of 4)")
         return None
 
     def example_for(self, shape: tuple[int, ...]) -> str:
-        """A valid system name near a refused `shape`: as many largest slices over DCN when
-        it has that many chips (MaxText's 4 x v5e-256 written `4x256`), else the catalog's."""
+        """Valid system names near a refused `shape`: as many largest slices over DCN when
+        it has that many chips (MaxText's 4 x v5e-256 written `4x256`), else the nearest
+        valid shapes with no more and with no fewer chips."""
         largest = "x".join(map(str, self.max_shape))
         slices, rest = divmod(math.prod(shape), math.prod(self.max_shape))
         if slices > 1 and not rest:
             return f"{self.name}:{largest}*{slices} ({slices} slices over DCN)"
-        return f"{self.name}:{'x'.join(map(str, self.example_shape))}"
+        near = self.nearest_shapes(shape)
+        if not near:
+            return f"{self.name}:{'x'.join(map(str, self.example_shape))}"
+        return " or ".join(f"{self.name}:{'x'.join(map(str, s))} ({math.prod(s)} chips)"
+                           for s in near)
 
+    def valid_shapes(self):
+        """Every slice shape the family has (`shape_error` None), in either orientation."""
+        def sizes(m: int) -> list[int]:
+            if self.wrap_rule != "cube":
+                return list(range(1, m + 1))
+            # a cube family's dimensions: up to 4, or multiples of 4 (fewer to try)
+            return sorted({*range(1, min(m, 4) + 1), *range(4, m + 1, 4)})
+
+        for dims in itertools.product(*(sizes(m) for m in self.max_shape)):
+            if self.shape_error(dims) is None:
+                yield dims
+
+    def nearest_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The valid shapes closest to `shape` dimension by dimension, one with no more
+        chips and one with no fewer (one shape when they are the same)."""
+        if len(shape) != self.ndim:
+            return []
+        n = math.prod(shape)
+
+        def distance(s):
+            return sum(abs(a - b) for a, b in zip(s, shape, strict=True)), math.prod(s)
+
+        valid = list(self.valid_shapes())
+        below = min((s for s in valid if math.prod(s) <= n), key=distance, default=None)
+        above = min((s for s in valid if math.prod(s) >= n), key=distance, default=None)
+        return list(dict.fromkeys(s for s in (below, above) if s is not None))
+
+    def default_shape(self, chips: int) -> tuple[int, ...] | None:
+        """The shape Google gives a slice of `chips` chips, or None when it has none: the
+        listed shape of that size, else (cube families) the whole-cube shape most like a
+        cube ("the default topology is the one most similar to a cube", Cloud TPU docs,
+        types and topologies; v5p: 128 chips 4x4x8, 384 chips 4x8x12), written smallest
+        dimension first as Google writes them."""
+        listed = [s for s in self.slice_shapes if math.prod(s) == chips]
+        if listed:
+            return listed[0]
+        if self.wrap_rule != "cube" or chips % 64:
+            return None
+        cubes = [s for s in self.valid_shapes()
+                 if math.prod(s) == chips and all(d % 4 == 0 for d in s)]
+        if not cubes:
+            return None
+        return tuple(sorted(min(cubes, key=lambda s: sorted(s, reverse=True))))
+
+
+# Below one 4x4x4 cube, the shapes Google lists for v4 and v5p (Cloud TPU v4 and v5p docs,
+# configurations; xpk's system_characteristics generates the same four before whole cubes).
+_SUB_CUBE = ((2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4))
+# v5e and v6e: no custom 2D shapes, these eight (Cloud TPU v5e docs, "v5e supports the
+# following 2D slice shapes"; v6e docs, the same topologies v6e-1 ... v6e-256).
+_PLANE = ((1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16))
 
 TPU_FAMILIES: dict[str, TpuFamily] = {
     "tpu-v4": TpuFamily(name="tpu-v4", chip="tpu-v4", ndim=3, max_shape=(16, 16, 16),
                         wrap_rule="cube", ici_bytes_per_s=4.5e10, dcn_bytes_per_s_per_chip=6.25e9,
                         source="scaling book tpus.md",
-                      example_shape=(4, 4, 4)),
+                      example_shape=(4, 4, 4), slice_shapes=_SUB_CUBE,
+                        accelerator_types=("v4",), type_cores_per_chip=2),
     "tpu-v5e": TpuFamily(name="tpu-v5e", chip="tpu-v5e", ndim=2, max_shape=(16, 16),
                          wrap_rule="16", ici_bytes_per_s=4.5e10, dcn_bytes_per_s_per_chip=3.125e9,
                          source="scaling book tpus.md",
-                       example_shape=(16, 16)),
+                       example_shape=(16, 16), slice_shapes=_PLANE,
+                         accelerator_types=("v5litepod", "v5e")),
     "tpu-v5p": TpuFamily(name="tpu-v5p", chip="tpu-v5p", ndim=3, max_shape=(16, 20, 28),
                          wrap_rule="cube", ici_bytes_per_s=9.0e10, dcn_bytes_per_s_per_chip=6.25e9,
                          source="scaling book tpus.md",
-                       example_shape=(8, 8, 8)),
+                       example_shape=(8, 8, 8), slice_shapes=_SUB_CUBE,
+                         accelerator_types=("v5p",), type_cores_per_chip=2),
     "tpu-v6e": TpuFamily(name="tpu-v6e", chip="tpu-v6e", ndim=2, max_shape=(16, 16),
                          wrap_rule="16", ici_bytes_per_s=9.0e10, dcn_bytes_per_s_per_chip=1.25e10,
                          source="scaling book tpus.md",
-                       example_shape=(16, 16)),
+                       example_shape=(16, 16), slice_shapes=_PLANE,
+                         accelerator_types=("v6e",)),
+    # TPU7x: two TensorCores a chip, and `tpu7x-N` counts them as v5p's type does
+    # (tpu7x-8 = 2x2x1, tpu7x-128 = 4x4x4: MaxText accelerator_to_spec_map.py, which also
+    # has the single chip, tpu7x-2 = 1x1x1; Cloud TPU7x docs: 2 TensorCores per chip).
     "tpu7x": TpuFamily(name="tpu7x", chip="tpu7x", ndim=3, max_shape=(16, 24, 24),
                        wrap_rule="cube", ici_bytes_per_s=9.0e10, dcn_bytes_per_s_per_chip=1.25e10,
                        source="scaling book tpus.md; MaxText accelerator_to_spec_map.py",
-                     example_shape=(4, 4, 4)),
+                     example_shape=(4, 4, 4), slice_shapes=((1, 1, 1), *_SUB_CUBE),
+                       accelerator_types=("tpu7x",), type_cores_per_chip=2),
     # AWS Trainium2: a trn2.48xlarge is 16 chips on a 4x4 2D torus of NeuronLink-v3, 1,024
     # GB/s per chip over its 4 links (taken as both directions: 128 GB/s per link and
     # direction); instances joined by EFA, 3.2 Tb/s per 16 chips = 25 GB/s per chip. Slices
@@ -120,10 +206,13 @@ class TpuSystem(System):
     """`num_slices` TPU slices of torus `shape`, joined over DCN."""
 
     def __init__(self, family: TpuFamily, shape: tuple[int, ...], num_slices: int, *,
-                 dcn_bytes_per_s_per_chip: float | None = None, overrides: dict | None = None):
+                 dcn_bytes_per_s_per_chip: float | None = None, overrides: dict | None = None,
+                 alias: str = ""):
         """`dcn_bytes_per_s_per_chip`: the DCN bandwidth per chip where the cluster's
-        differs from the catalog's."""
+        differs from the catalog's; `alias`: the accelerator type it was named by
+        (`v5p-256`), said on reports."""
         self.family = family
+        self.alias = alias
         self.overrides = dict(overrides or {})
         self.shape = shape
         self.num_slices = num_slices
@@ -148,6 +237,14 @@ class TpuSystem(System):
                 bytes_per_s=dcn_bytes_per_s_per_chip or family.dcn_bytes_per_s_per_chip,
                 latency_s=0.0, efficiency=1.0,
                 source="config override" if dcn_bytes_per_s_per_chip else family.source)
+
+    @property
+    def placement(self) -> str:
+        # the accelerator type's translation: its number counts TensorCores on v4, v5p and
+        # TPU7x, chips on v5e and v6e, and the shape is Google's default for the size
+        if not self.alias:
+            return ""
+        return f"{self.alias} = {self.name}, {self.num_chips} chip{'s' * (self.num_chips != 1)}"
 
     def link_scope(self, link: str) -> str:
         # the torus's figure is one link's (a chip has two per axis); the DCN's a chip's,

@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 
 from meshes import System, get_system
 from meshes.calibration import Calibration, catalog_calibration
+from meshes.catalog import system_of_size
 from meshes.chips import CUDA_GRAPH_KERNEL_S
 from meshes.power import Cost
 from meshes.power import estimate as estimate_energy
@@ -76,6 +77,21 @@ def _check_mesh(mesh) -> None:
         raise TypeError(f"mesh={mesh!r} is not a jax.sharding.Mesh; build one over the "
                         f"devices, e.g. jax.make_mesh((2, 4), ('data', 'tensor')), or "
                         f"sharding.make_mesh(system, {{'data': 2, 'tensor': 4}})")
+
+
+def _check_mesh_size(mesh: Mesh, system: System | None) -> None:
+    """The mesh is the whole system: a program over fewer devices than the system has
+    would be timed and reported as the system's (as the CLI refuses a config whose
+    parallelism does not make up its system)."""
+    n = mesh.devices.size
+    if system is None or n == system.num_devices:
+        return
+    m = system.num_devices
+    other = system_of_size(system, n)
+    size = f"a system of {n} devices" + (f", e.g. {other!r}," if other else "")
+    raise ValueError(f"the mesh has {n} devices ({' x '.join(map(str, mesh.devices.shape))}) "
+                     f"but system {system.name!r} has {m}; analyze on {size} or on a mesh of "
+                     f"{m} devices")
 
 
 def _check_mesh_axes(mesh_shape: Sequence[int], axis_names: Sequence[str]) -> None:
@@ -440,6 +456,7 @@ def analyze(
     """
     system = _system_of(system)
     _check_mesh(mesh)
+    _check_mesh_size(mesh, system)
     backend = backend_of(mesh.devices.flat[0])
     compiler = compiler or compiler_name(backend, system)
     stage(f"lowering and compiling with {compiler.split(' (')[0]} for {mesh.devices.size} "

@@ -80,8 +80,30 @@ def test_a_tpu_slice_libtpu_refuses_is_refused_at_the_config():
 
     with pytest.raises(ValueError, match="hosts of 2x2 chips.*3x3 is not"):
         get_system("tpu-v5e:3x3")
-    for ok in ("tpu-v5e:2x4", "tpu-v5e:1x8", "tpu7x:2x2x3", "tpu-v6e:16x16*2"):
+    # nor one Google does not provision (v5e's eight 2D shapes; whole 4x4x4 cubes past one)
+    for refused in ("tpu-v5e:1x8", "tpu-v5p:8x8x7"):
+        with pytest.raises(ValueError, match=f"{refused.split(':')[1]} is not; e.g."):
+            get_system(refused)
+    for ok in ("tpu-v5e:2x4", "tpu-v5e:4x2", "tpu7x:2x2x3", "tpu-v6e:16x16*2"):
         assert get_system(ok).name == ok
+
+
+def test_a_tpu_accelerator_type_is_read_and_the_report_says_its_slice(capsys):
+    # MaxText's and GKE's device types: v5litepod-16 is 16 v5e chips, Google's 4x4
+    from tests.conftest import DATA
+
+    code = cli.main(["inspect", str(DATA / "collectives.tpu-v5e.hlo"), "--system",
+                     "v5litepod-16", "--mesh", "data=2,fsdp=4,tensor=2"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.splitlines()[0].startswith(
+        "collectives.tpu-v5e.hlo  on tpu-v5e:4x4 (16 devices: v5litepod-16 = tpu-v5e:4x4, "
+        "16 chips)")
+    # a size Google has no slice of: one line, the nearest sizes
+    assert cli.main(["inspect", str(DATA / "collectives.tpu-v5e.hlo"), "--system",
+                     "v5p-24"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the nearest are v5p-16 and v5p-32" in err
 
 
 def test_systems_says_which_figures_are_a_chips_and_which_a_devices(capsys):

@@ -22,11 +22,75 @@ MB = 1e6
     # a zero dimension is not a wrong dimension count; a zero slice count is not the shape's
     ("tpu-v5e:0x4", "each dimension of a tpu-v5e slice is at least 1; 0x4 is not"),
     ("tpu-v5e:2x4*0", "\\*0 slices; give at least one, e.g. tpu-v5e:2x4\\*2"),
+    # Past one 4x4x4 cube a v4/v5p/TPU7x slice is whole cubes (Cloud TPU docs: all <= 4 or
+    # all multiples of 4); the message names the nearest slices below and above
+    ("tpu-v5p:8x8x7", "larger than one 4x4x4 cube is whole cubes, so every dimension is a "
+                      "multiple of 4 .*; 8x8x7 is not; e.g. tpu-v5p:8x8x4 .256 chips. or "
+                      "tpu-v5p:8x8x8 .512 chips.$"),
+    ("tpu7x:2x8x8", "whole cubes.*e.g. tpu7x:4x4x8 .128 chips. or tpu7x:4x8x8 .256 chips.$"),
+    ("tpu-v4:4x4x6", "whole cubes.*e.g. tpu-v4:4x4x4 .64 chips. or tpu-v4:4x4x8"),
+    # v5e and v6e come in eight 2D shapes (no custom ones), either way round
+    ("tpu-v5e:1x8", "Google provisions tpu-v5e slices of 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, "
+                    "16x16 only .*; 1x8 is not; e.g. tpu-v5e:2x4 .8 chips."),
+    ("tpu-v6e:12x16", "e.g. tpu-v6e:8x16 .128 chips. or tpu-v6e:16x16 .256 chips.$"),
+    # Google's accelerator types: a size with no slice names the nearest and the sizes
+    ("v5p-24", "'v5p-24': the number of v5p-N counts TensorCores .2 a chip., and Google has "
+               "no tpu-v5p slice of 24; the nearest are v5p-16 and v5p-32 .sizes: v5p-8, "
+               "v5p-16, v5p-32, v5p-64, v5p-128, "),
+    ("v6e-12", "v6e-N counts chips.*the nearest are v6e-8 and v6e-16 .sizes: v6e-1, v6e-4, "
+               "v6e-8, v6e-16, v6e-32, v6e-64, v6e-128, v6e-256.,"),
+    ("v5p-1000", "the nearest are v5p-896 and v5p-1024"),
+    ("tpu7x-3", "tpu7x-N counts TensorCores .2 a chip."),
+    ("v5p-256*0", "'v5p-256\\*0': \\*0 slices"),
+    ("v9-8", "needs the form <family>:<size> or a TPU accelerator type"),
 ])
 def test_bad_system_names_say_what_is_valid(name, fragment):
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(")) as e:
         get_system(name)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, system, chips", [
+    # The number counts chips on v5e and v6e; the shape is Google's for the size (Cloud TPU
+    # v5e docs' 2D shapes; MaxText accelerator_to_spec_map.py: v6e-256 = v6e:16x16)
+    ("v6e-256", "tpu-v6e:16x16", 256),
+    ("v6e-8", "tpu-v6e:2x4", 8),
+    ("v5litepod-256", "tpu-v5e:16x16", 256),
+    ("v5e-128", "tpu-v5e:8x16", 128),
+    # It counts TensorCores, 2 a chip, on v4 and v5p; the shape is the most cube-like
+    # (Cloud TPU v5p docs: v5p-256 is 2 cubes, 4x4x8; MaxText: v5p-768 = v5:4x8x12,
+    # v5p-2048 = v5:8x8x16; Cloud TPU v4 docs: v4-128 = 4x4x4)
+    ("v5p-8", "tpu-v5p:2x2x1", 4),
+    ("v5p-32", "tpu-v5p:2x2x4", 16),
+    ("v5p-256", "tpu-v5p:4x4x8", 128),
+    ("v5p-768", "tpu-v5p:4x8x12", 384),
+    ("v5p-2048", "tpu-v5p:8x8x16", 1024),
+    ("v4-128", "tpu-v4:4x4x4", 64),
+    # and on TPU7x, whose chip is two JAX devices (MaxText: tpu7x-256 = tpu7x:4x4x8,
+    # tpu7x-9216 = tpu7x:12x16x24, tpu7x-2 = 1x1x1)
+    ("tpu7x-256", "tpu7x:4x4x8", 128),
+    ("tpu7x-9216", "tpu7x:12x16x24", 4608),
+    ("tpu7x-2", "tpu7x:1x1x1", 1),
+    # several slices over DCN, as shardscope writes them
+    ("v6e-256*2", "tpu-v6e:16x16*2", 512),
+])
+def test_accelerator_types_are_googles_default_slices(name, system, chips):
+    s = get_system(name)
+    assert (s.name, s.num_chips) == (system, chips)
+    assert s.num_devices == chips * s.chip.devices_per_chip
+    # the report's header says the translation
+    assert s.placement == f"{name} = {system}, {chips} chip{'s' * (chips != 1)}"
+    assert get_system(system).placement == ""
+
+
+def test_every_slice_google_lists_is_valid():
+    # The shapes in Google's tables (Cloud TPU v5p docs' configurations, v5e docs' 2D
+    # shapes) and the whole-cube ones MaxText's accelerator_to_spec_map.py lists
+    for name in ("tpu-v5p:2x2x1", "tpu-v5p:2x4x4", "tpu-v5p:4x4x28", "tpu-v5p:16x16x24",
+                 "tpu-v5p:16x20x28", "tpu7x:4x4x20", "tpu7x:16x24x24", "tpu-v4:8x16x16",
+                 "tpu-v5e:1x1", "tpu-v5e:8x16", "tpu-v6e:16x8", "tpu-v6e:4x8",
+                 "tpu7x:2x2x3", "tpu7x:1x1x4"):
+        assert get_system(name).name == name
 
 
 def test_device_ids_outside_the_system_are_an_error():

@@ -250,6 +250,16 @@ def _bad_input_cases():
         "mesh text": (lambda: sharding.analyze(jnp.tanh, x, mesh="data=2,tensor=4",
                                                system=H100),
                       TypeError, "mesh='data=2,tensor=4' is not a jax.sharding.Mesh"),
+        # a system of other than the mesh's devices would be reported as the mesh's
+        "system of 64": (lambda: sharding.analyze(jnp.tanh, x, mesh=mesh,
+                                                  system="tpu-v5p:4x4x4"), ValueError,
+                         "the mesh has 8 devices (2 x 4) but system 'tpu-v5p:4x4x4' has 64; "
+                         "analyze on a system of 8 devices, e.g. 'tpu-v5p:2x2x2', or on a "
+                         "mesh of 64 devices"),
+        "system of 4": (lambda: sharding.analyze(jnp.tanh, x, mesh=mesh,
+                                                 system=meshes.get_system("h100:4")),
+                        ValueError, "the mesh has 8 devices (2 x 4) but system 'h100:4' has "
+                                    "4; analyze on a system of 8 devices, e.g. 'h100:8',"),
         "system int": (lambda: sharding.analyze_hlo(text, system=16), TypeError,
                        "system=16: give a system name like 'h100:8'"),
         "hlo bytes": (lambda: sharding.analyze_hlo(text.encode(), system="h100:16"),

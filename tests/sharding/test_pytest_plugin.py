@@ -199,3 +199,32 @@ def test_a_conftest_that_started_jax_is_one_clear_error(pytester):
         "ERROR: shardscope: JAX's CPU backend already started with 1 device, so it cannot fake "
         "2 (ini shardscope_fake_devices); start JAX in a test or fixture, not while "
         "conftest.py is imported, or run with --fake-devices 1"], result.stderr.str()
+
+
+def test_a_project_module_that_shadows_shardscopes_package_is_one_clear_error(pytester):
+    # The wheel installs `sharding` and `meshes` as top-level packages: a project's own
+    # sharding.py on sys.path first (pythonpath = ".") made the fixtures fail deep in an
+    # import ("No module named 'sharding.testing'; 'sharding' is not a package"). A project's
+    # own models/ does not matter: the fixtures do not import shardscope's models.
+    pytester.makeini("[pytest]\npythonpath = .\n")
+    pytester.makepyfile(sharding="PLAN = 'mine'\n")
+    pytester.mkpydir("models")
+    pytester.makepyfile(test_mine="""
+        def test_mesh(fake_mesh):
+            assert fake_mesh(data=2, tensor=4).devices.size == 8
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(errors=1)
+    out = result.stdout.str()
+    assert "ModuleNotFoundError" not in out and "is not a package" not in out, out
+    (line,) = [ln for ln in result.outlines if ln.startswith("shardscope: ")]
+    assert line == (
+        f"shardscope: `import sharding` finds {pytester.path / 'sharding.py'}, not "
+        f"shardscope's top-level sharding package; rename your sharding.py, or keep "
+        f"{pytester.path} off sys.path (drop \".\" from pytest's pythonpath; no test files in "
+        f"it, or --import-mode=importlib; `pytest`, not `python -m pytest`)")
+
+    # renamed, the same project (its models/ still there) runs
+    (pytester.path / "sharding.py").rename(pytester.path / "my_sharding.py")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(passed=1)
