@@ -51,7 +51,7 @@ def test_cuda_graphs_replace_the_fitted_time_per_kernel_by_the_launch(cpu_device
 @pytest.mark.parametrize("changes", [
     {"workload": {"kind": "prefill", "seq_len": 64, "global_batch": 8}},  # engines: decode
     {"workload": {"kind": "train", "seq_len": 64, "global_batch": 8}},
-    {"system": {"name": "tpu-v5e:1x2"}},  # no CUDA on a TPU
+    {"system": {"name": "tpu7x:1x1x1"}},  # no CUDA on a TPU (2 devices, one chip)
 ], ids=["prefill", "train", "tpu"])
 def test_cuda_graphs_touch_only_a_gpu_decode_step(cpu_devices, changes):
     on = run(TINY_DECODE, **changes)
