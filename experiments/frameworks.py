@@ -206,6 +206,11 @@ def maxtext(exp: Experiment) -> list[str]:
         lines.append(f"# parallelism.rules={par.rules!r} keeps the residual stream whole "
                      f"over tensor; MaxText splits it (activation_embed over tensor: "
                      f"rules = \"maxtext\" in shardscope)")
+    whole = [a for a in ("sequence", "expert") if getattr(par, a) > 1]
+    if whole and par.rules != "maxtext":
+        lines.append(f"# parallelism.rules={par.rules!r} does not split the weights' width "
+                     f"over {' and '.join(whole)}; MaxText does (its embed rule: fsdp, "
+                     f"context, expert; rules = \"maxtext\" in shardscope)")
     if par.sequence_parallel:
         lines.append("# parallelism.sequence_parallel (Megatron's): MaxText's "
                      "activation_embed over tensor splits the residual stream instead")

@@ -62,8 +62,12 @@ def rank_copies(cfg, rules, mesh_shape):
     copy of each layer weight per rank, made where the step makes the data-parallel
     replicas' (models/train.py), they are summed there, once. A norm's vector works on
     the residual stream, which sequence parallelism splits over `tensor` too. (A mixture
-    of experts' weights meet regrouped tokens: no copies.)"""
-    if cfg.n_experts > 1 or rules.ways("seq", mesh_shape) == 1:
+    of experts' weights meet regrouped tokens: no copies.) Weights split over the
+    context-parallel ranks themselves (MaxText's rules) have no copies either: like FSDP's,
+    they are gathered at each use and their gradients reduce-scattered there."""
+    seq_axes = set(rules.split_axes("seq", mesh_shape))
+    weight_axes = {a for axes in rules.params.values() for a in axes}
+    if cfg.n_experts > 1 or not seq_axes or seq_axes & weight_axes:
         return None
 
     def of(path) -> RankCopies:

@@ -313,7 +313,8 @@ def param_shardings(axes_tree, abstract_params, rules: AxisRules, mesh: Mesh):
 
     def one(path, names, leaf):
         what = "param " + "/".join(str(getattr(k, "key", k)) for k in path)
-        return NamedSharding(mesh, resolve(names, leaf.shape, rules.params, mesh_shape, what=what))
+        return NamedSharding(mesh, resolve(names, leaf.shape, rules.params, mesh_shape,
+                                           what=what, yields=rules.params_yield))
 
     return jax.tree_util.tree_map_with_path(
         one, axes_tree, abstract_params, is_leaf=lambda x: isinstance(x, tuple))

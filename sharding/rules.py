@@ -4,7 +4,10 @@ Models name every dimension with a logical axis (`batch`, `embed`, `heads`, ...)
 table maps each logical name to a tuple of mesh axes, written once. The resolver turns
 (logical names, shape) into a PartitionSpec and refuses to guess: an unknown name, a mesh
 axis used twice in one spec, or a dimension its mesh axes do not divide is an error with
-the fix, never a silent replication.
+the fix, never a silent replication. One exception is declared, never guessed: a
+parameter's logical axis a table names in `params_yield` takes only those of its mesh axes
+that the array's other dimensions leave free (MaxText's rules, which give its weights'
+`embed` fallbacks without the axes `mlp` or `exp` take).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import contextlib
 import contextvars
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -33,12 +36,23 @@ MESH_AXES = ("pipeline", "data", "fsdp", "expert", "sequence", "tensor")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AxisRules:
-    """Logical axis -> mesh axes, separately for parameters and activations."""
+    """Logical axis -> mesh axes, separately for parameters and activations.
+
+    `params_yield`: parameters' logical axes that yield: in one array, such a dimension
+    takes only the mesh axes of its rule that the other dimensions do not take (instead of
+    the resolver's error for an axis used twice). MaxText resolves its rules so (flax's
+    logical_to_mesh_axes: a name takes its first rule whose mesh axes are all unused, and
+    base.yml's `embed` / `embed_moe` fallbacks leave out what `mlp` and `exp` take)."""
 
     params: Mapping[str, tuple[str, ...]]
     activations: Mapping[str, tuple[str, ...]]
+    params_yield: tuple[str, ...] = ()
 
     def __post_init__(self):
+        for logical in self.params_yield:
+            if logical not in self.params:
+                raise ValueError(f"rules.params_yield: {logical!r} has no rule in the params "
+                                 f"table; known: {', '.join(sorted(self.params))}")
         for table_name, table in (("params", self.params), ("activations", self.activations)):
             for logical, mesh_axes in table.items():
                 if logical not in LOGICAL_AXES:
@@ -96,7 +110,9 @@ class AxisRules:
              params: bool = False) -> int:
         """How many ways `logical` splits on a mesh of `mesh_shape` (mesh axis -> size;
         axes the mesh lacks count as 1): the one question every user of the rules asks
-        (memory per device, batch divisibility, pipeline stages)."""
+        (memory per device, batch divisibility, pipeline stages). A parameter's axis in
+        `params_yield` splits at most this many ways (fewer in an array whose other
+        dimensions take some of its mesh axes)."""
         return math.prod(mesh_shape.get(m, 1) for m in self.mesh_axes(logical, params=params))
 
 
@@ -138,12 +154,24 @@ def default_rules() -> AxisRules:
 
 
 def maxtext_rules() -> AxisRules:
-    """The default rules with MaxText's activation sharding: the residual stream's width
-    split over `tensor` too (its base.yml: `['activation_embed', 'tensor']`), so that
-    tensor parallelism gathers a layer's input before its projections and reduce-scatters
-    their outputs, and a rank keeps 1/tensor of each saved activation."""
+    """MaxText's rules (its base.yml `logical_axis_rules`; AI-Hypercomputer/maxtext
+    src/maxtext/configs/base.yml at e591f30c) on shardscope's mesh axes, MaxText's `context`
+    being `sequence`. Activations: the default rules with the residual stream's width split
+    over `tensor` too (`['activation_embed', ['tensor']]`), so that tensor parallelism
+    gathers a layer's input before its projections and reduce-scatters their outputs, and
+    a rank keeps 1/tensor of each saved activation. Parameters: the weights' width split
+    over every rank that splits the batch or the sequence (`['embed', ['fsdp',
+    'fsdp_transpose', 'context', 'context_usp_ulysses', 'expert']]`, likewise
+    `embed_vocab`), less the mesh axes the weight's other dimensions take: a MoE expert
+    weight's width yields `expert` to its experts (`embed_moe` has no `expert`), so the
+    experts' weights split as the default rules split them. `mlp`, `heads`, `kv_heads`
+    and `vocab` over `tensor`, `exp` over `expert`: as the defaults."""
     rules = default_rules()
-    return dataclasses.replace(rules, activations={**rules.activations, "embed": ("tensor",)})
+    return dataclasses.replace(
+        rules,
+        params={**rules.params, "embed": ("fsdp", "sequence", "expert")},
+        activations={**rules.activations, "embed": ("tensor",)},
+        params_yield=("embed",))
 
 
 # Rule presets a config can name (`[parallelism] rules = "default"`).
@@ -165,6 +193,7 @@ def resolve(
     mesh_shape: Mapping[str, int],
     *,
     what: str,
+    yields: Collection[str] = (),
 ) -> PartitionSpec:
     """PartitionSpec for an array whose dimensions carry logical `names`.
 
@@ -174,6 +203,8 @@ def resolve(
         table: logical name -> mesh axes.
         mesh_shape: mesh axis -> size.
         what: the array's path, for error messages.
+        yields: logical names whose dimension takes only the mesh axes of its rule that
+            the other dimensions leave free (`AxisRules.params_yield`); resolved last.
 
     Raises:
         ValueError: unknown name, mesh axis used twice, or a dimension not divisible.
@@ -182,10 +213,10 @@ def resolve(
         raise ValueError(f"{what}: {len(names)} logical names {tuple(names)} for a "
                          f"{len(shape)}-d array of shape {tuple(shape)}")
     used: dict[str, str] = {}
-    spec = []
-    for name, dim in zip(names, shape):
+    spec: list = [None] * len(names)
+    for i in sorted(range(len(names)), key=lambda i: names[i] in yields):
+        name, dim = names[i], shape[i]
         if name is None:
-            spec.append(None)
             continue
         if name not in table:
             raise ValueError(
@@ -194,6 +225,8 @@ def resolve(
             )
         # Mesh axes of size 1, or absent from this mesh, shard nothing.
         mesh_axes = tuple(m for m in table[name] if mesh_shape.get(m, 1) > 1)
+        if name in yields:
+            mesh_axes = tuple(m for m in mesh_axes if m not in used)
         for m in mesh_axes:
             if m in used:
                 raise ValueError(
@@ -208,7 +241,7 @@ def resolve(
                 f"{what}: dimension {name!r} of size {dim} is not divisible by {sizes} "
                 f"(= {ways}); choose mesh sizes that divide {dim}: {divisors(dim)}"
             )
-        spec.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
+        spec[i] = None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes
     while spec and spec[-1] is None:
         spec.pop()
     return PartitionSpec(*spec)

@@ -223,3 +223,23 @@ def test_a_jax_style_move_says_the_micro_batch_it_grows():
     assert ("micro-batch 8 -> 16 sequences per data-parallel rank, microbatches kept at 1, "
             "global batch 64 kept") in s.describe()
     assert json.loads(json.dumps(s.to_dict()))["micro_batch_per_rank"] == [8, 16]
+
+
+def test_an_imported_maxtext_context_parallel_run_splits_its_state_over_the_context_ranks(
+        tmp_path, capsys):
+    # A tpu-recipes-style MaxText run: FSDP takes what context parallelism leaves of the
+    # slice. MaxText splits the weights' width over fsdp x context (base.yml's `embed`
+    # rule), so each device holds 1/16 of the f32 weights, gradients and Adam moments, not
+    # the 1/8 FSDP alone would give (what read a tpu7x CP-8 recipe as DOES NOT FIT).
+    yml = tmp_path / "cp.yml"
+    yml.write_text("model_name: llama3-8b\nici_fsdp_parallelism: -1\n"
+                   "ici_context_parallelism: 2\nmax_target_length: 8192\n")
+    toml, out = tmp_path / "cp.toml", tmp_path / "fit.json"
+    assert cli.main(["import", "maxtext", str(yml), "--system", "tpu-v5e:4x4", "--out",
+                     str(toml), "--quiet"]) == 0
+    assert cli.main(["fit", str(toml), "--no-compile", "--quiet", "--json", str(out)]) == 0
+    capsys.readouterr()
+    parts = {p["part"]: p["bytes"] for p in json.loads(out.read_text())["breakdown"]}
+    n = config_mod.load(toml).model.param_count()
+    assert parts["parameters"] == parts["gradients"] == 4 * n / (8 * 2)
+    assert parts["optimizer state"] == 2 * 4 * n / (8 * 2) + 4  # + Adam's int32 step count

@@ -371,6 +371,15 @@ def test_moe_routing_goes_out_and_comes_back(tmp_path, capsys):
         assert model.dropless == want.get("dropless", False)
 
 
+def test_export_says_where_maxtext_splits_weights_that_the_default_rules_do_not(capsys):
+    # MaxText splits a weight's width over its expert (and context) ranks too; shardscope's
+    # default rules (Megatron's layout) do not, its maxtext preset does.
+    note = "does not split the weights' width over expert; MaxText does"
+    assert note in _export(capsys, "mixtral-8x7b-v6e-256-ep", "--to", "maxtext")
+    assert "weights' width" not in _export(capsys, "mixtral-8x7b-v6e-256-ep", "--to", "maxtext",
+                                           "--set", "parallelism.rules=maxtext")
+
+
 def test_context_parallel_strategy_goes_out_and_comes_back(tmp_path, capsys):
     # MaxText's context_parallel_strategy (its default all_gather) is read on import, and
     # ici_sequence_parallelism, a MaxText key, is an override like any other.

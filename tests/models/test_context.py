@@ -1,13 +1,14 @@
 """Context parallelism (models/context.py): the sharded step computes the unsharded loss and
 moves each rank's keys and values the expected number of times."""
 
+import jax
 import numpy as np
 import pytest
 
 import meshes
 import models
 import sharding
-from tests.steps import tiny, train_both_ways
+from tests.steps import layer_matmul_params, tiny, train_both_ways
 
 H100 = meshes.get_system("h100:8")
 F32 = 4
@@ -123,3 +124,64 @@ def test_sequence_parallel_context_ranks_gather_no_activations_over_data(cpu_dev
     layer_scatters = [c for c in rep.collectives if c.kind == "reduce-scatter"
                       and c.mesh_axes == ("data", "sequence") and "/while/body/" in c.op_name]
     assert len(layer_scatters) == 7 and {c.count for c in layer_scatters} == {cfg.n_layers}
+
+
+@pytest.mark.parametrize("preset, par, weight_axes", [
+    # Megatron's layout (default rules): the context ranks hold the weights whole over
+    # `sequence`, split over FSDP only.
+    ("default", {"fsdp": 2, "sequence": 4}, ("fsdp",)),
+    # MaxText's: the weights' width split over every rank that splits the batch or the
+    # sequence (base.yml: embed over fsdp, context, expert), gathered at each use.
+    ("maxtext", {"fsdp": 2, "sequence": 4}, ("fsdp", "sequence")),
+    ("maxtext", {"fsdp": 2, "sequence": 2, "expert": 2}, ("fsdp", "expert", "sequence")),
+])
+def test_maxtext_context_ranks_hold_and_gather_a_share_of_the_weights(cpu_devices, preset, par,
+                                                                     weight_axes):
+    cfg = tiny()
+    mesh = sharding.make_mesh(H100, par)
+    prog = models.build_train_program(
+        cfg, mesh, sharding.rules_preset(preset),
+        workload=models.Workload(seq_len=64, global_batch=4),
+        precision=models.Precision(params="float32", compute="bfloat16"), train=models.Train())
+    # Every tiny parameter has a d_model (64) dimension, which the weight axes divide.
+    n = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(prog.args[0]))
+    ways = int(np.prod([par[a] for a in weight_axes]))
+    assert prog.param_bytes_per_device == F32 * n // ways
+    # Adam's two f32 moments split like the weights, and its int32 step count
+    assert prog.optimizer_bytes_per_device == 2 * F32 * n // ways + 4
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    # A layer's 7 matrices (q, k, v, out, gate, up, down), bf16, gathered whole over the
+    # weight axes in the layers' loop: once in the forward pass, once more where the
+    # backward pass recomputes them (full remat), in each of the 2 layers.
+    layer_bf16 = layer_matmul_params(cfg) * 2
+    gathers = [c for c in rep.collectives if c.kind == "all-gather" and c.dtype == "bfloat16"
+               and "/while/body/" in c.op_name]
+    assert {c.mesh_axes for c in gathers} == {weight_axes}
+    assert {c.group_size for c in gathers} == {ways}
+    assert sum(c.bytes * c.count for c in gathers) == 2 * cfg.n_layers * layer_bf16
+    # their gradients summed and split over the same ranks: a reduce-scatter of the whole
+    # weight each (and with weights whole over `sequence`, an all-reduce over it besides)
+    scatters = [c for c in rep.collectives if c.kind == "reduce-scatter"
+                and c.dtype == "bfloat16" and "/while/body/" in c.op_name]
+    assert {c.mesh_axes for c in scatters} == {weight_axes}
+    assert sum(c.bytes * c.count for c in scatters) == cfg.n_layers * layer_bf16
+    weight_sums = [c for c in rep.collectives if c.kind == "all-reduce"
+                   and c.mesh_axes == ("sequence",) and "_proj/" in c.op_name]
+    assert bool(weight_sums) == ("sequence" not in weight_axes)
+
+
+def test_maxtext_context_ranks_accumulate_gradients_of_their_weight_shares(cpu_devices):
+    # With several micro-steps the default rules give each context rank a copy of the
+    # layer weights (models/context.rank_copies); weights split over the context ranks
+    # (MaxText's) have none: the step builds, and its state is the weights' share.
+    cfg = tiny()
+    par = {"fsdp": 2, "sequence": 4}
+    mesh = sharding.make_mesh(H100, par)
+    prog = models.build_train_program(
+        cfg, mesh, sharding.rules_preset("maxtext"),
+        workload=models.Workload(seq_len=64, global_batch=4, microbatches=2),
+        precision=models.Precision(params="float32", compute="bfloat16"), train=models.Train())
+    n = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(prog.args[0]))
+    assert prog.param_bytes_per_device == F32 * n // 8
+    rep = sharding.analyze(prog.step, *prog.args, mesh=mesh, system=H100)
+    assert "reduce-scatter" in rep.by_kind()

@@ -113,6 +113,26 @@ def test_expert_axis_shards_dense_batch_and_expert_weights(cpu_devices):
     assert batch["inputs"].sharding.spec[0] == ("data", "expert")
 
 
+def test_maxtext_expert_ranks_split_the_dense_weights_too(cpu_devices):
+    # MaxText's rules: a dense weight's width over fsdp x expert (base.yml: embed over fsdp,
+    # context, expert); an expert's weight has `expert` on its experts, its width over fsdp
+    # alone (embed_moe).
+    cfg = _tiny_moe()
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"fsdp": 2, "expert": 4})
+    prog = models.build_train_program(
+        cfg, mesh, sharding.rules_preset("maxtext"),
+        workload=models.Workload(seq_len=16, global_batch=16),
+        precision=models.Precision(params="float32", compute="float32"), train=models.Train())
+    params = prog.args[0]
+    assert params["blocks"]["mlp"]["w_up"].sharding.spec[:3] == (None, "expert", "fsdp")
+    width = jax.sharding.PartitionSpec(None, ("fsdp", "expert"))
+    assert params["blocks"]["attn"]["wq"].sharding.spec == width
+    assert params["blocks"]["mlp"]["router"].sharding.spec == width
+    # so every parameter (each has a d_model dimension of 64) is split 8 ways
+    n = sum(math.prod(p.shape) for p in jax.tree.leaves(params))
+    assert prog.param_bytes_per_device == 4 * n // 8
+
+
 def test_minimal_remat_recomputes_the_experts_and_the_memory_model_agrees(cpu_devices):
     # A routed expert's matmuls have the expert as a batch dimension: remat "minimal" keeps
     # the projections and the router's logits but recomputes the experts, dispatch
