@@ -60,6 +60,13 @@ class Chip:
     # A fixed time per kernel measured on the chip itself (host-cpu), used in place of the
     # calibration's fitted kernel_overhead_s; None: the fit's.
     kernel_overhead_s: float | None = None
+    # The fixed time of one op of a compiled program that the chip sequences itself (TPUs:
+    # TPU_OP_S, a published microbenchmark), which every step on it pays per kernel in place
+    # of the calibration's kernel_overhead_s (fitted on GPU steps, whose kernels a host
+    # launches); unlike kernel_overhead_s its kernels are counted in the report, and left out
+    # of the fit. None: the fit's.
+    program_op_s: float | None = None
+    program_op_source: str = ""
     # The rates were benchmarked on this machine (meshes/host.py): no fit scales them.
     rates_measured_here: bool = False
 
@@ -154,6 +161,22 @@ CUDA_GRAPH_KERNEL_SOURCE = (
     "Hazy Research, 'Look Ma, No Bubbles! Designing a Low-Latency Megakernel for Llama-1B' "
     "(2025-05-27, hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles): a dummy kernel "
     "on an H100, ~2.1 us launch cost on a CUDA stream, ~1.3 us with CUDA graphs")
+
+# The fixed time of one op on a TPU. A TPU runs a step as one compiled program whose ops the
+# chip sequences itself, with no launch from the host, in training as in decode; an op with
+# next to nothing to do still takes its DMA setup and its pipeline's fill and drain. Measured
+# on TPU7x, per TensorCore, as the op's device duration in the profiler's trace: a 128^3 bf16
+# GEMM (4.2 MFLOP, 96 KiB) runs at 2.59 TFLOP/s, 1.62 us; the HBM copy sweep from 2 to 256
+# MiB fits t = 1.53 us + 2 x bytes / 3.20 TB/s (least squares). A gap between one op and the
+# next, which the trace does not time, is not in it. Measured on TPU7x only; the catalog's
+# other TPUs are given the same figure (no public measurement for them).
+TPU_OP_S = 1.6e-6
+TPU_OP_SOURCE = (
+    "AI-Hypercomputer/tpu-recipes@9e2e1dbc microbenchmarks/ironwood: README.md GEMM table "
+    "(128^3 bf16, 2.59 TFLOP/s per device: 1.62 us) and hbm/hbm.md copy sweep (intercept "
+    "1.53 us), each the op's device duration in the trace "
+    "(AI-Hypercomputer/accelerator-microbenchmarks); measured on TPU7x, given to the other "
+    "TPUs as is")
 
 CHIPS: dict[str, Chip] = {
     "a100": Chip(
@@ -250,6 +273,8 @@ CHIPS: dict[str, Chip] = {
     "tpu-v4": Chip(
         name="tpu-v4",
         size_curve="tpu",
+        program_op_s=TPU_OP_S,
+        program_op_source=TPU_OP_SOURCE,
         peak_flops_per_s={"bfloat16": 2.75e14, "int8": 2.75e14},
         hbm_bytes=32 * GiB,  # XLA reports HBM in GiB (meshes/reserves.py)
         hbm_bytes_per_s=1.2e12,
@@ -261,6 +286,8 @@ CHIPS: dict[str, Chip] = {
     "tpu-v5e": Chip(
         name="tpu-v5e",
         size_curve="tpu",
+        program_op_s=TPU_OP_S,
+        program_op_source=TPU_OP_SOURCE,
         peak_flops_per_s={"bfloat16": 1.97e14, "int8": 3.94e14, "float8": 3.94e14},
         hbm_bytes=16 * GiB,
         hbm_bytes_per_s=8.2e11,
@@ -272,6 +299,8 @@ CHIPS: dict[str, Chip] = {
     "tpu-v5p": Chip(
         name="tpu-v5p",
         size_curve="tpu",
+        program_op_s=TPU_OP_S,
+        program_op_source=TPU_OP_SOURCE,
         peak_flops_per_s={"bfloat16": 4.59e14, "int8": 9.18e14, "float8": 9.18e14},
         hbm_bytes=96 * GiB,
         hbm_bytes_per_s=2.8e12,
@@ -283,6 +312,8 @@ CHIPS: dict[str, Chip] = {
     "tpu-v6e": Chip(
         name="tpu-v6e",
         size_curve="tpu",
+        program_op_s=TPU_OP_S,
+        program_op_source=TPU_OP_SOURCE,
         peak_flops_per_s={"bfloat16": 9.20e14, "int8": 1.84e15, "float8": 1.84e15},
         hbm_bytes=32 * GiB,
         hbm_bytes_per_s=1.6e12,
@@ -294,6 +325,8 @@ CHIPS: dict[str, Chip] = {
     "tpu7x": Chip(
         name="tpu7x",
         size_curve="tpu",
+        program_op_s=TPU_OP_S,
+        program_op_source=TPU_OP_SOURCE,
         # Per TensorCore (one JAX device): the chip's 2.30e15 bf16 / 4.61e15 fp8, 192 GB and
         # 7.4e12 B/s are split over its two TensorCores.
         peak_flops_per_s={"bfloat16": 2.30e15 / 2, "float8": 4.61e15 / 2, "int8": 4.61e15 / 2},

@@ -127,6 +127,9 @@ class System(abc.ABC):
         else:  # a JAX device is part of a chip: say which figures are whose
             rows += [("chip", f"{c.name}: {figures(k)} ({k} devices)"),
                      ("device", f"{figures(1)} [{c.source}]")]
+        if c.program_op_s is not None:  # the chip sequences its program's ops itself
+            rows.append(("op", f"{c.program_op_s * 1e6:.1f} us fixed time per op (kernel), "
+                               f"no launch from the host [{c.program_op_source}]"))
         for link in self.links.values():
             rows.append((link.name, f"{link.bytes_per_s / 1e9:.1f} GB/s "
                                      f"{self.link_scope(link.name)} per direction "

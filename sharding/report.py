@@ -26,6 +26,9 @@ EXPOSED_COMM_SIGNIFICANT = 0.05
 # Where a decode step's fixed cost per kernel comes from when it runs as a CUDA graph.
 _GRAPH_LAUNCH = ("launches under CUDA graphs as serving engines replay decode, "
                  "measured on an H100: serving.cuda_graphs, docs/limits.md")
+# Where a TPU step's fixed cost per kernel comes from: the chip runs its program's ops itself.
+_PROGRAM_OP = ("a TPU op's own time, measured on TPU7x: the chip sequences its program's ops "
+               "without a launch from the host; meshes/chips.py TPU_OP_S, docs/limits.md")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,6 +136,10 @@ class Report:
     # engine's decode on a GPU: meshes.chips.CUDA_GRAPH_KERNEL_S), in place of the
     # calibration's kernel_overhead_s; None: the calibration's (or the chip's own).
     cuda_graph_kernel_s: float | None = None
+    # The fixed time per kernel of a chip that sequences its compiled program's ops itself
+    # (a TPU: meshes.chips.TPU_OP_S, a microbenchmark), in place of the calibration's
+    # kernel_overhead_s; None: the calibration's.
+    program_op_s: float | None = None
     system_family: str = ""  # for the calibration's best measured MFU
     # Activations moved to host memory and back (offload), per device and step, and the
     # host link's bandwidth (None: not in the catalog, the transfers are not timed).
@@ -357,33 +364,37 @@ class Report:
                     f"takes {worst['time_s'] / step:.0%} of the step; "
                     f"{self.exposed_comm_s / step:.0%} of the step is exposed communication")
         graphs = self.cuda_graph_kernel_s is not None
+        # where a measured fixed cost per kernel comes from (None: the calibration's fit)
+        measured = _GRAPH_LAUNCH if graphs else \
+            _PROGRAM_OP if self.program_op_s is not None else None
         if cost.overhead_s > 0.5 * (hbm_s + math_s) and cost.kernels:
             # The fixed cost per kernel outweighs the kernels' own bytes and FLOPs: many
             # small kernels (decode), which HBM bandwidth would not speed up.
             origin = ""
-            if graphs:
-                origin = f" ({_GRAPH_LAUNCH})"
+            if measured:
+                origin = f" ({measured})"
             elif self.time_per_output_token_s is not None and \
                     self.system_family != "host-cpu":
                 # the figure a decode step stands on: say where it comes from
                 origin = ("; that cost is fitted on GPU training steps: a serving engine "
-                          "replaying CUDA graphs (serving.cuda_graphs, GPU systems), or a "
-                          "TPU, may pay less (docs/limits.md)")
+                          "replaying CUDA graphs (serving.cuda_graphs, GPU systems) may pay "
+                          "less (docs/limits.md)")
             return (f"kernel count: {cost.kernels:,.0f} kernels at "
                     f"{cost.overhead_s / cost.kernels * 1e6:.1f} us fixed cost each are "
                     f"{cost.overhead_s / step:.0%} of the step, their bytes and FLOPs "
                     f"{(hbm_s + math_s - cost.overhead_s) / step:.0%}{origin}")
         # Each class's own bytes or FLOPs, its kernels' fixed cost said apart when it counts
-        # (always under CUDA graphs: the figure the decode step stands on)
+        # (always in a decode step whose cost per kernel is measured: the figure it stands on)
         hbm_s -= cost.overhead_s - cost.math_overhead_s
         math_s -= cost.math_overhead_s
+        said = graphs or (measured and self.time_per_output_token_s is not None)
         fixed = ""
-        if cost.kernels and (graphs or cost.overhead_s >= 0.1 * step):
+        if cost.kernels and (said or cost.overhead_s >= 0.1 * step):
             fixed = (f"; the {cost.kernels:,.0f} kernels' fixed cost "
                      f"{cost.overhead_s / step:.0%}")
-            if graphs:
+            if measured:
                 fixed += (f" ({cost.overhead_s / cost.kernels * 1e6:.1f} us each: "
-                          f"{_GRAPH_LAUNCH})")
+                          f"{measured})")
         if hbm_s >= math_s:
             return (f"HBM bandwidth: bandwidth-bound work (matmuls streaming their weights or "
                     f"KV cache, and memory-bound kernels) is {hbm_s / step:.0%} of the "
@@ -451,8 +462,9 @@ class Report:
             if attention:
                 factor *= cal.attention_factor(rate_class)
             math_s[key] = t * factor
-        # launches under CUDA graphs are a microbenchmark's, not the fit's: part of the rest
-        fitted = self.cuda_graph_kernel_s is None
+        # kernels whose fixed cost is measured (a TPU's op, a CUDA graph's launch) are not
+        # the fit's: their cost stays in the rest of compute
+        fitted = self.program_op_s is None and self.cuda_graph_kernel_s is None
         return {"math_s": math_s, "kernels": c.kernels if fitted else 0.0,
                 "other_s": self.compute_s - sum(c.math_s_by_class.values())
                 - (c.overhead_s if fitted else 0.0),
@@ -518,6 +530,7 @@ class Report:
             else None,
             "calibration": self.calibration.summary(),
             "cuda_graph_kernel_s": self.cuda_graph_kernel_s,
+            "program_op_s": self.program_op_s,
             "unknown_ops": list(self.unknown_ops),
             "pipeline": None if self.pipeline is None else {
                 **self.pipeline, "bubble_s": self.pipeline_bubble_s},
