@@ -127,6 +127,8 @@ class System(abc.ABC):
         else:  # a JAX device is part of a chip: say which figures are whose
             rows += [("chip", f"{c.name}: {figures(k)} ({k} devices)"),
                      ("device", f"{figures(1)} [{c.source}]")]
+        if c.hbm_source:  # the one place the HBM figure says what it is
+            rows.append(("hbm", c.hbm_figure()))
         for link in self.links.values():
             rows.append((link.name, f"{link.bytes_per_s / 1e9:.1f} GB/s "
                                      f"{self.link_scope(link.name)} per direction "
