@@ -42,6 +42,26 @@ def test_pipeline_matches_unsharded_in_every_precision(cpu_devices, layers, virt
     assert diff.max() <= 2.01 * lr and np.mean(diff > 0.1 * lr) <= flipped
 
 
+def test_gpt_style_pipeline_with_tied_embeddings_matches_unsharded(cpu_devices):
+    # GPT style: learned positions, LayerNorm (scale and bias), the output projection tied
+    # to the embedding table. The output stage's copy of the table both embeds and
+    # projects; its copies of the positions' table and the final norm's bias are the ones
+    # used; the step equals the unsharded one in f32.
+    cfg = models.preset("tiny", n_layers=4, mlp="gelu", norm="layernorm",
+                        positions="learned", tie_embeddings=True)
+    (loss1, p1), (loss2, p2) = train_both_ways(
+        cfg, {"data": 2, "pipeline": 2, "tensor": 2}, seed=1, token_seed=0, seq_len=16,
+        global_batch=16, microbatches=4, remat="full", compute="float32")
+    assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
+    # AdamW moves each weight by about lr * sign(gradient); a gradient near zero may land
+    # elsewhere under a different summation order, nothing moves further than that
+    lr = models.Train().learning_rate
+    for w2, w1 in ((p2["embed"], p1["embed"]), (p2["pos_embed"], p1["pos_embed"]),
+                   (p2["final_norm"]["bias"], p1["final_norm"]["bias"])):
+        diff = np.abs(np.asarray(w2) - np.asarray(w1))
+        assert diff.max() <= 2.01 * lr and np.mean(diff > 0.1 * lr) <= 0.01
+
+
 def test_pipeline_in_fp4_matches_unsharded(cpu_devices):
     # Block-scaled FP4 matmuls (32-element blocks along each contraction: head_dim 32,
     # 64 positions) inside an interleaved pipeline with tensor parallelism on XLA:CPU.
