@@ -102,7 +102,7 @@ def _output_stage_loss(model: Transformer, x_PMbLD, targets_BL, vocab_tiles: int
         return jnp.where(is_output, loss, 0.0)
 
     return jnp.sum(on_stages(one_stage, x_PMbLD, model.stage_weights(),
-                             axis=model._stage_axis(), stages=plan.stages))
+                             axis=model.stage_axis(), stages=plan.stages))
 
 
 def _losses_and_grads(loss_of, x_MbLD, t_MbL, weights):

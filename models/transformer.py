@@ -281,7 +281,7 @@ class Transformer(nnx.Module):
             return self.head(x)
         # the output stage's logits, its microbatches back in the batch's row order
         logits_PMbLV = on_stages(lambda x_MbLD, w, _: self.logits(x_MbLD, w), x,
-                                 self.stage_weights(), axis=self._stage_axis(),
+                                 self.stage_weights(), axis=self.stage_axis(),
                                  stages=self.pipeline.stages)
         return logits_PMbLV[OUTPUT_STAGE].swapaxes(0, 1).reshape(
             *tokens_BL.shape, -1).astype(jnp.float32)
@@ -301,7 +301,7 @@ class Transformer(nnx.Module):
             x_PBLD = on_stages(
                 lambda tables, _: self._embed(tokens_BL, positions_BL, whole_table=True,
                                               tables=tables),
-                self._tables(), axis=self._stage_axis(), stages=self.pipeline.stages)
+                self._tables(), axis=self.stage_axis(), stages=self.pipeline.stages)
             graphdef, layers = nnx.split(self.blocks)
             return self._pipelined(graphdef, layers, x_PBLD, positions_BL, context)
         x_BLD, _ = self._layers(self._embed(tokens_BL, positions_BL, whole_table=True),
@@ -333,7 +333,7 @@ class Transformer(nnx.Module):
         pos = self.pos_embed[...] if self.cfg.positions == "learned" else None
         return self.embed[...], pos
 
-    def _stage_axis(self) -> str:
+    def stage_axis(self) -> str:
         """The mesh axis of the pipeline's stages: the one the rules give `layers`."""
         mesh, rules = active_mesh(), active_rules()
         if mesh is None:
@@ -456,7 +456,7 @@ class Transformer(nnx.Module):
                 return jnp.where(valid, slot(h, layer_state, pos), h), None
             return jax.lax.scan(one, x, (chunk_layers, valid_c))[0]
 
-        axis, rules = self._stage_axis(), active_rules()
+        axis, rules = self.stage_axis(), active_rules()
         return run_pipeline(run_chunk, layers, x_PBLD, positions_BL, plan=self.pipeline,
                             mesh=active_mesh(), axis=axis, batch_axes=rules.mesh_axes("batch"),
                             seq_axes=rules.mesh_axes("residual_seq"))
