@@ -107,6 +107,8 @@ class Entry:
             "mfu": r.mfu if r else None, "bottleneck": r.bottleneck() if r else None,
             "fits": r.fits if r else None,
             "memory_per_device_bytes": r.memory_per_device_bytes if r else None,
+            # what "fits" is read against: the chip's HBM per device (meshes/chips.py)
+            "hbm_capacity_bytes": r.hbm_capacity_bytes if r else None,
             "power_w": self.power_w, "joules_per_token": self.joules_per_token,
             "usd_per_million_tokens": self.usd_per_million_tokens,
             "tokens_per_s_per_mw": self.tokens_per_s_per_mw,
@@ -377,6 +379,8 @@ def format_compare(entries: Sequence[Entry]) -> str:
         ("MFU", lambda e: f"{e.report.mfu:.1%}"),
         ("memory/device", lambda e: fmt_bytes(e.report.memory_per_device_bytes)
          + ("" if e.report.fits else " (no fit)")),
+        # the HBM "fits" is read against (`shardscope systems` says what the figure is)
+        ("HBM/device", lambda e: fmt_bytes(e.report.hbm_capacity_bytes)),
         ("HBM TB/s per chip",
          lambda e: f"{chip_of(e).hbm_bytes_per_s * chip_of(e).devices_per_chip / 1e12:.2f}"),
         ("links GB/s per device", per_device_links),

@@ -646,9 +646,31 @@ def _check_strategies(exp: Experiment) -> None:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         _check_idle_stages(stages, par.virtual_stages, m.n_layers)
+        _check_virtual_chunks(Pipeline(stages=stages, microbatches=w.microbatches,
+                                       layers=m.n_layers, virtual=par.virtual_stages,
+                                       schedule=par.pipeline_schedule))
     elif par.virtual_stages != 1:
         raise ConfigError(f"parallelism.virtual_stages={par.virtual_stages} needs pipeline "
                           f"stages; set parallelism.pipeline > 1 or virtual_stages = 1")
+
+
+def _check_virtual_chunks(plan: Pipeline) -> None:
+    """Virtual stages whose chunks, rounded up, give every stage more layer slots than its
+    layers (80 layers on 4 stages of 3 chunks of 7: 21 slots for 20 layers) would time
+    empty slots as layers (SPMD runs a padded slot's layer and drops it); Megatron-LM
+    refuses them (its chunks must split a stage's layers evenly:
+    Pipeline.megatron_refuses)."""
+    if plan.padded_work <= 1:
+        return
+    choices = ", ".join(map(str, [1, *plan.virtual_choices()]))
+    per = plan.layers / plan.stages
+    raise ConfigError(
+        f"parallelism.virtual_stages={plan.virtual} does not split the "
+        f"{per:g} layers a stage (model.n_layers={plan.layers} over parallelism.pipeline="
+        f"{plan.stages}) into equal chunks: chunks of {plan.chunk} give every stage "
+        f"{plan.slots_per_stage} layer slots, {plan.padded_work - 1:.0%} more layer work "
+        f"than the model has, and Megatron-LM refuses it; choose virtual_stages "
+        f"{choices}")
 
 
 def _idle_stages(stages: int, virtual: int, layers: int) -> int:

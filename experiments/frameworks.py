@@ -433,6 +433,12 @@ def _megatron_uneven(exp: Experiment) -> str:
     flags = _megatron_uneven_flags(exp)
     if flags:
         return f"Megatron: {' '.join(flags)}"
+    par = exp.parallelism
+    refused = Pipeline(stages=par.pipeline, microbatches=max(exp.workload.microbatches,
+                                                             par.pipeline),
+                       layers=exp.model.n_layers, virtual=par.virtual_stages).megatron_refuses()
+    if refused:
+        return refused
     return ("Megatron's --decoder-first-pipeline-num-layers and "
             "--decoder-last-pipeline-num-layers split them otherwise")
 

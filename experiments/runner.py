@@ -211,7 +211,8 @@ def build_step(exp: Experiment, mesh, *, quiet: bool = False) -> Step:
         "output_layer_share": output_layer_share(exp.model, program.pipeline,
                                                  exp.workload.seq_len)}
     return Step(program, with_reserve(memory, exp), False, mesh_shape, rules, pipeline, host,
-                dense_layer_note(exp.model, program.pipeline is not None))
+                (*dense_layer_note(exp.model, program.pipeline is not None),
+                 *(program.pipeline.notes() if program.pipeline else ())))
 
 
 def with_reserve(memory: sharding.Memory, exp: Experiment) -> sharding.Memory:

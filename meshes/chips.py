@@ -21,7 +21,12 @@ MiB = 2**20
 # (MiB), for every NVIDIA GPU here: the datasheets' "80GB" / "141GB" / "180GB" read as
 # 1e9 bytes were 4-7% low. (The CUDA runtime's total is a few hundred MiB below it: 79.22
 # GiB on an H100, vllm-project/vllm#10511; 178.35 GiB on a B200, pytorch/ao#4002. It is
-# not public for every chip, so one convention, the driver's, is used for all.)
+# not public for every chip, so one convention, the driver's, is used for all.) A TPU's is
+# what XLA reports, in GiB. Each entry's `hbm_source` says which; `Chip.hbm_figure` writes
+# the figure in the units each reader knows (`shardscope systems`).
+NVIDIA_SMI = "nvidia-smi's memory.total"
+_XLA_HBM = ("XLA's HBM in GiB, as the scaling book's tpus.md gives it; JAX's bytes_limit "
+            "keeps a runtime reserve below it (meshes/reserves.py)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,6 +37,7 @@ class Chip:
         name: catalog name, e.g. "h100".
         peak_flops_per_s: dense peak by matmul dtype ("bfloat16", "float8", "float4", "int8").
         hbm_bytes: HBM capacity per device.
+        hbm_source: what the HBM figure is (the driver's total, XLA's) and where from.
         hbm_bytes_per_s: spec HBM bandwidth per device.
         matmul_efficiency: achieved / peak FLOP/s on a large matmul (microbenchmark).
         hbm_efficiency: achieved / spec HBM bandwidth on a large copy (microbenchmark).
@@ -49,6 +55,7 @@ class Chip:
     tdp_w: float | None
     devices_per_chip: int = 1
     source: str
+    hbm_source: str = ""
     # Measured matmul efficiency for other dtypes (FP8, FP4), where a benchmark exists.
     low_precision_efficiency: dict[str, float] = dataclasses.field(default_factory=dict)
     # Which measured size curve scales the efficiency with matmul size ("gpu" or "tpu").
@@ -69,6 +76,12 @@ class Chip:
     program_op_source: str = ""
     # The rates were benchmarked on this machine (meshes/host.py): no fit scales them.
     rates_measured_here: bool = False
+
+    def hbm_figure(self) -> str:
+        """The HBM figure in MiB, GiB and GB (datasheets say "80GB" for about 80 GiB,
+        reports print GB), with what it is and its source."""
+        return (f"{self.hbm_bytes / MiB:,.0f} MiB = {self.hbm_bytes / GiB:.2f} GiB = "
+                f"{self.hbm_bytes / GB:.2f} GB per device: {self.hbm_source}")
 
     def efficiency_for(self, dtype: str, size: float | None = None) -> float:
         """Achieved / peak for a matmul in `dtype`; `size` is its cube-equivalent
@@ -182,7 +195,8 @@ CHIPS: dict[str, Chip] = {
     "a100": Chip(
         name="a100",
         peak_flops_per_s={"bfloat16": 312 * TERA, "int8": 624 * TERA},
-        hbm_bytes=81920 * MiB,  # nvidia-smi on an A100 80GB (modal-labs/modal-client#2797)
+        hbm_bytes=81920 * MiB,
+        hbm_source=f"{NVIDIA_SMI} on an A100 80GB (modal-labs/modal-client#2797)",
         hbm_bytes_per_s=2.04e12,
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
@@ -195,9 +209,9 @@ CHIPS: dict[str, Chip] = {
         name="h100",
         low_precision_efficiency=_H100_LOW,
         peak_flops_per_s={"bfloat16": 989 * TERA, "float8": 1979 * TERA, "int8": 1979 * TERA},
-        # nvidia-smi on an H100 80GB HBM3: 81559 MiB (modal-labs/modal-client#2797;
-        # huggingface/text-embeddings-inference#350)
         hbm_bytes=81559 * MiB,
+        hbm_source=(f"{NVIDIA_SMI} on an H100 80GB HBM3, the datasheet's \"80GB\" "
+                    f"(modal-labs/modal-client#2797; huggingface/text-embeddings-inference#350)"),
         hbm_bytes_per_s=3.35e12,
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
@@ -210,7 +224,9 @@ CHIPS: dict[str, Chip] = {
         name="h200",
         low_precision_efficiency=_H100_LOW,
         peak_flops_per_s={"bfloat16": 989 * TERA, "float8": 1979 * TERA, "int8": 1979 * TERA},
-        hbm_bytes=143771 * MiB,  # nvidia-smi on an H200: 143771 MiB (public nvidia-smi logs)
+        hbm_bytes=143771 * MiB,
+        hbm_source=(f"{NVIDIA_SMI} on an H200, the datasheet's \"141GB\" (public nvidia-smi "
+                    f"logs)"),
         hbm_bytes_per_s=4.8e12,
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
@@ -225,8 +241,9 @@ CHIPS: dict[str, Chip] = {
         # Scaling book gpus.md gives 2.3e15 bf16; NVIDIA HGX B200 (1000 W) 2.25e15: we use
         # the datasheet figure.
         peak_flops_per_s={"bfloat16": 2.25 * PETA, "float8": 4.5 * PETA, "float4": 9 * PETA},
-        # nvidia-smi on a B200 (HGX, "180GB"): 183359 MiB (NVIDIA/TensorRT-LLM#10278)
         hbm_bytes=183359 * MiB,
+        hbm_source=(f"{NVIDIA_SMI} on an HGX B200, the datasheet's \"180GB\" "
+                    f"(NVIDIA/TensorRT-LLM#10278)"),
         hbm_bytes_per_s=7.7e12,  # 7.7-8 TB/s by source; scaling book uses 8.0e12.
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
@@ -239,7 +256,9 @@ CHIPS: dict[str, Chip] = {
         name="gb200",
         low_precision_efficiency=_BLACKWELL_LOW,
         peak_flops_per_s={"bfloat16": 2.5 * PETA, "float8": 5 * PETA, "float4": 10 * PETA},
-        hbm_bytes=189471 * MiB,  # nvidia-smi on a GB200 ("186GB"): 189471 MiB (public logs)
+        hbm_bytes=189471 * MiB,
+        hbm_source=(f"{NVIDIA_SMI} on a GB200, the datasheet's \"186GB\" (public nvidia-smi "
+                    f"logs)"),
         hbm_bytes_per_s=8e12,
         # FP8 GEMM 2877 TF at 8192^3 of 5000 (Azure ND GB200 v6) = 0.575 for FP8; bf16 on
         # GPUs per the scaling book: 0.80.
@@ -255,9 +274,9 @@ CHIPS: dict[str, Chip] = {
         name="gb300",
         low_precision_efficiency=_BLACKWELL_LOW,
         peak_flops_per_s={"bfloat16": 2.5 * PETA, "float8": 5 * PETA, "float4": 15 * PETA},
-        # nvidia-smi on a GB300 (279-288 GB by source): 284208 MiB (OCI GB300 bring-up
-        # guide's nvidia-smi output)
         hbm_bytes=284208 * MiB,
+        hbm_source=(f"{NVIDIA_SMI} on a GB300, 279-288 GB by source (OCI GB300 bring-up "
+                    f"guide's nvidia-smi output)"),
         hbm_bytes_per_s=8e12,
         matmul_efficiency=GPU_BF16_BOOK_EFFICIENCY,
         hbm_efficiency=_GPU_HBM_EFF,
@@ -276,7 +295,8 @@ CHIPS: dict[str, Chip] = {
         program_op_s=TPU_OP_S,
         program_op_source=TPU_OP_SOURCE,
         peak_flops_per_s={"bfloat16": 2.75e14, "int8": 2.75e14},
-        hbm_bytes=32 * GiB,  # XLA reports HBM in GiB (meshes/reserves.py)
+        hbm_bytes=32 * GiB,
+        hbm_source=_XLA_HBM,
         hbm_bytes_per_s=1.2e12,
         matmul_efficiency=0.90,  # v6e measured 827/920; same MXU design family.
         hbm_efficiency=1.36 / 1.6,  # v6e HBM copy 1.36 of 1.6 TB/s (tpu-recipes).
@@ -290,6 +310,7 @@ CHIPS: dict[str, Chip] = {
         program_op_source=TPU_OP_SOURCE,
         peak_flops_per_s={"bfloat16": 1.97e14, "int8": 3.94e14, "float8": 3.94e14},
         hbm_bytes=16 * GiB,
+        hbm_source=_XLA_HBM,
         hbm_bytes_per_s=8.2e11,
         matmul_efficiency=0.90,
         hbm_efficiency=1.36 / 1.6,
@@ -303,6 +324,7 @@ CHIPS: dict[str, Chip] = {
         program_op_source=TPU_OP_SOURCE,
         peak_flops_per_s={"bfloat16": 4.59e14, "int8": 9.18e14, "float8": 9.18e14},
         hbm_bytes=96 * GiB,
+        hbm_source=_XLA_HBM,
         hbm_bytes_per_s=2.8e12,
         matmul_efficiency=0.90,
         hbm_efficiency=1.36 / 1.6,
@@ -316,6 +338,7 @@ CHIPS: dict[str, Chip] = {
         program_op_source=TPU_OP_SOURCE,
         peak_flops_per_s={"bfloat16": 9.20e14, "int8": 1.84e15, "float8": 1.84e15},
         hbm_bytes=32 * GiB,
+        hbm_source=_XLA_HBM,
         hbm_bytes_per_s=1.6e12,
         matmul_efficiency=827 / 920,  # bf16 8192^3 matmul, tpu-recipes microbenchmarks.
         hbm_efficiency=1.36 / 1.6,  # HBM copy of 32 MiB, tpu-recipes microbenchmarks.
@@ -331,6 +354,7 @@ CHIPS: dict[str, Chip] = {
         # 7.4e12 B/s are split over its two TensorCores.
         peak_flops_per_s={"bfloat16": 2.30e15 / 2, "float8": 4.61e15 / 2, "int8": 4.61e15 / 2},
         hbm_bytes=192 * GiB / 2,
+        hbm_source=f"half the chip's 192 GiB, one TensorCore's; {_XLA_HBM}",
         hbm_bytes_per_s=7.4e12 / 2,
         matmul_efficiency=950 / 1150,  # bf16 GEMM per core 16384^3 (tpu-recipes ironwood).
         hbm_efficiency=3.2 / 3.7,  # HBM copy >= 128 MiB per core (tpu-recipes ironwood).
@@ -347,7 +371,8 @@ CHIPS: dict[str, Chip] = {
         name="trainium2",
         size_curve="tpu",
         peak_flops_per_s={"bfloat16": 667e12, "float8": 1299e12},
-        hbm_bytes=96 * 2**30,
+        hbm_bytes=96 * GiB,
+        hbm_source="96 GiB a chip (AWS Neuron docs, Trainium2 architecture)",
         hbm_bytes_per_s=2.9e12,
         matmul_efficiency=827 / 920,
         hbm_efficiency=1.36 / 1.6,

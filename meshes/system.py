@@ -130,6 +130,8 @@ class System(abc.ABC):
         if c.program_op_s is not None:  # the chip sequences its program's ops itself
             rows.append(("op", f"{c.program_op_s * 1e6:.1f} us fixed time per op (kernel), "
                                f"no launch from the host [{c.program_op_source}]"))
+        if c.hbm_source:  # the one place the HBM figure says what it is
+            rows.append(("hbm", c.hbm_figure()))
         for link in self.links.values():
             rows.append((link.name, f"{link.bytes_per_s / 1e9:.1f} GB/s "
                                      f"{self.link_scope(link.name)} per direction "

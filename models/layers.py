@@ -58,9 +58,15 @@ class Norm(nnx.Module):
     """The model's norm over the residual stream, or with `width`, an RMSNorm over an
     unsharded dimension of that width (MLA's latents)."""
 
-    def __init__(self, cfg: ModelConfig, *, param_dtype, width: int | None = None):
+    def __init__(self, cfg: ModelConfig, *, param_dtype, width: int | None = None,
+                 stages: int = 0):
+        """`stages` > 0: one copy per pipeline stage, a leading `layers` dimension (the
+        final norm of a pipelined model: models/pipeline.py), called inside the stages'
+        vmap on its own copy."""
         self.kind = cfg.norm if width is None else "rmsnorm"
         shape, axes = ((cfg.d_model,), ("embed",)) if width is None else ((width,), (None,))
+        if stages:
+            shape, axes = (stages, *shape), ("layers", *axes)
         self.scale = ones_param(shape, axes, param_dtype)
         if self.kind == "layernorm":
             self.bias = zeros_param(shape, axes, param_dtype)

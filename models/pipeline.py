@@ -25,6 +25,20 @@ until its next pass (hence M >= P with V > 1, as Megatron asks). The backward is
 transpose: the rolls run the other way. The order in which a real 1F1B schedule interleaves
 forward and backward does not change this time, only the activations it holds
 (`Pipeline.in_flight`, used by models/memory.py).
+
+The ends of the model, as Megatron places them on its first and last stage: the embedding
+table, the final norm and the output weight have a leading stage dimension sharded like the
+layers (one copy per stage, each device holding what it would hold of a replicated one),
+and `on_stages` runs them on every stage at once with its own copy. Only the output stage's
+copies (OUTPUT_STAGE: where the last stage's roll hands the model's output) are read:
+the embedding feeds the pipeline there, and the output layer and loss run there for every
+microbatch (models/train.py), so their gradients stay on that stage. Nothing of them
+crosses the stage axis but the loss's scalar; parameters replicated over the stages would
+have had their gradients, and the pipeline's input gradient, summed over the stages
+(all-reduces of the embedding's output and of the output weight that Megatron does not
+run). Megatron's first and last stage are two stages; here both ends are one, which
+changes no time (each end runs on one stage for every microbatch) and leaves out the
+tied-embedding gradient's all-reduce between Megatron's first and last stage.
 """
 
 from __future__ import annotations
@@ -88,12 +102,6 @@ class Pipeline:
         return pad - pad // 2, pad // 2
 
     @property
-    def output_over_stages(self) -> bool:
-        """Whether the pipeline hands its output to the loss split over the stages, M / P
-        microbatches each (models/transformer.py): with M a multiple of P."""
-        return self.microbatches % self.stages == 0
-
-    @property
     def ticks(self) -> int:
         return self.microbatches * self.virtual + self.stages - 1
 
@@ -118,6 +126,57 @@ class Pipeline:
         if v == 1:
             return float(min(p, m))
         return min(p * (1 + (p - 1) / (p * v)), float(m))
+
+    @property
+    def stage_layers(self) -> int:
+        """The layers of the busiest stage of an even split, ceil(N / P): what the busiest
+        stage of any framework's layout runs."""
+        return -(-self.layers // self.stages)
+
+    @property
+    def padded_work(self) -> float:
+        """The layer slots every stage runs (padded ones too: SPMD) over `stage_layers`: 1
+        where the padding only lightens the first and last stage; above 1 where chunks
+        rounded up make every stage run empty slots (80 layers on 8 x 3 chunks of 4: 12
+        slots a stage for 10 layers)."""
+        return self.slots_per_stage / self.stage_layers
+
+    def megatron_refuses(self) -> str:
+        """Why Megatron-LM refuses these virtual stages without an explicit
+        --pipeline-model-parallel-layout ("" where it runs them): each stage's layers,
+        counting the embedding and the loss as a layer each where its
+        account_for_embedding / account_for_loss_in_pipeline_split flags do, must split
+        into V equal chunks (transformer_block.get_num_layers_to_build:
+        num_layers_per_pipeline_rank % vp_size == 0), or with uneven first and last stages
+        (--decoder-first/last-pipeline-num-layers) each stage's count must."""
+        p, v, n = self.stages, self.virtual, self.layers
+        if v == 1:
+            return ""
+        if any((n + a) % p == 0 and (n + a) // p % v == 0 for a in (0, 1, 2)):
+            return ""
+        front, back = self.padding
+        if p > 2 and front % v == 0 and back % v == 0:
+            return ""
+        return (f"Megatron-LM refuses --num-virtual-stages-per-pipeline-rank {v} here: "
+                f"{n} layers on {p} stages do not split into {v} equal chunks a stage, "
+                f"even counting the embedding and the loss as layers (it runs this split "
+                f"only with --pipeline-model-parallel-layout)")
+
+    def notes(self) -> tuple[str, ...]:
+        """What the report says of this layout beside its figures (`megatron_refuses`)."""
+        why = self.megatron_refuses()
+        if not why:
+            return ()
+        front, back = self.padding
+        return (f"{why}; shardscope pads {front + back} empty slots ({front} before the "
+                f"first layer, {back} after the last), which leave the busiest stages' "
+                f"{self.stage_layers} layers as they are",)
+
+    def virtual_choices(self) -> list[int]:
+        """The virtual stages V > 1 that run no more slots a stage than `stage_layers`."""
+        return [v for v in range(2, self.stage_layers + 1)
+                if dataclasses.replace(self, virtual=v, microbatches=max(
+                    self.microbatches, self.stages)).padded_work == 1]
 
     def logical_slot(self, stage: int, chunk: int, j: int) -> int:
         return (chunk * self.stages + stage) * self.chunk + j
@@ -175,17 +234,24 @@ shift_stages.defvjp(lambda x, axis: (jnp.roll(x, 1, axis=axis), None),
                     lambda axis, _, g: (jnp.roll(g, -1, axis=axis),))
 
 
-def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipeline, mesh,
+def run_pipeline(run_chunk: Callable, layers, x_PBLD, positions_BL, *, plan: Pipeline, mesh,
                  axis: str, batch_axes: tuple[str, ...] = (), seq_axes: tuple[str, ...] = ()):
     """The layers as `plan`'s circular pipeline over mesh axis `axis`.
 
     `layers`: the stacked layer state (leading dimension `plan.slots`, stage-major, sharded
-    over `axis`). `run_chunk(x_bLD, chunk_layers, valid_c, positions_bL)` runs one chunk's c
-    layers, skipping the padded ones. `batch_axes`, `seq_axes`: the mesh axes of each
-    microbatch's batch and positions (the residual stream's: with sequence parallelism the
-    stages pass each other 1/TP of the activations).
+    over `axis`). `x_PBLD`: the pipeline's input, one copy per stage (`on_stages`): only
+    stage 0's is read, so its gradient stays on stage 0 (an input replicated over the
+    stages would have its gradient summed over them: an all-reduce of the whole batch's
+    activations that Megatron, whose first stage alone embeds, does not run).
+    `run_chunk(x_bLD, chunk_layers, valid_c, positions_bL)` runs one chunk's c layers,
+    skipping the padded ones. `batch_axes`, `seq_axes`: the mesh axes of each microbatch's
+    batch and positions (the residual stream's: with sequence parallelism the stages pass
+    each other 1/TP of the activations).
+    Returns (P, M, b, L, D): stage 0's slice holds microbatch m's output at m (microbatch
+    m is rows m, M + m, 2M + m, ... of the batch), where the last stage's roll put it; the
+    other stages' slices are not the model's output (`output_stage`).
     Suffixes: P stages, M microbatches, b one microbatch's batch (models/__init__.py)."""
-    b, seq, d = x_BLD.shape
+    _, b, seq, d = x_PBLD.shape
     stages, m, v, c = plan.stages, plan.microbatches, plan.virtual, plan.chunk
     if b % m:
         raise ValueError(f"batch {b} is not divisible by {m} pipeline microbatches")
@@ -198,7 +264,8 @@ def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipe
     # Microbatch k is rows k, M + k, 2M + k, ... of the batch: each device's microbatches
     # come from its own rows (a split of the major dimension would move rows between
     # data-parallel devices).
-    xs_MbLD = pin(x_BLD.reshape(b // m, m, seq, d).swapaxes(0, 1), None, batch_axes, seq_axes)
+    xs_PMbLD = pin(x_PBLD.reshape(stages, b // m, m, seq, d).swapaxes(1, 2), axis, None,
+                   batch_axes, seq_axes)
     # Training positions are 0..L-1 for every sequence: rebuilt per microbatch rather than
     # sliced out of the batch-sharded array (which would move them between data shards).
     pos_bL = jnp.broadcast_to(positions_BL[0], (b // m, seq))
@@ -239,36 +306,40 @@ def run_pipeline(run_chunk: Callable, layers, x_BLD, positions_BL, *, plan: Pipe
         state_PbLD = jnp.where(is_first_P111, buffer_PMbLD[:, (t + 1) % m], moved_PbLD)
         return (pin(state_PbLD, axis, batch_axes, seq_axes), buffer_PMbLD), None
 
-    # The buffer starts with the microbatches' inputs at stage 0 (the one place the
-    # pipeline's input, replicated over the stages, meets the stage axis: its gradient is
-    # summed over the stages once).
-    buffer_PMbLD = pin(jnp.where(is_first_P111[..., None], xs_MbLD[None],
-                                 jnp.zeros((), x_BLD.dtype)), axis, None, batch_axes, seq_axes)
+    # The buffer starts with the microbatches' inputs at stage 0, from stage 0's own copy
+    # of the input: a select on each stage's own data, no collective either way.
+    buffer_PMbLD = pin(jnp.where(is_first_P111[..., None], xs_PMbLD,
+                                 jnp.zeros((), x_PBLD.dtype)), axis, None, batch_axes, seq_axes)
     (_, buffer_PMbLD), _ = jax.lax.scan(tick, (buffer_PMbLD[:, 0], buffer_PMbLD),
                                         jnp.arange(plan.ticks))
-    if not plan.output_over_stages:
-        # Stage 0 holds the output; the loss takes it whole on every stage.
-        return buffer_PMbLD[0].swapaxes(0, 1).reshape(b, seq, d)
-    # Stage 0 holds the output: its M microbatches go P ways, M / P to each stage, by one
-    # all-to-all over the stages (each stage's buffer split by destination; only stage 0's
-    # share is kept), so that the loss runs split over the stages instead of every stage
-    # gathering all of it. Returned microbatch-major (row m b + i: microbatch m's i-th
-    # sequence), the batch split over the stages, outermost.
-    # (the pin keeps the loop's carry, and its gradient in the backward loop, sharded by
-    # stage: the all-to-all and its transpose run once, outside the loops)
-    buffer_PMbLD = pin(buffer_PMbLD, axis, None, batch_axes, seq_axes)
-    split = buffer_PMbLD.reshape(stages, stages, m // stages, b // m, seq, d)
-    split = pin(split, None, axis, None, batch_axes, seq_axes)
-    return pin(split[0].reshape(b, seq, d), (axis, *(batch_axes or ())), seq_axes)
+    return pin(buffer_PMbLD, axis, None, batch_axes, seq_axes)
 
+
+# The stage whose slice of the pipeline's result holds the model's output (run_pipeline):
+# the last stage's final roll hands it there. Megatron's output layer and loss run on the
+# last stage; one stage or the other, they run on one stage for every microbatch, which is
+# what the step's time and the collectives depend on.
+OUTPUT_STAGE = 0
+
+
+def on_stages(fn: Callable, *args_P, axis: str, stages: int):
+    """`fn(*args)` on every stage at once, each with its own slice of `args_P` (arrays or
+    trees with a leading stage dimension sharded over mesh axis `axis`) and a last
+    argument saying whether it is the stage that holds the pipeline's input and output:
+    a vmap with `spmd_axis_name`, so every device runs only its own stage and nothing
+    moves between the stages."""
+    is_ends_P = jnp.arange(stages) == OUTPUT_STAGE
+    return jax.vmap(fn, spmd_axis_name=axis)(*args_P, is_ends_P)
 
 
 def output_layer_share(cfg, plan: Pipeline, seq_len: int) -> float:
     """Of the output layer and loss (final norm, output projection, cross-entropy), the
     share that lengthens a Megatron pipeline's step beyond its busiest stage's layers:
-    Megatron runs them on the last stage for every microbatch, where this program splits
-    them over the stages after the loop. The last stage's padded slots (`padding`, what
-    Megatron's account_for_loss_in_pipeline_split leaves it) absorb them first:
+    Megatron runs them on the last stage for every microbatch beside the other stages'
+    layers, where this program runs them for every microbatch after the loop (on one stage
+    for the model; every stage computes its own copy at once). The last stage's padded
+    slots (`padding`, what Megatron's account_for_loss_in_pipeline_split leaves it) absorb
+    them first:
     max(0, 1 - padded x layer / output layer), per token, in training FLOPs (6 x
     parameters, plus a layer's causal attention). 1 without padding; 0 when the padding
     covers them (Llama 3.1 405B's: one layer for a 2.1B-parameter output layer)."""

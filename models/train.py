@@ -27,11 +27,18 @@ from models.optimizer import (
     state_shardings,
     state_specs,
 )
-from models.pipeline import Pipeline
+from models.pipeline import Pipeline, on_stages
 from models.program import DTYPES, Precision, Program, Train, Workload
 from models.transformer import Transformer, logical_axes
 from sharding import gpu_frameworks
-from sharding.rules import AxisRules, mesh_shape_of, resolve, use_rules
+from sharding.rules import (
+    AxisRules,
+    active_mesh,
+    active_rules,
+    mesh_shape_of,
+    resolve,
+    use_rules,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,15 +76,126 @@ def loss_fn(model: Transformer, inputs_BL, targets_BL, vocab_tiles: int = 1):
     recomputed in the backward pass, so that one tile's logits (not the whole batch's) are
     ever held."""
     x_BLD = model.features(inputs_BL)
-    targets_BL = model.in_output_order(model.in_model_order(targets_BL))
-    with model.loss_rules():
-        return _tiled_loss(model, x_BLD, targets_BL, vocab_tiles)
+    targets_BL = model.in_model_order(targets_BL)
+    if model.pipeline is not None:
+        return _output_stage_loss(model, x_BLD, targets_BL, vocab_tiles)
+    return _tiled_loss(model, x_BLD, targets_BL, vocab_tiles)
 
 
-def _tiled_loss(model: Transformer, x_BLD, targets_BL, vocab_tiles: int):
-    """The mean loss of the layers' output, whole or in `vocab_tiles` tiles (loss_fn)."""
+def _output_stage_loss(model: Transformer, x_PMbLD, targets_BL, vocab_tiles: int):
+    """A pipeline's mean loss, as Megatron's last stage computes it: the output layer and
+    loss of one microbatch at a time, on the stage that holds the pipeline's output, with
+    that stage's copy of the output weights (models/pipeline.py), each microbatch's
+    backward right after its forward (`_mean_microbatch_loss`), so that one microbatch's
+    logits are held at a time and none is recomputed. Every stage computes its own copy
+    at once (SPMD); only the output stage's counts, so that the loss's scalar is the one
+    value that crosses the stages."""
+    plan = model.pipeline
+    m = plan.microbatches
+    t_MbL = targets_BL.reshape(-1, m, targets_BL.shape[1]).swapaxes(0, 1)
+
+    def loss_of(x_bLD, weights, t_bL):  # one microbatch's (a function: no array of the
+        return _tiled_loss(model, x_bLD, t_bL, vocab_tiles, weights=weights)  # model's)
+
+    def one_stage(x_MbLD, weights, is_output):
+        loss = _mean_microbatch_loss(loss_of, x_MbLD, t_MbL, weights)
+        return jnp.where(is_output, loss, 0.0)
+
+    return jnp.sum(on_stages(one_stage, x_PMbLD, model.stage_weights(),
+                             axis=model.stage_axis(), stages=plan.stages))
+
+
+def _losses_and_grads(loss_of, x_MbLD, t_MbL, weights):
+    """(the mean of `loss_of(x_bLD, weights, t_bL)` over the microbatches, its gradients
+    with respect to x_MbLD and to `weights`, one stage's output weights): a scan whose
+    step runs one microbatch's output layer and loss forward and backward.
+
+    Where context parallelism splits the positions, each rank runs its own positions
+    with its own copy of the weights (`_per_position_rank`), so that the weights'
+    gradients and the loss stay partial sums per rank through the scan and are summed
+    over the ranks once, at its end (summed at every microbatch, the output weight's
+    gradient would cross the ranks M times; Megatron sums it once per step)."""
+    m = x_MbLD.shape[0]
+    ranks, pin, losses_of = _per_position_rank(loss_of)
+    weights_Y = jax.tree.map(lambda w: pin(jnp.broadcast_to(w, (ranks, *w.shape))), weights)
+
+    def one(carry, xs):
+        loss_Y, dw_Y = carry
+        x_bLD, t_bL = xs
+        (_, losses_Y), (dx_bLD, dw) = jax.value_and_grad(losses_of, argnums=(0, 1),
+                                                         has_aux=True)(x_bLD, weights_Y, t_bL)
+        dw_Y = jax.tree.map(lambda s, g: s + g.astype(s.dtype), dw_Y, dw)
+        return (loss_Y + losses_Y, dw_Y), dx_bLD
+
+    # the weights' gradients summed in f32 over the microbatches (Megatron's main_grad)
+    zeros = jax.tree.map(lambda w: pin(jnp.zeros(w.shape, jnp.float32)), weights_Y)
+    (loss_Y, dw_Y), dx_MbLD = jax.lax.scan(one, (jnp.zeros((ranks,), jnp.float32), zeros),
+                                           (x_MbLD, t_MbL))
+    n = m * ranks  # each rank's loss is the mean over its own positions
+    dw = jax.tree.map(lambda s, w: (jnp.sum(s, axis=0) / n).astype(w.dtype), dw_Y, weights)
+    return jnp.sum(loss_Y) / n, dx_MbLD / n, dw
+
+
+def _per_position_rank(loss_of):
+    """(Y: the ranks that split the positions (context parallelism; 1 without), a pin of
+    a leading Y dimension over their mesh axes, `losses_of(x_bLD, weights_Y, t_bL)`: the
+    sum over the ranks of `loss_of` on each rank's own positions with its own copy of
+    the weights, and the (Y,) losses), as models/layers.per_context_rank runs a layer."""
+    mesh, rules = active_mesh(), active_rules()
+    shape = dict(mesh.shape) if mesh is not None else {}
+    axes = rules.split_axes("seq", shape) if rules is not None else ()
+    ranks = rules.ways("seq", shape) if axes else 1
+    if ranks == 1:
+        def whole(x_bLD, weights_Y, t_bL):
+            loss = loss_of(x_bLD, jax.tree.map(lambda w: w[0], weights_Y), t_bL)
+            return loss, loss[None]
+        return 1, lambda x: x, whole
+
+    def pin(x_Y):
+        spec = PartitionSpec(axes, *[PartitionSpec.UNCONSTRAINED] * (x_Y.ndim - 1))
+        return jax.lax.with_sharding_constraint(x_Y, NamedSharding(mesh, spec))
+
+    def one_rank(x_blD, weights, t_bl):  # inside the vmap its axes place the ranks
+        with use_rules(rules.without(axes), mesh):
+            return loss_of(x_blD, weights, t_bl)
+
+    def per_rank(x_bLD, weights_Y, t_bL):
+        b, seq = t_bL.shape
+        x_bYlD = x_bLD.reshape(b, ranks, seq // ranks, x_bLD.shape[-1])
+        t_bYl = t_bL.reshape(b, ranks, seq // ranks)
+        losses_Y = jax.vmap(one_rank, in_axes=(1, 0, 1), spmd_axis_name=axes)(
+            x_bYlD, weights_Y, t_bYl)
+        return jnp.sum(losses_Y), losses_Y
+
+    return ranks, pin, per_rank
+
+
+def _mean_microbatch_loss(loss_of, x_MbLD, t_MbL, weights):
+    """The mean loss of the microbatches (`_losses_and_grads`); its gradients are made in
+    the forward pass, one microbatch at a time, and scaled in the backward."""
+    return _losses_and_grads(loss_of, x_MbLD, t_MbL, weights)[0]
+
+
+def _mean_microbatch_loss_fwd(loss_of, x_MbLD, t_MbL, weights):
+    loss, dx_MbLD, dw = _losses_and_grads(loss_of, x_MbLD, t_MbL, weights)
+    return loss, (dx_MbLD, dw)
+
+
+def _mean_microbatch_loss_bwd(loss_of, residuals, g):
+    dx_MbLD, dw = residuals
+    return (dx_MbLD * g.astype(dx_MbLD.dtype), None,
+            jax.tree.map(lambda d: d * g.astype(d.dtype), dw))
+
+
+_mean_microbatch_loss = jax.custom_vjp(_mean_microbatch_loss, nondiff_argnums=(0,))
+_mean_microbatch_loss.defvjp(_mean_microbatch_loss_fwd, _mean_microbatch_loss_bwd)
+
+
+def _tiled_loss(model: Transformer, x_BLD, targets_BL, vocab_tiles: int, weights=None):
+    """The mean loss of the layers' output, whole or in `vocab_tiles` tiles (loss_fn);
+    `weights`: a pipeline stage's output weights (Transformer.logits)."""
     if vocab_tiles == 1:
-        return _mean_nll(model.logits(x_BLD), targets_BL)
+        return _mean_nll(model.logits(x_BLD, weights), targets_BL)
     b, seq, d = x_BLD.shape
     if seq % vocab_tiles:
         raise ValueError(f"train.num_vocab_tiling={vocab_tiles} does not divide "
@@ -89,7 +207,7 @@ def _tiled_loss(model: Transformer, x_BLD, targets_BL, vocab_tiles: int):
 
     @jax.checkpoint
     def tile_loss(x_BlD, t_Bl):
-        return _mean_nll(model.logits(x_BlD), t_Bl)
+        return _mean_nll(model.logits(x_BlD, weights), t_Bl)
 
     def add_tile(total, xs):
         return total + tile_loss(*xs), None

@@ -10,7 +10,6 @@ Array-name suffixes: the legend in models/__init__.py.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import jax
@@ -18,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from models import kernels
 from models.attention import as_kernels, dense_attention, flash_attention
 from models.config import ModelConfig
 from models.context import context_attention, context_axis, zigzag_order
@@ -33,10 +33,10 @@ from models.layers import (
 )
 from models.mla import LatentAttention
 from models.moe import MoeMlp
-from models.pipeline import Pipeline, run_pipeline
+from models.pipeline import OUTPUT_STAGE, Pipeline, on_stages, run_pipeline
 from models.program import DTYPES, OFFLOAD_ALL, REMAT_POLICIES, Precision, remat_policy
 from models.quant import dequantize, quantize
-from sharding.rules import active_mesh, active_rules, constrain, use_rules
+from sharding.rules import active_mesh, active_rules, constrain
 
 
 def checkpointed(fn, remat: str, save=(), offload=()):
@@ -250,9 +250,15 @@ class Transformer(nnx.Module):
         self.offload_layers = offload_layers
         param_dtype = DTYPES[precision.params]
         v, d = cfg.padded_vocab, cfg.d_model
-        self.embed = new_param(rngs, (v, d), ("vocab", "embed"), dtype=param_dtype, scale=1.0)
+        # A pipeline's embedding, final norm and output weight: one copy per stage, the
+        # output stage's used (models/pipeline.py), so that no gradient of them or of the
+        # pipeline's input is summed over the stages.
+        p = () if pipeline is None else (pipeline.stages,)
+        ends = () if pipeline is None else ("layers",)
+        self.embed = new_param(rngs, (*p, v, d), (*ends, "vocab", "embed"), dtype=param_dtype,
+                               scale=1.0)
         if cfg.positions == "learned":
-            self.pos_embed = new_param(rngs, (cfg.max_seq_len, d), (None, "embed"),
+            self.pos_embed = new_param(rngs, (*p, cfg.max_seq_len, d), (*ends, None, "embed"),
                                        dtype=param_dtype, scale=0.02)
 
         # MoE models' dense first layers are a stack of their own before the rest; a
@@ -262,25 +268,42 @@ class Transformer(nnx.Module):
         if dense:
             self.dense_blocks = _stacked_blocks(cfg, rngs, precision, dense, dense=True)
         self.blocks = _stacked_blocks(cfg, rngs, precision, slots)
-        self.final_norm = Norm(cfg, param_dtype=param_dtype)
+        self.final_norm = Norm(cfg, param_dtype=param_dtype, stages=sum(p))
         if not cfg.tie_embeddings:
-            self.lm_head = new_weight(rngs, (d, v), ("embed", "vocab"), precision=precision)
+            self.lm_head = new_weight(rngs, (*p, d, v), (*ends, "embed", "vocab"),
+                                      precision=precision, scale=d ** -0.5)
 
     def __call__(self, tokens_BL):
         """Training forward: logits for every position, in `in_model_order` (the zigzag
         order of context parallelism when the rules split the sequence)."""
-        return self.head(self.features(tokens_BL))
+        x = self.features(tokens_BL)
+        if self.pipeline is None:
+            return self.head(x)
+        # the output stage's logits, its microbatches back in the batch's row order
+        logits_PMbLV = on_stages(lambda x_MbLD, w, _: self.logits(x_MbLD, w), x,
+                                 self.stage_weights(), axis=self.stage_axis(),
+                                 stages=self.pipeline.stages)
+        return logits_PMbLV[OUTPUT_STAGE].swapaxes(0, 1).reshape(
+            *tokens_BL.shape, -1).astype(jnp.float32)
 
     def features(self, tokens_BL):
         """The last layer's output for every position (before the final norm and the
-        output projection), in `in_model_order`; with a pipeline that hands its output to
-        the loss split over its stages, the sequences microbatch-major (`in_output_order`)."""
+        output projection), in `in_model_order`. With a pipeline, (P, M, b, L, D): each
+        stage's slice of the pipeline's result, the output stage's the model's
+        (models/pipeline.run_pipeline), for the loss to run there (`stage_weights`)."""
         b, seq = tokens_BL.shape
         ranks = context_ranks()
         order = jnp.arange(seq) if ranks == 1 else jnp.asarray(zigzag_order(seq, ranks))
         tokens_BL = self.in_model_order(tokens_BL)
         positions_BL = jnp.broadcast_to(order, (b, seq))
         context = self.context_mode if ranks > 1 else None
+        if self.pipeline is not None:
+            x_PBLD = on_stages(
+                lambda tables, _: self._embed(tokens_BL, positions_BL, whole_table=True,
+                                              tables=tables),
+                self._tables(), axis=self.stage_axis(), stages=self.pipeline.stages)
+            graphdef, layers = nnx.split(self.blocks)
+            return self._pipelined(graphdef, layers, x_PBLD, positions_BL, context)
         x_BLD, _ = self._layers(self._embed(tokens_BL, positions_BL, whole_table=True),
                                 positions_BL, context=context)
         return x_BLD
@@ -293,28 +316,34 @@ class Transformer(nnx.Module):
             return x_BL
         return constrain(x_BL[:, zigzag_order(x_BL.shape[1], ranks)], ("batch", "seq"))
 
-    def in_output_order(self, x_BL):
-        """Per-sequence values (targets) in the order `features` returns the sequences: as
-        given, or microbatch-major where a pipeline hands its output to the loss split over
-        its stages (models/pipeline.py)."""
-        p = self.pipeline
-        if p is None or not p.output_over_stages:
-            return x_BL
-        m = p.microbatches
-        return x_BL.reshape(-1, m, *x_BL.shape[1:]).swapaxes(0, 1).reshape(x_BL.shape)
+    def stage_weights(self):
+        """The output layer's weights, (final norm scale, its bias or None, the output
+        projection D x V), each with a leading stage dimension in a pipelined model (one
+        slice per stage: `logits` takes a slice as `weights`)."""
+        norm = self.final_norm
+        bias = norm.bias[...] if norm.kind == "layernorm" else None
+        if self.cfg.tie_embeddings:
+            head = jnp.swapaxes(self.embed[...], -1, -2)
+        else:
+            head = self.lm_head[...]
+        return norm.scale[...], bias, head
 
-    @contextlib.contextmanager
-    def loss_rules(self):
-        """The rules the loss runs under: with a pipeline handing its output split over the
-        stages, the batch split over them too (each stage's share of the logits on that
-        stage, as Megatron's last stage computes only its own microbatches')."""
-        p, rules, mesh = self.pipeline, active_rules(), active_mesh()
-        if p is None or not p.output_over_stages or rules is None:
-            yield
-            return
-        (axis,) = rules.mesh_axes("layers", params=True)
-        with use_rules(rules.with_batch_over(axis), mesh):
-            yield
+    def _tables(self):
+        """The embedding tables `_embed` reads (token, and learned positions')."""
+        pos = self.pos_embed[...] if self.cfg.positions == "learned" else None
+        return self.embed[...], pos
+
+    def stage_axis(self) -> str:
+        """The mesh axis of the pipeline's stages: the one the rules give `layers`."""
+        mesh, rules = active_mesh(), active_rules()
+        if mesh is None:
+            raise ValueError("pipeline parallelism needs sharding rules with a mesh "
+                             "(sharding.use_rules)")
+        axes = rules.mesh_axes("layers", params=True)
+        if len(axes) != 1:
+            raise ValueError(f"pipeline parallelism needs the rule of 'layers' to name one mesh "
+                             f"axis; it names {axes}")
+        return axes[0]
 
     def prefill(self, tokens_BL):
         """Process prompts: (logits of the last position (B, V), the KV cache: (N, B, K, L,
@@ -352,31 +381,30 @@ class Transformer(nnx.Module):
                                            quantized) for c_NBKSE, n_NB1KE in zip(cache, new))
         return self.head(x_BLD)[:, 0], cache
 
-    def _embed(self, tokens_BL, positions_BL, *, whole_table: bool = False):
+    def _embed(self, tokens_BL, positions_BL, *, whole_table: bool = False, tables=None):
         """The tokens' rows of the table (and learned positions'), in the compute dtype.
         `whole_table` (training): f32 master weights are cast whole before the lookup, as
         MaxText's Embed and Megatron's bf16 model copy do, so that an FSDP gather of the
         table and its gradient's reduction move 2-byte values (the other weights are cast
-        before their matmuls the same way); serving casts the rows it reads."""
+        before their matmuls the same way); serving casts the rows it reads. `tables`: one
+        pipeline stage's (token table, positions' table or None), inside the stages' vmap."""
         cfg, dt = self.cfg, self.compute_dtype
         with jax.named_scope("embedding"):
-            table_VD = self.embed[...]
+            table_VD, pos_SD = tables if tables is not None else self._tables()
             if whole_table and table_VD.dtype.itemsize > jnp.dtype(dt).itemsize:
                 table_VD = table_VD.astype(dt)
             x_BLD = jnp.take(table_VD, tokens_BL, axis=0).astype(dt)
             if cfg.positions == "learned":
-                x_BLD = x_BLD + jnp.take(self.pos_embed[...], positions_BL, axis=0).astype(dt)
+                x_BLD = x_BLD + jnp.take(pos_SD, positions_BL, axis=0).astype(dt)
             return constrain(x_BLD, ("batch", "residual_seq", "embed"))
 
     def _layers(self, x_BLD, positions_BL, cache=None, context: str | None = None):
         """Run the stacked layers under lax.scan (the dense first layers' stack, then the
         rest); `cache`: the per-layer cache arrays and the index. Returns (x, the per-layer
         cache entries computed, stacked)."""
-        if self.pipeline is not None:
-            if cache is not None:
-                raise ValueError("pipeline parallelism serves no KV cache; use pipeline = 1")
-            graphdef, layers = nnx.split(self.blocks)
-            return self._pipelined(graphdef, layers, x_BLD, positions_BL, context), None
+        if self.pipeline is not None:  # training runs it from `features`
+            raise ValueError("pipeline parallelism runs training steps only; serve with "
+                             "pipeline = 1")
         per_layer = None if cache is None else cache[:-1]
         stacks = [self.blocks] if not hasattr(self, "dense_blocks") else [self.dense_blocks,
                                                                           self.blocks]
@@ -414,8 +442,9 @@ class Transformer(nnx.Module):
             return x_BLD, outputs[0]
         return x_BLD, jax.tree.map(lambda *a: jnp.concatenate(a), *outputs)
 
-    def _pipelined(self, graphdef, layers, x_BLD, positions_BL, context):
-        """The layers as a pipeline over the mesh axis that shards `layers`."""
+    def _pipelined(self, graphdef, layers, x_PBLD, positions_BL, context):
+        """The layers as a pipeline over the mesh axis that shards `layers`, from each
+        stage's copy of the input (models/pipeline.run_pipeline)."""
         def slot(h, layer_state, pos):
             return nnx.merge(graphdef, layer_state)(h, pos, None, context)[0]
 
@@ -427,33 +456,32 @@ class Transformer(nnx.Module):
                 return jnp.where(valid, slot(h, layer_state, pos), h), None
             return jax.lax.scan(one, x, (chunk_layers, valid_c))[0]
 
-        mesh, rules = active_mesh(), active_rules()
-        if mesh is None:
-            raise ValueError("pipeline parallelism needs sharding rules with a mesh "
-                             "(sharding.use_rules)")
-        axes = rules.mesh_axes("layers", params=True)
-        if len(axes) != 1:
-            raise ValueError(f"pipeline parallelism needs the rule of 'layers' to name one mesh "
-                             f"axis; it names {axes}")
-        return run_pipeline(run_chunk, layers, x_BLD, positions_BL, plan=self.pipeline,
-                            mesh=mesh, axis=axes[0], batch_axes=rules.mesh_axes("batch"),
+        axis, rules = self.stage_axis(), active_rules()
+        return run_pipeline(run_chunk, layers, x_PBLD, positions_BL, plan=self.pipeline,
+                            mesh=active_mesh(), axis=axis, batch_axes=rules.mesh_axes("batch"),
                             seq_axes=rules.mesh_axes("residual_seq"))
 
     def head(self, x_BLD):
         """Logits (B, L, V) in float32 of the last layer's output."""
         return self.logits(x_BLD).astype(jnp.float32)
 
-    def logits(self, x_BLD):
+    def logits(self, x_BLD, weights=None):
         """Logits (B, L, V) of the last layer's output, in the matmul's output dtype (the
-        activations'): what a training loss reads (models/train.py)."""
+        activations'): what a training loss reads (models/train.py). `weights`: one
+        pipeline stage's slice of `stage_weights`, inside the stages' vmap."""
         cfg = self.cfg
         with jax.named_scope("lm_head"):
             # The output layer stays in the activations' dtype under FP8 / FP4 recipes:
             # Megatron-Core's output_layer is a plain ColumnParallelLinear, outside
             # Transformer Engine's FP8 / FP4 autocast.
             head = dataclasses.replace(self.precision, compute=self.precision.activations)
-            x_BLD = tensor_parallel_input(self.final_norm(x_BLD), head)  # vocab over tensor
-            head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
+            if weights is None:
+                x_BLD = self.final_norm(x_BLD)
+                head_DV = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
+            else:
+                scale_D, bias_D, head_DV = weights
+                x_BLD = kernels.norm(x_BLD, scale_D, bias_D, self.final_norm.kind)
+            x_BLD = tensor_parallel_input(x_BLD, head)  # vocab over tensor
             logits_BLV = project("bld,dv->blv", x_BLD, head_DV, precision=head)
             return constrain(logits_BLV, ("batch", "seq", "vocab"))
 

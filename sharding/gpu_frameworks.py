@@ -18,8 +18,9 @@ program as compiled):
 - with `overlap_p2p_comm` (Megatron's default in its interleaved schedule), a pipeline
   stage's sends and receives run beside its other microbatches' compute, where the
   program's tick waits for them (`overlapped_stage_transfers`);
-- a pipeline's output layer and loss run on its last stage for every microbatch, where
-  the program splits them over the stages (`output_layer_scale`).
+- a pipeline's output layer and loss run on its last stage for every microbatch beside
+  the other stages' layers, where the program runs them after its loop; the last stage's
+  padded slots absorb part of them (`output_layer_scale`).
 """
 
 from __future__ import annotations
@@ -221,15 +222,15 @@ OUTPUT_SCOPES = ("lm_head", "loss")
 
 
 def output_layer_scale(pipeline: dict | None) -> float:
-    """How much longer a pipeline's output layer and loss make its step than the program
-    says: Megatron's last stage runs them for all M microbatches while the others wait at
-    the pace of the busiest stage, where the program runs each stage's M / P after the
-    loop; so P x the share the last stage's padded slots do not absorb
+    """The share of a pipeline's output layer and loss that lengthens its step: the
+    program runs them for all M microbatches on one stage after its loop (models/train.py),
+    as Megatron's last stage runs them for all M, but there its padded slots (one layer
+    fewer than the others: account_for_loss_in_pipeline_split) absorb them first
     (models.pipeline.output_layer_share). 1 without a pipeline (GPU systems only:
     sharding/compute.time_work applies it to the ops under OUTPUT_SCOPES)."""
     if not pipeline or pipeline.get("stages", 1) <= 1 or "output_layer_share" not in pipeline:
         return 1.0
-    return pipeline["stages"] * pipeline["output_layer_share"]
+    return pipeline["output_layer_share"]
 
 
 def pipeline_as_run(output_scale: float, transfers_waited: float | None) -> str:
@@ -242,6 +243,6 @@ def pipeline_as_run(output_scale: float, transfers_waited: float | None) -> str:
         said.append("output layer and loss in the last stage's padded slots (off the "
                     "critical path)")
     elif output_scale != 1.0:
-        said.append(f"output layer and loss on the last stage ({output_scale:.2g}x the "
-                    f"program's share)")
+        said.append(f"output layer and loss on the last stage, {output_scale:.0%} of them "
+                    f"past its padded slots")
     return "; ".join(said)

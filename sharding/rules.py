@@ -94,14 +94,6 @@ class AxisRules:
             **self.activations,
             "residual_seq": (*seq, *(a for a in self.activations["heads"] if a not in seq))})
 
-    def with_batch_over(self, mesh_axis: str) -> AxisRules:
-        """These rules with the activations' batch also split over `mesh_axis`, outermost
-        (a pipeline's output handed to the loss split over its stages)."""
-        batch = self.activations["batch"]
-        return dataclasses.replace(self, activations={
-            **self.activations,
-            "batch": (mesh_axis, *(a for a in batch if a != mesh_axis))})
-
     def split_axes(self, logical: str, mesh_shape: Mapping[str, int]) -> tuple[str, ...]:
         """The mesh axes of size > 1 that split the activations' `logical` dimension."""
         return tuple(a for a in self.mesh_axes(logical) if mesh_shape.get(a, 1) > 1)

@@ -51,7 +51,8 @@ def layer_matmul_params(cfg):
 
 def pipeline_layout(params, plan):
     """The unsharded model's parameters in a pipeline's layer slots (models/pipeline.py):
-    layer i at stack index plan.layer_order()[i], padded slots zero."""
+    layer i at stack index plan.layer_order()[i], padded slots zero; the embedding, final
+    norm and output weight copied to every stage."""
     if plan is None:
         return params
     order = np.asarray(plan.layer_order())
@@ -60,7 +61,23 @@ def pipeline_layout(params, plan):
         slots = jnp.zeros((plan.slots, *stack.shape[1:]), stack.dtype)
         return slots.at[order].set(stack)
 
-    return {**params, "blocks": jax.tree.map(place, params["blocks"])}
+    def per_stage(w):
+        return jnp.broadcast_to(w, (plan.stages, *w.shape))
+
+    ends = {k: jax.tree.map(per_stage, v) for k, v in params.items() if k != "blocks"}
+    return {**ends, "blocks": jax.tree.map(place, params["blocks"])}
+
+
+def output_stage(params, plan):
+    """The parameters of the pipeline stage whose embedding, final norm and output weight
+    the model uses (models/pipeline.OUTPUT_STAGE); the layer slots as they are."""
+    if plan is None:
+        return params
+    from models.pipeline import OUTPUT_STAGE
+
+    ends = {k: jax.tree.map(lambda w: w[OUTPUT_STAGE], v) for k, v in params.items()
+            if k != "blocks"}
+    return {**ends, "blocks": params["blocks"]}
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,7 +119,7 @@ def train_both_ways(cfg, par, *, seed: int, token_seed: int, virtual_stages: int
     opt = tx.init(params)
     args = jax.device_put((params, opt, batch), jax.tree.map(lambda a: a.sharding, prog.args))
     p2, _, loss2 = prog.step(*args)
-    return unsharded, (loss2, p2)
+    return unsharded, (loss2, output_stage(p2, prog.pipeline))
 
 
 def decode_both_ways(cfg, par, *, batch: int, index: int, seed: int):

@@ -287,9 +287,11 @@ def test_pipeline_in_bf16_and_fp8_runs_on_the_cpu_compiler_and_shows_the_bubble(
             min(1.0, d["compute_s"] * 4 / 5 / d["step_time_s"]))
         assert any(c["kind"] == "collective-permute" and c["mesh_axes"] == ["pipeline"]
                    and c["dtype"] == "bfloat16" for c in d["collectives"])
-    # Interleaved: 2 virtual stages halve the bubble's share: 1 / (4 x 2 + 1).
+    # Interleaved: 2 virtual stages halve the bubble's share: 1 / (4 x 2 + 1) (4 layers: 2
+    # chunks of 1 a stage; tiny's 2 would leave every stage an empty chunk, refused).
     code, out, err = run_cli(["run", write(tmp_path, text.replace(
-        "pipeline = 2", "pipeline = 2\nvirtual_stages = 2")), "--backend", "cpu"], capsys)
+        "pipeline = 2", "pipeline = 2\nvirtual_stages = 2").replace(
+        'preset = "tiny"', 'preset = "tiny"\nn_layers = 4')), "--backend", "cpu"], capsys)
     assert code == 0, err
     assert ("(interleaved 1F1B, 2 virtual stages); bubble 11.1% of the step ((P-1)/(MV) = "
             "12.5%") in out

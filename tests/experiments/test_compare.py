@@ -36,6 +36,11 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
     assert "7" in systems["a100:7"]["message"]
     b200 = systems["b200:8"]
     assert b200["retimed_from"] == "h100:8"
+    # "fits" read against each chip's HBM per device (nvidia-smi's 183359 MiB on a B200,
+    # 81559 MiB on an H100), beside the memory it needs
+    assert b200["hbm_capacity_bytes"] == 183359 * 2**20
+    assert systems["h100:8"]["hbm_capacity_bytes"] == 81559 * 2**20
+    assert b200["memory_per_device_bytes"] < b200["hbm_capacity_bytes"] and b200["fits"]
     # Power: 8 B200s from 15% of their 1000 W TDP (waiting) to all of it (busy), the DGX
     # B200's other 6.3 kW of its 14.3 kW rating at the 61% an H100 node's rest draws under
     # training (8.4 kW peak of 10.2 rated, 8 x 700 W GPUs), times PUE 1.56; energy per
@@ -62,6 +67,8 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
                                                 rel=1e-9)
     text = capsys.readouterr().out
     assert "re-timed from h100:8" in text and "power (facility)" in text
+    hbm = next(line for line in text.splitlines() if line.startswith("HBM/device"))
+    assert hbm.split()[1:5] == ["85.52", "GB", "192.27", "GB"]  # h100:8, b200:8
     assert "chips in 1 MW" in text and "1e+09 tokens in 1 MW" in text
 
 

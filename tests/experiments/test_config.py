@@ -151,6 +151,19 @@ BAD = {
                     "parallelism.pipeline=8 x virtual_stages=1 over model.n_layers=2 leaves 6 "
                     "of the 8 stages without a layer; use fewer stages (at most 2) or more "
                     "layers"),
+    # 80 layers on 4 stages are 20 a stage; 3 virtual stages round up to chunks of 7, 21
+    # slots a stage whose empty one SPMD still runs: 5% more layer work than the model
+    # has, a split Megatron-LM refuses (num_layers_per_pipeline_rank % vp_size); the
+    # choices divide the 20 layers a stage
+    "virtual chunks": (TINY.replace("data = 2\nfsdp = 4", "pipeline = 4\nvirtual_stages = 3\n"
+                                    "data = 2").replace("preset = \"tiny\"",
+                                                        "preset = \"tiny\"\nn_layers = 80")
+                       .replace("global_batch = 16", "global_batch = 16\nmicrobatches = 8"),
+                       "parallelism.virtual_stages=3 does not split the 20 layers a stage "
+                       "(model.n_layers=80 over parallelism.pipeline=4) into equal chunks: "
+                       "chunks of 7 give every stage 21 layer slots, 5% more layer work than "
+                       "the model has, and Megatron-LM refuses it; choose virtual_stages 1, 2, "
+                       "4, 5, 10, 20"),
     # Megatron's --cp-comm-type names the ring p2p: said, with shardscope's name
     "context mode": (TINY.replace("fsdp = 4", 'fsdp = 4\ncontext_mode = "p2p"'),
                      "parallelism.context_mode='p2p' is not one of ring, allgather; "

@@ -211,10 +211,11 @@ def test_megatron_overlaps_an_interleaved_pipelines_stage_transfers_on_a_gpu(cpu
 
 
 def test_a_pipelines_output_layer_runs_on_its_last_stage_on_a_gpu(cpu_devices):
-    # The program runs the output layer and loss after the pipeline's loop, each stage a
-    # P-th of the microbatches; Megatron runs them all on the last stage, which the others
-    # wait for: on a GPU their time (not their FLOPs) counts P x (no padded slot absorbs
-    # it here); a TPU system runs the program as compiled.
+    # The program runs the output layer and loss after the pipeline's loop, for every
+    # microbatch on one stage, as Megatron's last stage does; there its padded slot (6
+    # layers in 8 slots on 4 stages: one before the first layer, one after the last, where
+    # account_for_loss_in_pipeline_split leaves the loss) absorbs a layer's worth of them,
+    # so on a GPU only the share past it counts; a TPU system runs the program as compiled.
     import dataclasses
 
     import sharding
@@ -225,16 +226,19 @@ def test_a_pipelines_output_layer_runs_on_its_last_stage_on_a_gpu(cpu_devices):
 
     cal = dataclasses.replace(catalog_calibration(), kernel_overhead_s=0.0)
     over = ["parallelism.data=2", "parallelism.tensor=1", "parallelism.pipeline=4",
-            "model.n_layers=8", "workload.microbatches=4", "workload.seq_len=512"]
+            "model.n_layers=6", "model.vocab=16384", "workload.microbatches=4",
+            "workload.seq_len=64"]
 
     def output_s(rep):
         return sum(v["time_s"] for (op, _), v in rep.compute.ops.items()
                    if op.split(" (")[0].split("/")[0] in OUTPUT_SCOPES)
 
-    for system, scale in (("h100:8", 4), ("tpu-v5e:2x4", 1)):
+    for system in ("h100:8", "tpu-v5e:2x4"):
         rep = runner.run(config.load("tiny-h100-dp-tp", [*over, f"system.name={system}"]),
                          calibration=cal)
-        assert rep.pipeline["output_layer_share"] == 1.0
+        share = rep.pipeline["output_layer_share"]
+        assert 0 < share < 1
+        scale = share if system == "h100:8" else 1.0
         # the same program estimated as if no stage waited for another
         alone = sharding.estimate(
             dataclasses.replace(rep.inputs, pipeline={**rep.pipeline, "stages": 1}),

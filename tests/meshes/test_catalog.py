@@ -131,3 +131,19 @@ def test_gpu_hbm_is_what_the_driver_reports(chip, mib):
     from meshes.chips import CHIPS
 
     assert CHIPS[chip].hbm_bytes == mib * 2**20
+
+
+def test_systems_says_what_each_hbm_figure_is():
+    # A user read "86 GB" for an H100 whose datasheet says 80GB: the figure is the driver's
+    # total, 81559 MiB = 79.65 GiB (2^30 bytes) = 85.52 GB (1e9 bytes); `shardscope
+    # systems` says so, with its source, and every chip's figure says what it is.
+    from meshes import get_system
+    from meshes.chips import CHIPS
+
+    assert all(c.hbm_source for c in CHIPS.values())
+    rows = dict(get_system("h100:8").describe())
+    assert rows["hbm"].startswith("81,559 MiB = 79.65 GiB = 85.52 GB per device: "
+                                  "nvidia-smi's memory.total on an H100 80GB HBM3")
+    # a TPU's is XLA's, in GiB; a TPU7x device is one TensorCore, half the chip's
+    assert dict(get_system("tpu7x:2x2x1").describe())["hbm"].startswith(
+        "98,304 MiB = 96.00 GiB = 103.08 GB per device: half the chip's 192 GiB")

@@ -42,6 +42,26 @@ def test_pipeline_matches_unsharded_in_every_precision(cpu_devices, layers, virt
     assert diff.max() <= 2.01 * lr and np.mean(diff > 0.1 * lr) <= flipped
 
 
+def test_gpt_style_pipeline_with_tied_embeddings_matches_unsharded(cpu_devices):
+    # GPT style: learned positions, LayerNorm (scale and bias), the output projection tied
+    # to the embedding table. The output stage's copy of the table both embeds and
+    # projects; its copies of the positions' table and the final norm's bias are the ones
+    # used; the step equals the unsharded one in f32.
+    cfg = models.preset("tiny", n_layers=4, mlp="gelu", norm="layernorm",
+                        positions="learned", tie_embeddings=True)
+    (loss1, p1), (loss2, p2) = train_both_ways(
+        cfg, {"data": 2, "pipeline": 2, "tensor": 2}, seed=1, token_seed=0, seq_len=16,
+        global_batch=16, microbatches=4, remat="full", compute="float32")
+    assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
+    # AdamW moves each weight by about lr * sign(gradient); a gradient near zero may land
+    # elsewhere under a different summation order, nothing moves further than that
+    lr = models.Train().learning_rate
+    for w2, w1 in ((p2["embed"], p1["embed"]), (p2["pos_embed"], p1["pos_embed"]),
+                   (p2["final_norm"]["bias"], p1["final_norm"]["bias"])):
+        diff = np.abs(np.asarray(w2) - np.asarray(w1))
+        assert diff.max() <= 2.01 * lr and np.mean(diff > 0.1 * lr) <= 0.01
+
+
 def test_pipeline_in_fp4_matches_unsharded(cpu_devices):
     # Block-scaled FP4 matmuls (32-element blocks along each contraction: head_dim 32,
     # 64 positions) inside an interleaved pipeline with tensor parallelism on XLA:CPU.
@@ -140,17 +160,28 @@ def test_pipeline_stages_pass_microbatch_activations_to_their_neighbours(cpu_dev
     # the next stage (the last stage's to the first) within one data replica.
     for c in permutes:
         assert all((b // 2 - a // 2) % 4 in (1, 3) and a % 2 == b % 2 for a, b in c.groups)
-    # The pipeline's input meets the stage axis once (its gradient summed over the stages:
-    # one all-reduce of the M microbatches); its output goes from stage 0 to the loss split
-    # over the stages, M / P microbatches each: one all-to-all of stage 0's M microbatches
-    # each way; the output projection's gradient is then summed over the stages that each
-    # ran it on their share (d_model x vocab, f32), and the loss (f32).
-    over_stages = [c for c in rep.collectives if c.mesh_axes == ("pipeline",)
+    # Nothing else crosses the stages but the loss (one f32), as in Megatron: stage 0
+    # embeds from its own copy of the table, and the output layer and loss run there, with
+    # its own copies of the final norm and output weight, where the last stage's roll
+    # hands the output; no gradient of the embedding, of the pipeline's input or of the
+    # output weight is summed over the stages (the program used to run all-reduces of the
+    # input's gradient (4 microbatches) and of the output weight's, and an all-to-all of
+    # the output each way).
+    over_stages = [c for c in rep.collectives if "pipeline" in c.mesh_axes
                    and c.kind != "collective-permute"]
-    assert sorted((c.kind, c.bytes * c.count) for c in over_stages) == sorted([
-        ("all-to-all", 4 * per_transfer), ("all-to-all", 4 * per_transfer),
-        ("all-reduce", 4 * per_transfer), ("all-reduce", cfg.d_model * cfg.vocab * F32),
-        ("all-reduce", cfg.d_model * F32), ("all-reduce", F32)])
+    assert [(c.kind, c.bytes * c.count) for c in over_stages] == [("all-reduce", F32)]
+    # The embedding's and the output weight's gradients are summed over the data-parallel
+    # replicas only, each stage's copy on its own (vocab 256 x d_model 64, f32), as
+    # Megatron's DDP sums them over its data-parallel group.
+    table = cfg.vocab * cfg.d_model * F32
+    assert sorted(c.bytes for c in rep.collectives if c.mesh_axes == ("data",)
+                  and c.bytes == table) == [table, table]
+    # The output layer runs for all 4 microbatches of a replica's 8 sequences on the one
+    # stage (every stage computes its copy: SPMD), as Megatron's last stage does: the
+    # projection's forward 2 x 8 x 16 positions x d_model x vocab, its backward twice that.
+    head = 2 * (16 // 2) * 16 * cfg.d_model * cfg.vocab
+    assert rep.compute.ops[("lm_head (forward)", "matmul")]["flops"] == head
+    assert rep.compute.ops[("lm_head (backward)", "matmul")]["flops"] == 2 * head
     # The bubble is in the program: each stage runs its one layer on all 7 ticks: down_proj's
     # forward matmul (2 b L F D) 7 times, its two backward matmuls 7 times each (remat does
     # not recompute it: no backward needs its output).
@@ -184,3 +215,29 @@ def test_an_interleaved_pipeline_short_of_microbatches_says_how_many():
     with pytest.raises(ValueError, match="raise workload.microbatches to at least 4, a "
                                          "number that divides workload.global_batch"):
         Pipeline(stages=4, microbatches=2, layers=8, virtual=2)
+
+
+def test_virtual_stages_megatron_refuses_are_said():
+    # Megatron-LM's chunks split each stage's layers evenly (get_num_layers_to_build:
+    # num_layers_per_pipeline_rank % vp_size == 0), the embedding and the loss counted as
+    # a layer each with its account_for_*_in_pipeline_split flags.
+    # Llama 3.1 405B: 126 + 2 = 128 layers, 16 a stage, 8 chunks of 2: it runs.
+    assert Pipeline(stages=8, microbatches=8, layers=126, virtual=8).notes() == ()
+    # Llama 2 70B: 20 layers a stage in 20 chunks of 1.
+    assert Pipeline(stages=4, microbatches=8, layers=80, virtual=20).notes() == ()
+    # DeepSeek-V3's 61 layers on 4 x 4 chunks: 61, 62, 63 do not split into 4 stages of
+    # 4 chunks; shardscope's 64 slots leave 2 empty before the first layer and 1 after
+    # the last, on the first and last stage, as Megatron's pipeline layout can lay them:
+    # the busiest stages run 16 layers either way (noted, not refused).
+    plan = Pipeline(stages=4, microbatches=8, layers=61, virtual=4)
+    assert plan.padded_work == 1
+    (note,) = plan.notes()
+    assert note.startswith("Megatron-LM refuses --num-virtual-stages-per-pipeline-rank 4 "
+                           "here: 61 layers on 4 stages do not split into 4 equal chunks")
+    assert "shardscope pads 3 empty slots (2 before the first layer, 1 after the last)" \
+        in note
+    # 20 layers a stage in 3 chunks: chunks of 7 give every stage 21 slots (refused by
+    # the config's check); the choices that split 20 evenly.
+    plan = Pipeline(stages=4, microbatches=8, layers=80, virtual=3)
+    assert plan.padded_work == pytest.approx(21 / 20)
+    assert plan.virtual_choices() == [2, 4, 5, 10, 20]
