@@ -86,6 +86,8 @@ def _collective_lines(r: Report) -> list[str]:
     devices = counted(r.num_devices, "device")
     lines.append(f"{title}on {system} ({devices}{placed}), HLO from "
                  f"{r.compiler}")
+    if r.model:
+        lines.append(f"model: {r.model}")
     if r.fits is False:
         lines.append(f"DOES NOT FIT: needs {fmt_bytes(r.memory_per_device_bytes)} of HBM per "
                      f"device, has {fmt_bytes(r.hbm_capacity_bytes)}; the times below are "
