@@ -86,8 +86,6 @@ def _collective_lines(r: Report) -> list[str]:
     devices = counted(r.num_devices, "device")
     lines.append(f"{title}on {system} ({devices}{placed}), HLO from "
                  f"{r.compiler}")
-    if r.model:
-        lines.append(f"model: {r.model}")
     if r.fits is False:
         lines.append(f"DOES NOT FIT: needs {fmt_bytes(r.memory_per_device_bytes)} of HBM per "
                      f"device, has {fmt_bytes(r.hbm_capacity_bytes)}; the times below are "
@@ -96,6 +94,8 @@ def _collective_lines(r: Report) -> list[str]:
         lines.append(f"HLO compiler: {r.compiler_note}")
     if r.extrapolated_from:
         lines.append(f"extrapolated: {r.extrapolated_from}")
+    if r.model:  # last: the lines above keep their places (the verdict second)
+        lines.append(f"model: {r.model}")
     lines.append("")
 
     def time_cell(t: float) -> str:  # an untimed report has no times, not zero ones
