@@ -215,8 +215,9 @@ def load_raw(path: str | Path, overrides: list[str] = (), *,
     When an override sets model.preset or model.hf_config, the file's [model] table is
     left out and the model is that one with the command line's other model.* keys, in
     any order: the file's explicit fields (tiny's n_kv_heads = 4) described its own
-    model, not the new one (MaxText's model_name does the same). `varied`: the keys a
-    search sets per config (--vary), which count as the command line's."""
+    model, not the new one (MaxText's model_name, too, sets its keys over the file's).
+    `varied`: the keys a search sets per config (--vary), which count as the command
+    line's."""
     toml = resolve(path)
     raw = read_toml(toml, what="config file", example="give the path of a .toml "
                     "experiment, e.g. experiments/configs/llama3-8b-nvl72.toml")
