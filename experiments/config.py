@@ -118,6 +118,9 @@ class Experiment:
     measured: Measured | None = None
     cost: Cost = dataclasses.field(default_factory=Cost)
     notes: tuple[str, ...] = ()  # what the model approximates (hf.py, PRESET_NOTES)
+    # The model as the [model] table named it, for report headers: the preset or the
+    # hf_config, and the fields beside it that change it ("llama3-8b (n_layers 2)").
+    model_label: str = ""
 
     def to_dict(self) -> dict:
         """The config as run, table by table (every default filled in), for --json."""
@@ -201,13 +204,29 @@ def load(path: str | Path, overrides: list[str] = ()) -> Experiment:
     return from_dict(load_raw(path, overrides))
 
 
-def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
+# The [model] keys that name a model. One of them on the command line starts the model
+# afresh: the file's [model] table is left out (its other fields belonged to its model).
+MODEL_SOURCES = ("model.preset", "model.hf_config")
+
+
+def load_raw(path: str | Path, overrides: list[str] = (), *,
+             varied: list[str] = ()) -> dict:
     """A config's tables as written (a path or a bundled name), with `key=value`
-    overrides applied, not yet validated (a search varies them)."""
+    overrides applied, not yet validated (a search varies them).
+
+    When an override sets model.preset or model.hf_config, the file's [model] table is
+    left out and the model is that one with the command line's other model.* keys, in
+    any order: the file's explicit fields (tiny's n_kv_heads = 4) described its own
+    model, not the new one (MaxText's model_name, too, sets its keys over the file's).
+    `varied`: the keys a search sets per config (--vary), which count as the command
+    line's."""
     toml = resolve(path)
     raw = read_toml(toml, what="config file", example="give the path of a .toml "
                     "experiment, e.g. experiments/configs/llama3-8b-nvl72.toml")
     hf.relative_to(raw.get("model"), toml.parent)  # hf_config: a path from the TOML
+    keys = [item.partition("=")[0].strip() for item in overrides] + list(varied)
+    if any(k in MODEL_SOURCES for k in keys):
+        raw["model"] = {}
     for item in overrides:
         apply_override(raw, item)
     return raw
@@ -281,29 +300,48 @@ def _typed(section: str, raw: Mapping, cls):
         raise ConfigError(str(e)) from None
 
 
-def _model(raw: Mapping) -> tuple[ModelConfig, tuple[str, ...]]:
-    """The [model] table's model, and what it approximates of a Hugging Face config."""
+def _model(raw: Mapping) -> tuple[ModelConfig, tuple[str, ...], str]:
+    """The [model] table's model, what it approximates of a Hugging Face config, and its
+    label (`model_label`)."""
     fields = {k: v for k, v in raw.items() if k not in ("preset", "hf_config")}
     name = raw.get("preset")
     try:
         if "hf_config" in raw:
             base, notes = hf.load(raw["hf_config"], preset=name)
-            return ModelConfig(**{**base, **fields}), notes
+            model = ModelConfig(**{**base, **fields})
+            defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+            changed = [k for k in fields if getattr(model, k) != base.get(k, defaults[k])]
+            return model, notes, _model_label(f"hf_config {Path(raw['hf_config']).name}",
+                                             model, changed)
         if name is not None:
             if name not in PRESETS:
                 raise ConfigError(f"model.preset={name!r} is unknown; valid: "
                                   f"{', '.join(PRESETS)} (or give the dimensions explicitly)")
-            return preset(name, **fields), preset_notes(name)
+            model, base = preset(name, **fields), PRESETS[name]()
+            changed = [k for k in fields if getattr(model, k) != getattr(base, k)]
+            return model, preset_notes(name), _model_label(name, model, changed)
         missing = [k for k in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim",
                                "d_ff", "vocab") if k not in fields]
         if missing:
             raise ConfigError(f"[model] needs model.preset, model.hf_config or explicit "
                               f"{', '.join('model.' + m for m in missing)}")
-        return ModelConfig(**fields), ()
+        model = ModelConfig(**fields)
+        return model, (), f"{model.name} (every dimension given in [model])"
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from None
+
+
+def _model_label(base: str, model: ModelConfig, changed: list[str]) -> str:
+    """"llama3-8b (n_layers 2, fused_qkv true)": the model a preset or hf_config names,
+    with the fields given beside it that change it, valued as TOML writes them."""
+    if not changed:
+        return base
+    values = {k: getattr(model, k) for k in changed}
+    text = ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else v}"
+                     for k, v in values.items())
+    return f"{base} ({text})"
 
 
 def _check_structure(raw: Mapping[str, Any]) -> None:
@@ -340,7 +378,7 @@ def unchecked(raw: Mapping[str, Any]) -> Experiment:
     across tables (`validate`): what a value can be wrong in on its own, whatever the
     sharding (a search checks its --vary values with it before trying any sharding)."""
     _check_structure(raw)
-    model, notes = _model(raw["model"])
+    model, notes, label = _model(raw["model"])
     overrides = {k: v for k, v in raw["system"].items() if k != "name"}
     try:
         system = get_system(raw["system"]["name"], **overrides)
@@ -353,7 +391,7 @@ def unchecked(raw: Mapping[str, Any]) -> Experiment:
     measured = _typed("measured", raw["measured"], Measured) if "measured" in raw else None
     cost = _typed("cost", raw.get("cost", {}), Cost)
     return Experiment(name=raw["name"], model=model, system=system, measured=measured,
-                      cost=cost, notes=notes, **tables)
+                      cost=cost, notes=notes, model_label=label, **tables)
 
 
 def validate(exp: Experiment) -> None:

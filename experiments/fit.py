@@ -130,8 +130,8 @@ def _changed(exp: Experiment, changes: dict) -> Experiment | None:
     for key, value in changes.items():
         table, _, name = key.partition(".")
         raw.setdefault(table, {})[name] = list(value) if isinstance(value, tuple) else value
-    try:
-        return config_mod.from_dict(raw)
+    try:  # the tables as run name no preset: the model's label is the config's
+        return dataclasses.replace(config_mod.from_dict(raw), model_label=exp.model_label)
     except ConfigError:
         return None
 
@@ -332,9 +332,11 @@ class Verdict:
     compiler_bytes: float | None = None
     compiler_source: str = ""
     style: str = "jax"  # frameworks.style: "megatron" ranks what Megatron runs first
+    model: str = ""  # the model, in words (Experiment.model_label)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "system": self.system, "fits": self.fits, "style": self.style,
+        return {"name": self.name, "model": self.model or None, "system": self.system,
+                "fits": self.fits, "style": self.style,
                 "memory_per_device_bytes": self.memory_per_device_bytes,
                 "hbm_capacity_bytes": self.hbm_capacity_bytes,
                 "breakdown": [{"part": p, "bytes": b} for p, b in self.breakdown],
@@ -348,6 +350,7 @@ class Verdict:
         word = "fits" if self.fits else "DOES NOT FIT"
         lines = [f"{self.name} on {self.system}: {word} ({fmt_bytes(self.memory_per_device_bytes)}"
                  f" per device of {fmt_bytes(self.hbm_capacity_bytes)} HBM)",
+                 *([f"model: {self.model}"] if self.model else []),
                  f"memory per device ({self.source}):"]
         lines += [f"  {fmt_bytes(b):>10}  {p}" for p, b in
                   sorted(self.breakdown, key=lambda pb: -pb[1])]
@@ -398,7 +401,7 @@ def fit(exp: Experiment, *, backend: str = "cpu", calibration=None, limit: int =
     # each suggestion compiled and timed by the same compiler as the verdict
     suggestions = () if fits else tuple(search(exp, limit=limit, compile=compile,
                                                backend=resolved, calibration=calibration))
-    return Verdict(name=exp.name, system=exp.system.label, fits=fits,
+    return Verdict(name=exp.name, model=exp.model_label, system=exp.system.label, fits=fits,
                    memory_per_device_bytes=memory.total_bytes, hbm_capacity_bytes=cap,
                    breakdown=(*memory.components, *memory.reserved), source=memory.source,
                    notes=(*refused, *memory.notes), suggestions=suggestions,

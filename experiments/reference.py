@@ -65,10 +65,12 @@ def entries(table: str) -> list[tuple[str, str, str]]:
         return [("system.name", "required", name)] + [
             (f"system.{k}", "the system's", f"{help} ({kind.upper()} systems)")
             for k, (kind, _, help) in OVERRIDES.items()]
-    out = [(f"{table}.preset", "none", "a preset's name"),
+    out = [(f"{table}.preset", "none", "a preset's name; with --set it replaces the file's "
+            "[model] table (the model is the preset and the command line's model.* keys)"),
            (f"{table}.hf_config", "none", "a Hugging Face config.json, the path from this TOML "
-            "file's folder (with --set: from the working directory) (llama, mistral, qwen2, "
-            "qwen3, qwen3_moe, mixtral, deepseek_v3, gpt_oss); keys beside it override it")] \
+            "file's folder (with --set: from the working directory, and it replaces the "
+            "file's [model] table as a preset does) (llama, mistral, qwen2, qwen3, qwen3_moe, "
+            "mixtral, deepseek_v3, gpt_oss); keys beside it override it")] \
         if table == "model" else []
     for f in dataclasses.fields(cls):
         default = _default(f)

@@ -141,7 +141,8 @@ def analyze_step(exp: Experiment, step: Step, mesh, *, memory: sharding.Memory |
         model_flops_per_step=program.model_flops_per_step,
         tokens_per_step=program.tokens_per_step,
         sequences_per_step=exp.workload.global_batch if step.serving else None,
-        memory=memory or step.memory, name=exp.name, calibration=calibration,
+        memory=memory or step.memory, name=exp.name, model=exp.model_label,
+        calibration=calibration,
         host_transfer_bytes=step.host_transfer_bytes, pipeline=step.pipeline,
         cost=exp.cost, tp_comm_overlap=exp.parallelism.tp_comm_overlap,
         overlap_grad_reduce=exp.train.overlap_grad_reduce and not step.serving,
@@ -325,7 +326,8 @@ def _with_replicas(exp: Experiment, replicas: int, per_replica: int) -> Experime
     raw["parallelism"]["data"] = replicas
     raw["workload"]["global_batch"] = \
         exp.workload.global_batch * replicas // exp.parallelism.data
-    return config_mod.from_dict(raw)
+    # the same model: its label is the config's (the tables as run name no preset)
+    return dataclasses.replace(config_mod.from_dict(raw), model_label=exp.model_label)
 
 
 def _argument_specs(exp: Experiment) -> dict[tuple[str, str], object]:

@@ -34,6 +34,8 @@ class AnalysisInputs:
         compute_dtype: the matmuls' format, for their peak rate.
         model_flops_per_step, tokens_per_step, sequences_per_step: for MFU and throughput.
         warnings: the caller's and the compiler's, in that order.
+        name: what the step is called (an experiment's name).
+        model: the model it runs, in words, for the report's header ("" for none named).
         host_transfer_bytes: activations offloaded to host memory and back, per device and
             step.
         pipeline: the pipeline schedule the program runs (models.Pipeline.summary()).
@@ -68,6 +70,7 @@ class AnalysisInputs:
     sequences_per_step: float | None = None
     warnings: tuple[str, ...] = ()
     name: str = ""
+    model: str = ""
     host_transfer_bytes: float = 0.0
     pipeline: dict | None = None
     fit_advice: tuple[str, ...] = ()

@@ -248,6 +248,7 @@ def estimate(inputs: AnalysisInputs, *, system: System,
                                           system.chip.host_bytes_per_s))
     return Report(
         name=inputs.name,
+        model=inputs.model,
         system=system.label,
         num_devices=n,
         compiler=inputs.compiler,
@@ -306,7 +307,8 @@ def untimed(inputs: AnalysisInputs) -> Report:
     nothing = ComputeCost(flops=0.0, matmul_flops=0.0, hbm_bytes=0.0, matmul_s=0.0,
                           memory_bound_s=0.0, flops_by_dtype={})
     return Report(
-        name=inputs.name, system="", num_devices=plan.num_partitions, compiler=inputs.compiler,
+        name=inputs.name, model=inputs.model, system="", num_devices=plan.num_partitions,
+        compiler=inputs.compiler,
         compiler_note=inputs.compiler_note, extrapolated_from=inputs.extrapolated_from,
         collectives=list(plan.collectives), compute=nothing,
         memory=inputs.memory or Memory(components=(), source="HLO text only"),
@@ -384,6 +386,7 @@ def analyze(
     timings: dict[str, float] | None = None,
     warnings: Sequence[str] = (),
     name: str = "",
+    model: str = "",
     compiler: str | None = None,
     compiler_note: str = "",
     calibration: Calibration | None = None,
@@ -418,6 +421,9 @@ def analyze(
             the report shows the compiler's figure.
         timings: stages the caller timed (e.g. building the program), shown with ours.
         warnings: the caller's own, shown before the compiler's.
+        name: the step's name, first on the report's header (an experiment's name).
+        model: the model the step runs, in words, on a header line of its own
+            ("llama3-8b (n_layers 2)"); "" for none.
         compiler: the compiler's name on the report; by default named from the mesh's
             devices and the system (sharding.compiler.compiler_name). TPU and GPU devices
             are compiled for and read from their final HLO, CPU devices from the HLO after
@@ -483,7 +489,7 @@ def analyze(
         compiler=compiler, compiler_note=compiler_note, memory=compiled,
         compute_dtype=compute_dtype, model_flops_per_step=model_flops_per_step,
         tokens_per_step=tokens_per_step, sequences_per_step=sequences_per_step,
-        warnings=(*warnings, *c.warnings), name=name,
+        warnings=(*warnings, *c.warnings), name=name, model=model,
         host_transfer_bytes=host_transfer_bytes, pipeline=pipeline,
         fit_advice=tuple(fit_advice), timings={**(timings or {}), **c.timings},
         tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,

@@ -230,8 +230,9 @@ def render_html(r: Report, *, chip: Chip, compute_dtype: str = "bfloat16") -> st
                                  f"{html.escape(r.bottleneck())}; times are as if it fit.</p>")
     devices = counted(r.num_devices, "device") + (
         f" ({html.escape(r.placement)})" if r.placement else "")
+    model = f"Model {html.escape(r.model)}; " if r.model else ""
     return page(title, f"""<h1>{html.escape(title)} on {html.escape(r.system)}</h1>{verdict}
-<p>{devices}; HLO
+<p>{model}{devices}; HLO
 from {html.escape(r.compiler)}{_extrapolated(r)}. Step
 {fmt_s(r.step_time_s)} (between {fmt_s(r.step_time_bounds_s[0])} with perfect overlap and
 {fmt_s(r.step_time_bounds_s[1])} with none). Bottleneck: {html.escape(r.bottleneck())}.</p>

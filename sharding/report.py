@@ -130,6 +130,7 @@ class Report:
     warnings: tuple[str, ...] = ()
     unknown_ops: tuple[str, ...] = ()
     name: str = ""
+    model: str = ""  # the model the step runs, in words ("" when the caller named none)
     scheduled_step_s: float | None = None  # from sharding.schedule; None: no overlap
     calibration: Calibration = IDENTITY  # the fitted efficiencies the times used
     # The fixed time per kernel where the step is replayed as a CUDA graph (a serving
@@ -479,6 +480,7 @@ class Report:
         cost, timed = self.compute, self.timed  # an untimed report costs no work
         return {
             "name": self.name,
+            "model": self.model or None,
             "system": self.system,
             "placement": self.placement,
             "num_devices": self.num_devices,

@@ -94,6 +94,8 @@ def _collective_lines(r: Report) -> list[str]:
         lines.append(f"HLO compiler: {r.compiler_note}")
     if r.extrapolated_from:
         lines.append(f"extrapolated: {r.extrapolated_from}")
+    if r.model:  # last: the lines above keep their places (the verdict second)
+        lines.append(f"model: {r.model}")
     lines.append("")
 
     def time_cell(t: float) -> str:  # an untimed report has no times, not zero ones

@@ -145,7 +145,8 @@ def _run_all_backends(args, exp, config) -> int:
         for b in backends:
             reports.append((b, runner.run(exp, backend=b, calibration=calibration,
                                           advise=fit.advice)))
-    print(f"{exp.name}  on {reports[0][1].system}: the same step from each compiler\n")
+    print(f"{exp.name}  on {reports[0][1].system}: the same step from each compiler")
+    print(f"model: {exp.model_label}\n")
     print(format_side_by_side(reports))
     own = own_compiler(exp.system)
     if len(backends) == 1:

@@ -16,7 +16,7 @@ from experiments.cli.output import (
     write_json,
     write_text,
 )
-from experiments.config import ConfigError
+from experiments.config import MODEL_SOURCES, ConfigError
 from sharding.units import counted
 
 
@@ -163,6 +163,8 @@ def cmd_search(args) -> int:
     axes = tuple(a.strip() for a in args.axes.split(",") if a.strip())
     search_mod.check_axes(axes)
     vary = search_mod.parse_vary(args.vary or [])
+    if any(k in MODEL_SOURCES for k, _ in vary):  # each config's model from the command line
+        raw = config_mod.load_raw(args.config, args.set or [], varied=[k for k, _ in vary])
     search_mod.check_vary(raw, vary)
     calibration = calibration_of(args)
     if args.system and not args.reestimate:
@@ -226,13 +228,23 @@ def cmd_search(args) -> int:
                 return 130
             results = outcome.rows
             print(f"{exp.name} on {exp.system.label}: {counted(len(results), 'config')} in "
-                  f"{args.store} ({_how_found(outcome)})\n")
+                  f"{args.store} ({_how_found(outcome)})")
+            print(f"model: {_searched_model(exp, vary)}\n")
             title = exp.name
             not_tried = outcome.untried
     _ranking_outputs(args, results, title, not_tried, calibration=calibration)
     if args.export:
         _export_best(args, results)
     return 0
+
+
+def _searched_model(exp, vary) -> str:
+    """The model a search runs, and the model keys it varies (each config's name says
+    its values)."""
+    varied = [k for k, _ in vary if k.startswith("model.")]
+    if any(k in MODEL_SOURCES for k in varied):
+        return f"varied ({', '.join(varied)})"
+    return exp.model_label + (f"; varied: {', '.join(varied)}" if varied else "")
 
 
 def _how_found(outcome) -> str:
@@ -328,7 +340,7 @@ def cmd_compare(args) -> int:
     from experiments import config as config_mod
 
     raw = config_mod.load_raw(args.config, args.set or [])
-    config_mod.from_dict(raw)  # the config itself is valid
+    exp = config_mod.from_dict(raw)  # the config itself is valid
     price = args.price_per_device_hour
     if price is not None and not 0 < price < math.inf:  # nan and inf too
         raise ConfigError(f"--price-per-device-hour {args.price_per_device_hour}: give the "
@@ -346,9 +358,11 @@ def cmd_compare(args) -> int:
                                       search=search)
     entries = compare_mod.with_scale_out(entries, power_budget_w=args.power_budget,
                                          tokens=args.tokens)
-    print(f"{raw['name']}: the same model and workload on {len(args.systems)} systems\n")
+    print(f"{raw['name']}: the same model and workload on {len(args.systems)} systems")
+    print(f"model: {exp.model_label}\n")
     print(compare_mod.format_compare(entries))
-    data = calibration_used(calibration, {"systems": [e.to_dict() for e in entries]})
+    data = calibration_used(calibration, {"model": exp.model_label,
+                                          "systems": [e.to_dict() for e in entries]})
     if args.json:
         write_json(args.json, data)
     if args.html:

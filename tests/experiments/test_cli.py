@@ -441,3 +441,20 @@ def test_every_argument_of_every_command_says_what_it_is():
     bare = [f"{name} {a.option_strings or a.dest}" for name, sub in commands.choices.items()
             for a in sub._actions if not a.help]
     assert not bare
+
+
+def test_run_and_fit_headers_name_the_model_and_its_changes(tmp_path, capsys, cpu_devices):
+    # A preset given with --set, and a field given beside it: the header's last line (run)
+    # or second (fit) and the JSON's `model` say which model ran (before: only the
+    # experiment's name)
+    path, out_json = write(tmp_path, TINY), tmp_path / "r.json"
+    code, out, err = run_cli(["run", path, "--set", "model.n_layers=1", "--set",
+                              "model.preset=tiny", "--quiet", "--json", str(out_json)], capsys)
+    assert code == 0, err
+    assert out.split("\n\n")[0].splitlines()[-1] == "model: tiny (n_layers 1)"
+    assert json.loads(out_json.read_text())["model"] == "tiny (n_layers 1)"
+    code, out, err = run_cli(["fit", path, "--set", "model.preset=llama3-8b", "--no-compile",
+                              "--quiet", "--json", str(out_json)], capsys)
+    assert code == 0, err
+    assert out.splitlines()[1] == "model: llama3-8b"
+    assert json.loads(out_json.read_text())["model"] == "llama3-8b"

@@ -25,7 +25,9 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
                      "1e9", "--json", str(out)])
     assert code == 0
     assert compiles == [1]  # b200:8 re-timed from the h100:8 compile; a100:7 refused
-    systems = {s["system"]: s for s in json.loads(out.read_text())["systems"]}
+    report = json.loads(out.read_text())
+    assert report["model"] == "tiny (n_kv_heads 4)"  # the file's preset, and its change
+    systems = {s["system"]: s for s in report["systems"]}
     for s in systems.values():
         for key in ("system", "parallelism", "step_time_s", "tokens_per_s", "mfu",
                     "bottleneck", "fits", "power_w", "joules_per_token",
@@ -69,6 +71,7 @@ def test_compare_retimes_one_compile_and_matches_a_fresh_one(tmp_path, capsys, c
     assert "re-timed from h100:8" in text and "power (facility)" in text
     hbm = next(line for line in text.splitlines() if line.startswith("HBM/device"))
     assert hbm.split()[1:5] == ["85.52", "GB", "192.27", "GB"]  # h100:8, b200:8
+    assert "on 3 systems\nmodel: tiny (n_kv_heads 4)\n" in text
     assert "chips in 1 MW" in text and "1e+09 tokens in 1 MW" in text
 
 
@@ -267,7 +270,9 @@ def test_the_configs_chip_price_prices_its_own_chip_only(tmp_path, cpu_devices):
     out = tmp_path / "c.json"
     assert cli.main(["compare", TINY, "--systems", "h100:8,b200:8,tpu-v6e:2x4", "--quiet",
                      "--set", "cost.usd_per_chip_hour=2", "--json", str(out)]) == 0
-    systems = {s["system"]: s for s in json.loads(out.read_text())["systems"]}
+    report = json.loads(out.read_text())
+    assert report["model"] == "tiny (n_kv_heads 4)"  # the file's preset, and its change
+    systems = {s["system"]: s for s in report["systems"]}
     for name, price in (("h100:8", 2.0), ("tpu-v6e:2x4", 2.70)):
         s = systems[name]
         assert s["usd_per_million_tokens"] == pytest.approx(

@@ -272,3 +272,54 @@ def test_a_calibration_file_without_ceilings_keeps_the_catalogs(tmp_path):
     assert cal.tpu_matmul_scale == 0.8 and cal.best_mfu == catalog_calibration().best_mfu
     p.write_text('[parameters]\n[best_measured_mfu]\n"h100" = { mfu = 0.5, run = "mine" }\n')
     assert load_calibration(p).best_mfu == {"h100": (0.5, "mine")}
+
+
+def test_a_preset_on_the_command_line_replaces_the_files_model_table():
+    # tiny-h100-dp-tp.toml gives preset = "tiny" with n_kv_heads = 4 (tensor = 4 needs it);
+    # --set model.preset=llama3-8b asks for Llama 3 8B, not Llama 3 8B with tiny's 4 KV heads
+    from experiments import config
+    from models.config import preset
+
+    exp = config.load("tiny-h100-dp-tp", ["model.preset=llama3-8b",
+                                          "parallelism.data=8", "parallelism.tensor=1"])
+    assert exp.model == preset("llama3-8b") and exp.model_label == "llama3-8b"
+    # the file's own model is labelled with the field it changes
+    assert config.load("tiny-h100-dp-tp").model_label == "tiny (n_kv_heads 4)"
+
+
+@pytest.mark.parametrize("order", ["set first", "preset first"])
+def test_model_keys_given_on_the_command_line_stay_with_the_new_preset(order):
+    from experiments import config
+
+    sets = ["model.n_layers=2", "model.preset=llama3-8b", "model.n_kv_heads=8"]
+    if order == "preset first":
+        sets = sets[1:2] + sets[:1] + sets[2:]
+    exp = config.load("tiny-h100-dp-tp", [*sets, "parallelism.data=8", "parallelism.tensor=1"])
+    assert (exp.model.n_layers, exp.model.n_kv_heads, exp.model.d_model) == (2, 8, 4096)
+    # n_kv_heads = 8 is the preset's own: not a change, so not in the label
+    assert exp.model_label == "llama3-8b (n_layers 2)"
+
+
+def test_an_hf_config_on_the_command_line_replaces_the_files_preset():
+    # before: "model.preset='tiny' and model.hf_config=... are both given", from the file's
+    # preset the user never meant to keep
+    from experiments import config
+
+    hf_json = str(REPO / "experiments/configs/hf/deepseek-v3.json")
+    exp = config.load("tiny-h100-dp-tp", [f'model.hf_config="{hf_json}"', "model.n_layers=4",
+                                          "parallelism.data=8", "parallelism.tensor=1"])
+    assert exp.model.n_layers == 4 and exp.model.kv_lora_rank == 512
+    assert exp.model_label == "hf_config deepseek-v3.json (n_layers 4)"
+
+
+def test_a_searched_preset_replaces_the_files_model_table_too():
+    # search --vary model.preset=...: each config's model is the preset with the command
+    # line's model keys, as with --set
+    from experiments import config, search
+
+    raw = config.load_raw("tiny-h100-dp-tp", ["model.n_layers=2"], varied=["model.preset"])
+    cands = search.enumerate_candidates(raw, 8, ("data",), [("model.preset",
+                                                             ["tiny", "llama3-8b"])])
+    models = {c.varied["model.preset"]: c.exp.model for c in cands}
+    assert models["tiny"].n_kv_heads == 2 and models["llama3-8b"].n_kv_heads == 8
+    assert models["tiny"].n_layers == models["llama3-8b"].n_layers == 2

@@ -122,7 +122,8 @@ def test_a_killed_search_resumes_with_every_row_once(tmp_path, capsys, whole):
 def test_export_writes_the_best_config_as_the_frameworks_settings(tmp_path, capsys, whole):
     store = tmp_path / "s.sqlite"
     shutil.copy(whole, store)  # every config already there: nothing compiles
-    _export_search(store, capsys, "--json", str(tmp_path / "s.json"))
+    out = _export_search(store, capsys, "--json", str(tmp_path / "s.json"))
+    assert out.splitlines()[1] == "model: tiny (n_kv_heads 4)"  # the header names it
     best = json.loads((tmp_path / "s.json").read_text())["best"]
     assert best["name"] == "tiny-h100-dp-tp-data8"  # (in `whole`'s ranking, fastest)
     yml = tmp_path / "best.yml"

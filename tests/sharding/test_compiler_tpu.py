@@ -162,8 +162,9 @@ def test_backend_all_puts_the_compilers_side_by_side(tmp_path, capsys, cpu_devic
     assert code == 0, err
     lines = stdout.splitlines()
     assert lines[0] == "t  on tpu-v5e:2x4: the same step from each compiler"
-    assert lines[2].split() == ["cpu", "tpu"]
-    assert lines[3].split()[:3] == ["compiler", "XLA:CPU", "the"]
+    assert lines[1] == "model: tiny"  # the preset, nothing beside it
+    assert lines[3].split() == ["cpu", "tpu"]
+    assert lines[4].split()[:3] == ["compiler", "XLA:CPU", "the"]
     assert any(ln.startswith("difference: the ") for ln in lines)
     d = json.loads(out.read_text())
     assert [b["backend"] for b in d["backends"]] == ["cpu", "tpu"]
@@ -226,5 +227,5 @@ def test_a_multi_slice_system_is_left_to_the_cpu_path_in_one_line(tmp_path, caps
     code, stdout, err = run_cli(["run", write(tmp_path, two), "--backend", "all", "--quiet"],
                                 capsys)
     assert code == 0, err
-    assert stdout.splitlines()[2].split() == ["cpu"]
+    assert stdout.splitlines()[3].split() == ["cpu"]
     assert "one program per slice" in stdout

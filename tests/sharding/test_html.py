@@ -100,3 +100,5 @@ def test_html_report_of_a_run_past_one_compile_says_how_it_was_read(cpu_devices)
     assert report.extrapolated_from.startswith("compiled on 4 devices (2 of the 4 ")
     page = render_html(report, chip=get_system("h100:8").chip)
     assert html.escape(report.extrapolated_from) in page
+    # the model it stands for, as the terminal report's `model:` line names it
+    assert report.model == "tiny (n_kv_heads 4)" and "<p>Model tiny (n_kv_heads 4); " in page
