@@ -400,8 +400,14 @@ class Report:
             return (f"HBM bandwidth: bandwidth-bound work (matmuls streaming their weights or "
                     f"KV cache, and memory-bound kernels) is {hbm_s / step:.0%} of the "
                     f"step{fixed}")
-        return (f"compute: matmuls at the chip's math rate are {math_s / step:.0%} of the "
-                f"step{fixed}")
+        # the rate most of the matmul time runs at, said with where it comes from
+        by_class: dict[str, float] = {}
+        for key, t in cost.math_s_by_class.items():
+            by_class[key.partition("/")[0]] = by_class.get(key.partition("/")[0], 0.0) + t
+        rate = "the chip's math rate"
+        if by_class:
+            rate = self.calibration.rate_phrase(max(by_class, key=by_class.get))
+        return f"compute: matmuls are {math_s / step:.0%} of the step, at {rate}{fixed}"
 
     def slowest_hop(self) -> str | None:
         """The link class that moves this program's bytes slowest: the lowest achieved

@@ -342,3 +342,32 @@ def test_one_device_is_singular():
         "{{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15}}", "{{0}}")
     text = format_report(sharding.analyze_hlo(one, system="h100:1"))
     assert "on h100:1 (1 device)," in text.splitlines()[0]
+
+
+def test_a_compute_bound_step_says_what_its_matmul_rate_is(cpu_devices):
+    # A fitted bf16 rate is not the GEMM's: it carries the fitted runs' framework costs, so
+    # the bottleneck line says the fraction and where it comes from (a new user read "the
+    # chip's math rate" as the datasheet's).
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import sharding
+
+    mesh = sharding.make_mesh(meshes.get_system("h100:8"), {"data": 8})
+    x = jax.ShapeDtypeStruct((8 * 4096, 8192), jnp.bfloat16,
+                             sharding=NamedSharding(mesh, P("data", None)))
+    w = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+    fitted = Calibration(gpu_bf16_matmul_efficiency=0.5, source="fitted on some runs")
+    rep = sharding.analyze(lambda a, b: a @ b, x, w, mesh=mesh, system="h100:8",
+                           calibration=fitted)
+    assert rep.time_bottleneck().startswith(
+        "compute: matmuls are ") and ("of the step, at 50% of the bf16 peak, fitted on "
+                                      "published training steps, their frameworks' costs "
+                                      "included") in rep.time_bottleneck(), rep.time_bottleneck()
+    # uncalibrated: the book's figure, said as such; FP8 and TPU rates name their benchmark
+    assert IDENTITY.rate_phrase("gpu_bf16") == \
+        "80% of the bf16 peak, the scaling book's figure (uncalibrated)"
+    assert fitted.rate_phrase("measured").startswith("100% of the cuBLASLt FP8 / FP4 GEMM")
+    assert fitted.rate_phrase("tpu").startswith("100% of the TPU's microbenchmarked GEMM")
