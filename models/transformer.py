@@ -36,7 +36,7 @@ from models.moe import MoeMlp
 from models.pipeline import Pipeline, run_pipeline
 from models.program import DTYPES, OFFLOAD_ALL, REMAT_POLICIES, Precision, remat_policy
 from models.quant import dequantize, quantize
-from sharding.rules import active_mesh, active_rules, constrain, constrain_rows, use_rules
+from sharding.rules import active_mesh, active_rules, constrain, use_rules
 
 
 def checkpointed(fn, remat: str, save=(), offload=()):
@@ -363,8 +363,7 @@ class Transformer(nnx.Module):
             table_VD = self.embed[...]
             if whole_table and table_VD.dtype.itemsize > jnp.dtype(dt).itemsize:
                 table_VD = table_VD.astype(dt)
-            x_BLD = constrain_rows(jnp.take(table_VD, tokens_BL, axis=0),
-                                   ("batch", "residual_seq", "embed")).astype(dt)
+            x_BLD = jnp.take(table_VD, tokens_BL, axis=0).astype(dt)
             if cfg.positions == "learned":
                 x_BLD = x_BLD + jnp.take(self.pos_embed[...], positions_BL, axis=0).astype(dt)
             return constrain(x_BLD, ("batch", "residual_seq", "embed"))

@@ -278,27 +278,3 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     spec = resolve(names, x.shape, rules.activations, mesh_shape_of(mesh),
                    what=f"activation {tuple(names)}")
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-
-
-def constrain_rows(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
-    """Pin rows looked up in a parameter table (an embedding lookup) in the layout the
-    lookup makes without moving the table: each dimension in the parameters' mesh axes of
-    its name (the table's width stays split as the table is), the other dimensions over the
-    activations' axes that are left. Without active rules, return x.
-
-    The lookup's usual activation layout splits the batch over every data-parallel axis,
-    FSDP's among them, while the table's width is split over FSDP: asked for both at once,
-    XLA's SPMD partitioner reshards the rows' gradient back to the table's layout by
-    gathering it whole on every device (its "involuntary full rematerialization").
-    Pinned here first, then `constrain`ed to the activations' layout, the change of layout
-    is an all-to-all each way."""
-    active = _ACTIVE.get()
-    if active is None:
-        return x
-    rules, mesh = active
-    taken = {a for n in names if n in rules.params for a in rules.params[n]}
-    table = {n: tuple(a for a in axes if a not in taken)
-             for n, axes in rules.activations.items()}
-    table.update({n: rules.params[n] for n in names if n in rules.params})
-    spec = resolve(names, x.shape, table, mesh_shape_of(mesh), what=f"rows {tuple(names)}")
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
