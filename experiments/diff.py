@@ -26,11 +26,17 @@ from experiments.config import ConfigError
 from experiments.store import Result, Store
 from sharding.units import fmt_bytes, fmt_s
 
-# Defaults of the thresholds, in percent: any added communication fails; the step and the
-# memory may move a little (a re-fitted calibration, a changed fusion).
+# Defaults of the thresholds, in percent. The step and the memory are estimates, which may
+# move a little with no change to the program (a re-fitted calibration, a changed fusion
+# or memory model); a collective's bytes per step are counted exactly from the compiled
+# HLO, so any growth is a change in what the program sends: it fails by default.
 MAX_STEP_INCREASE = 5.0
 MAX_BYTES_INCREASE = 0.0
 MAX_MEMORY_INCREASE = 5.0
+# A collective group that grew more than this many times over is shown by the bytes it
+# gained, not as a percentage of its base: a 4-byte scalar all-reduce becoming a 1.32 MB
+# one is "+1.32 MB (from 4 B)", where a percentage (+32972800%) says nothing.
+PERCENT_UP_TO_RATIO = 10.0
 
 _NEEDED = ("step_time_s", "memory_per_device_bytes", "collectives")
 
@@ -83,12 +89,21 @@ class Line:
     change: float | None
     failure: str = ""
 
+    @property
+    def from_small_base(self) -> bool:
+        """Grown more than PERCENT_UP_TO_RATIO times over (or from nothing): its growth is
+        read in bytes, not as a percentage of the base."""
+        return (self.old is not None and self.new is not None and self.new > self.old
+                and self.new > PERCENT_UP_TO_RATIO * self.old)
+
 
 @dataclasses.dataclass(frozen=True)
 class Diff:
     step: Line
     memory: Line
     collectives: tuple[Line, ...]
+    # The thresholds applied, percent: (what, limit), for the verdict to name.
+    limits: tuple[tuple[str, float], ...] = ()
 
     @property
     def failures(self) -> list[str]:
@@ -112,6 +127,7 @@ class Diff:
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "failures": self.failures,
+                "thresholds": _thresholds(self.limits),
                 "regressions": self.regressions(), "changes": self.changes(),
                 "step": dataclasses.asdict(self.step),
                 "memory": dataclasses.asdict(self.memory),
@@ -120,9 +136,23 @@ class Diff:
 
 def _gated(what: str, old: float | None, new: float | None, limit: float) -> Line:
     change = _change(old, new)
-    failure = (f"+{change:.1f}% (over +{limit:g}%)" if change is not None and change > limit
-               else "")
-    return Line(what, old, new, change, failure)
+    line = Line(what, old, new, change)
+    if change is None or change <= limit:
+        return line
+    grew = (f"+{fmt_bytes(new - old)} from {fmt_bytes(old)}" if line.from_small_base
+            else f"+{change:.1f}%")
+    return dataclasses.replace(line, failure=f"{grew} (over +{limit:g}%)")
+
+
+def _limits(step: float, memory: float, nbytes: float) -> tuple[tuple[str, float], ...]:
+    return (("step", step), ("memory", memory), ("collective bytes", nbytes))
+
+
+def _thresholds(limits: tuple[tuple[str, float], ...]) -> dict[str, float]:
+    """The thresholds applied, as `--json` names them (the flags' names)."""
+    flags = {"step": "max_step_increase", "memory": "max_memory_increase",
+             "collective bytes": "max_bytes_increase"}
+    return {flags[what]: limit for what, limit in limits}
 
 
 def diff(old: Mapping, new: Mapping, *, max_step_increase: float = MAX_STEP_INCREASE,
@@ -141,7 +171,8 @@ def diff(old: Mapping, new: Mapping, *, max_step_increase: float = MAX_STEP_INCR
             lines.append(Line(key, a[key], None, None))
         else:
             lines.append(_gated(key, a[key], b[key], max_bytes_increase))
-    return Diff(step, memory, tuple(lines))
+    return Diff(step, memory, tuple(lines),
+                _limits(max_step_increase, max_memory_increase, max_bytes_increase))
 
 
 def _table(d: Diff) -> list[str]:
@@ -153,7 +184,8 @@ def _table(d: Diff) -> list[str]:
 
     def row(ln: Line, fmt) -> str:
         change = ("new" if ln.old is None else "gone" if ln.new is None
-                  else f"{ln.change:+.1f}%" if ln.change != float("inf") else "new bytes")
+                  else f"+{fmt(ln.new - ln.old)} (from {fmt(ln.old)})" if ln.from_small_base
+                  else f"{ln.change:+.1f}%")
         verdict = f"  FAIL {ln.failure}" if ln.failure else ""
         return (f"  {ln.what:<{w}}{cell(ln.old, fmt):>12} {cell(ln.new, fmt):>12}"
                 f"  {change}{verdict}")
@@ -169,13 +201,18 @@ def _table(d: Diff) -> list[str]:
     return lines
 
 
-def _verdict(failures: list[str]) -> str:
-    return (f"FAIL: {len(failures)} over the thresholds" if failures
-            else "ok: within the thresholds")
+def _verdict(failures: list[str], limits: tuple[tuple[str, float], ...]) -> str:
+    if not failures:
+        return "ok: within the thresholds"
+    named = ", ".join(f"{what} +{limit:g}%" for what, limit in limits)
+    return (f"FAIL: {len(failures)} over the thresholds ({named}; a new collective fails "
+            f"at any threshold; --max-step-increase, --max-memory-increase and "
+            f"--max-bytes-increase set them)")
 
 
 def format_diff(d: Diff, old_name: str, new_name: str) -> str:
-    return "\n".join([f"{old_name} -> {new_name}", *_table(d), _verdict(d.failures)])
+    return "\n".join([f"{old_name} -> {new_name}", *_table(d),
+                      _verdict(d.failures, d.limits)])
 
 
 # ---- two results stores -------------------------------------------------------------------
@@ -260,6 +297,7 @@ class StoreDiff:
     configs: tuple[ConfigDiff, ...]
     only_old: tuple[str, ...]
     only_new: tuple[str, ...]
+    limits: tuple[tuple[str, float], ...] = ()
 
     @property
     def failures(self) -> list[str]:
@@ -271,6 +309,7 @@ class StoreDiff:
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "failures": self.failures,
+                "thresholds": _thresholds(self.limits),
                 "regressions": [e for c in self.configs for e in c.entries(regressions=True)],
                 "changes": [e for c in self.configs for e in c.entries(regressions=False)],
                 "configs": [{"name": c.name, "old_status": c.old_status,
@@ -290,7 +329,10 @@ def diff_stores(old: list[Result], new: list[Result], **thresholds: float) -> St
         configs.append(ConfigDiff(b.name, a.status, b.status, b.message,
                                   diff(a.report, b.report, **thresholds) if both else None))
     return StoreDiff(tuple(configs), tuple(sorted(r.name for r in only_old)),
-                     tuple(sorted(r.name for r in only_new)))
+                     tuple(sorted(r.name for r in only_new)),
+                     _limits(thresholds.get("max_step_increase", MAX_STEP_INCREASE),
+                             thresholds.get("max_memory_increase", MAX_MEMORY_INCREASE),
+                             thresholds.get("max_bytes_increase", MAX_BYTES_INCREASE)))
 
 
 def format_store_diff(d: StoreDiff, old_name: str, new_name: str) -> str:
@@ -309,5 +351,5 @@ def format_store_diff(d: StoreDiff, old_name: str, new_name: str) -> str:
     for what, names in (("only in old", d.only_old), ("only in new", d.only_new)):
         if names:
             lines.append(f"{what}: {', '.join(names)}")
-    lines.append(_verdict(d.failures))
+    lines.append(_verdict(d.failures, d.limits))
     return "\n".join(lines)

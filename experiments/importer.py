@@ -47,6 +47,8 @@ CONTEXT_STRATEGIES = {"all_gather": "allgather", "ring": "ring"}
 READ_KEYS = ("model_name", "override_model_config", "attention", "attention_type",
              "decoder_block", "mlp_activations", "logits_via_embedding",
              "first_num_dense_layers", "base_moe_mlp_dim", "pipeline_delay_activation_forwarding")
+# MaxText's optimizer keys an import writes into [train] (MaxText key -> shardscope's field)
+TRAIN_KEYS = {"learning_rate": "learning_rate", "adam_weight_decay": "weight_decay"}
 # MaxText mesh axes shardscope has no axis for: they must stay 1
 UNSUPPORTED_AXES = ("fsdp_transpose", "tensor_transpose", "tensor_sequence", "autoregressive",
                     "context_autoregressive", "stage")
@@ -144,6 +146,7 @@ def read_maxtext(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str
 def read_keys() -> set[str]:
     """The MaxText keys an import reads (every other one changes nothing here)."""
     return {*DEFAULTS, *MAXTEXT_MODEL_KEYS, *MAXTEXT_FUSED, *CHECKPOINT_NAMES, *READ_KEYS,
+            *TRAIN_KEYS,
             *(f"{level}_{name}_parallelism" for level in ("ici", "dcn")
               for name in (*MAXTEXT_AXES.values(), *UNSUPPORTED_AXES, "sequence"))}
 
@@ -419,8 +422,7 @@ def to_experiment(keys: dict, system_name: str, name: str) -> dict:
     if keys.get("opt_type", "adamw") != "adamw":
         raise ConfigError(f"opt_type={keys['opt_type']!r}: shardscope models adamw; set "
                           f"opt_type=adamw")
-    for key, field in (("learning_rate", "learning_rate"),
-                       ("adam_weight_decay", "weight_decay")):
+    for key, field in TRAIN_KEYS.items():
         if key in keys:
             raw["train"][field] = keys[key]
     config_mod.from_dict(raw)  # its checks, naming the config's keys

@@ -32,7 +32,7 @@ import math
 import tomllib
 from pathlib import Path
 
-from meshes.chips import GPU_BF16_BOOK_EFFICIENCY, Chip
+from meshes.chips import GPU_BF16_BOOK_EFFICIENCY, Chip, best_size_factor
 
 CATALOG_FILE = Path(__file__).with_name("calibration.toml")
 
@@ -66,8 +66,9 @@ class Calibration:
     tpu_flash_attention_efficiency: float = 1.0
     kernel_overhead_s: float = 0.0
     source: str = "uncalibrated: microbenchmark and book figures only"
-    # System family -> (the best MFU a measured run reached on it, with our model-FLOP
-    # count, and that run's name): an estimate above it is suspect.
+    # System family and matmul format ("tpu-v6e bf16") -> (the best MFU a measured run
+    # reached on it, with our model-FLOP count, and that run's name): what a suspect
+    # estimate's message compares it with (not the threshold: Report.mfu_ceiling).
     best_mfu: dict[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -116,6 +117,14 @@ class Calibration:
             return "this machine's measured rates (shardscope measure)"
         return (f"{self.gpu_low_precision_matmul_scale:.0%} of the cuBLASLt FP8 / FP4 GEMM "
                 f"microbenchmark, {how}")
+
+    def best_matmul_rate(self, chip: Chip, dtype: str) -> float:
+        """The fastest FLOP/s the step model times a matmul of `dtype` at on `chip`: the
+        microbenchmarked large-GEMM efficiency at the measured curve's best size, times
+        this calibration's factor (flash attention and smaller matmuls run slower)."""
+        return (chip.peak_for(dtype) * chip.efficiency_for(dtype)
+                * best_size_factor(chip.size_curve)
+                * self.rate_factor(self.rate_class(chip, dtype)))
 
     def attention_factor(self, rate_class: str) -> float:
         """Multiplier on a rate class's matmul rate inside a fused flash-attention kernel

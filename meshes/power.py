@@ -21,7 +21,9 @@ The model, from the bottom up:
   load and scaled by the same idle/busy rule.
 - Scale-out switches outside the nodes are not counted (no public per-port figure in the
   reference), nor storage.
-- The facility draws the IT power times the PUE (`[cost] pue`).
+- The facility draws the IT power times the PUE: `[cost] pue`, else the operator's published
+  fleet figure where one operator runs the system (Google's, for TPUs), else an industry
+  survey's average (`facility_pue`).
 
 Energy per step is the facility power times the step; per token, divided by the step's
 tokens. Cost per step is the chip-hours at `[cost] usd_per_chip_hour` plus, where power is
@@ -77,11 +79,39 @@ POD_RATINGS: dict[str, NodeRating] = {
                                     "10 MW; read 2026-12-03"),
 }
 
-# The facility around the IT load: Uptime Institute Global Data Center Survey 2024, the
-# average annual PUE of the data centres surveyed (1.56). Hyperscalers report less (Google's
-# fleet 1.09 in its 2024 environmental report): set `[cost] pue` for the building you mean.
-DEFAULT_PUE = 1.56
-PUE_SOURCE = "Uptime Institute Global Data Center Survey 2024 (average PUE 1.56)"
+@dataclasses.dataclass(frozen=True)
+class Pue:
+    """A facility's power over its IT power, what it is in a few words (the report's power
+    line) and where the figure comes from."""
+
+    value: float
+    label: str
+    source: str
+
+
+# The facility around the IT load where the operator is not known: Uptime Institute Global
+# Data Center Survey 2024, the average annual PUE of the data centres surveyed (1.56): the
+# GPU systems, which run in anyone's building (a colocation hall, a neocloud's, an owner's).
+INDUSTRY_PUE = Pue(1.56, "Uptime Institute's 2024 survey average",
+                   "Uptime Institute Global Data Center Survey 2024 (average PUE 1.56)")
+DEFAULT_PUE = INDUSTRY_PUE.value
+PUE_SOURCE = INDUSTRY_PUE.source
+# Cloud TPUs run only in Google's data centres, whose fleet-wide figure Google publishes.
+GOOGLE_FLEET_PUE = Pue(1.09, "Google's fleet, trailing twelve months",
+                       "Google data centers, Efficiency page (google.com/about/"
+                       "datacenters/efficiency): fleet-wide trailing twelve-month PUE "
+                       "1.09 (2024)")
+# By system family, where the operator (and so the building) is known.
+FAMILY_PUE: dict[str, Pue] = {
+    family: GOOGLE_FLEET_PUE for family in ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu7x")
+}
+
+
+def facility_pue(family: str) -> Pue:
+    """The catalog's PUE for a system family: its operator's published fleet figure where
+    only one operator runs it (Google's TPUs), else the industry survey's average."""
+    return FAMILY_PUE.get(family, INDUSTRY_PUE)
+
 
 # Electricity billed apart from the chip-hour price. A cloud price already pays for the
 # power, so the default is 0; an owner sets usd_per_chip_hour to the amortised hardware and
@@ -130,9 +160,10 @@ class Cost:
     usd_per_chip_hour: float | None = dataclasses.field(default=None, metadata={
         "help": "what a chip-hour costs, USD (default: the catalog's dated list price, "
                 "where one is public)"})
-    pue: float = dataclasses.field(default=DEFAULT_PUE, metadata={
-        "help": "the facility's power over its IT power (default: Uptime Institute's 2024 "
-                "average)"})
+    pue: float | None = dataclasses.field(default=None, metadata={
+        "help": "the facility's power over its IT power (default: the operator's published "
+                "fleet figure for Google's TPUs, 1.09; Uptime Institute's 2024 average, 1.56, "
+                "for the others)"})
     usd_per_kwh: float = dataclasses.field(default=DEFAULT_USD_PER_KWH, metadata={
         "help": "the price of energy, USD per kWh (0: the chip-hour price includes it)"})
 
@@ -144,9 +175,11 @@ class Cost:
             raise ValueError(f"cost.usd_per_chip_hour={self.usd_per_chip_hour} must be a finite "
                              f"number above 0 (USD per chip and hour); leave it out for the "
                              f"catalog's price")
-        if not (self.pue >= 1 and math.isfinite(self.pue)):
-            raise ValueError(f"cost.pue={self.pue} must be a finite number of at "
-                             f"least 1 (facility power over IT power; {DEFAULT_PUE} by default)")
+        if self.pue is not None and not (self.pue >= 1 and math.isfinite(self.pue)):
+            raise ValueError(f"cost.pue={self.pue} must be a finite number of at least 1 "
+                             f"(facility power over IT power); leave it out for the "
+                             f"catalog's ({GOOGLE_FLEET_PUE.value} on TPUs, {DEFAULT_PUE} "
+                             f"elsewhere)")
         if not (self.usd_per_kwh >= 0 and math.isfinite(self.usd_per_kwh)):
             raise ValueError(f"cost.usd_per_kwh={self.usd_per_kwh} must be a finite number of 0 "
                              f"or more (0: the chip-hour price includes the power)")
@@ -175,6 +208,7 @@ class Energy:
     counted: str  # what the IT power includes
     sources: tuple[str, ...]
     price_source: str = ""
+    pue_label: str = ""  # what `pue` is: the catalog's figure in a few words, or "[cost] pue"
 
     @property
     def it_w(self) -> float | None:
@@ -279,7 +313,7 @@ class Energy:
         return {
             "power_w": self.power_w, "it_power_w": self.it_w, "chips": self.chips,
             "busy": self.busy, "chip_w": self.chip_w, "rest_w_per_chip": self.rest_w,
-            "pue": self.pue, "counted": self.counted,
+            "pue": self.pue, "pue_label": self.pue_label, "counted": self.counted,
             "energy_per_step_j": self.energy_per_step_j,
             "joules_per_token": self.joules_per_token,
             "tokens_per_s_per_mw": self.tokens_per_s_per_mw,
@@ -329,10 +363,12 @@ def estimate(*, family: str, chip, num_devices: int, step_s: float, compute_s: f
         price.usd_per_chip_hour if price else None)
     price_source = ("[cost] usd_per_chip_hour" if cost.usd_per_chip_hour is not None
                     else price.source if price else "")
-    common = dict(chips=chips, busy=busy, pue=cost.pue, step_s=step_s,
+    pue = Pue(cost.pue, "from [cost] pue", "[cost] pue") if cost.pue is not None \
+        else facility_pue(family)
+    common = dict(chips=chips, busy=busy, pue=pue.value, pue_label=pue.label, step_s=step_s,
                   tokens_per_step=tokens_per_step, usd_per_chip_hour=usd,
                   usd_per_kwh=cost.usd_per_kwh, price_source=price_source)
-    pue = f"PUE {cost.pue:g}" + (f" ({PUE_SOURCE})" if cost.pue == DEFAULT_PUE else "")
+    pue_line = f"PUE {pue.value:g} ({pue.source})"
     idle = (f"a chip waiting draws {IDLE_FRACTION:.0%} of its TDP, running a kernel its "
             f"TDP")
     if chip.tdp_w is not None:
@@ -348,7 +384,7 @@ def estimate(*, family: str, chip, num_devices: int, step_s: float, compute_s: f
             sources.append(f"the rest of the node: {node.source}, less its chips' TDP, at "
                            f"{REST_SHARE:.0%} under training (arXiv:2412.08602)")
         return Energy(chip_w=tdp * activity, rest_w=rest, counted=counted,
-                      sources=(*sources, pue), **common)
+                      sources=(*sources, pue_line), **common)
     pod = POD_RATINGS.get(family)
     if pod is None:
         return Energy(chip_w=None, rest_w=None, counted="no public power figure",
@@ -356,5 +392,5 @@ def estimate(*, family: str, chip, num_devices: int, step_s: float, compute_s: f
     return Energy(chip_w=pod.rated_w / pod.chips * activity, rest_w=None,
                   counted=POD_SHARE,
                   sources=(pod.source, f"a chip waiting draws {IDLE_FRACTION:.0%} of its "
-                           f"share of the pod's draw, running a kernel all of it", pue),
+                           f"share of the pod's draw, running a kernel all of it", pue_line),
                   **common)

@@ -261,6 +261,8 @@ def estimate(inputs: AnalysisInputs, *, system: System,
         peak_flops_per_device=system.chip.peak_for(inputs.compute_dtype or "bfloat16"),
         peak_flops_by_dtype={dt: system.chip.peak_for(dt)
                              for dt in (*step_cost.flops_by_dtype, "bfloat16")},
+        matmul_roof_by_dtype={dt: calibration.best_matmul_rate(system.chip, dt)
+                              for dt in (*step_cost.flops_by_dtype, "bfloat16")},
         model_flops_per_step=inputs.model_flops_per_step,
         tokens_per_step=tokens,
         sequences_per_step=inputs.sequences_per_step,

@@ -18,8 +18,7 @@ import html
 import math
 from collections.abc import Sequence
 
-from meshes.calibration import Calibration
-from meshes.chips import Chip, best_size_factor
+from meshes.chips import Chip
 from sharding.report import Report
 from sharding.units import counted, fmt_bytes, fmt_s
 
@@ -100,9 +99,7 @@ class Roofs:
 
     @classmethod
     def of(cls, r: Report, chip: Chip, dtype: str) -> Roofs:
-        factor = r.calibration.rate_factor(Calibration.rate_class(chip, dtype)) * \
-            best_size_factor(chip.size_curve)
-        return cls(flops=chip.peak_for(dtype) * chip.efficiency_for(dtype) * factor,
+        return cls(flops=r.calibration.best_matmul_rate(chip, dtype),
                    hbm=chip.hbm_bytes_per_s * chip.hbm_efficiency,
                    peak_flops=chip.peak_for(dtype), peak_hbm=chip.hbm_bytes_per_s,
                    dtype=dtype)

@@ -124,6 +124,9 @@ class Report:
     model_flops_per_step: float | None = None
     # The chip's peak for each format the matmuls ran in, and bf16's (meshes/chips.py).
     peak_flops_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The fastest rate the step model times each of those formats' matmuls at
+    # (Calibration.best_matmul_rate): the roof of `mfu_ceiling`.
+    matmul_roof_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
     tokens_per_step: float | None = None
     sequences_per_step: float | None = None  # for tokens/s per user when serving
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -438,21 +441,43 @@ class Report:
         top = dtype_class(max(formats, key=formats.get))
         return f"{self.system_family} {FORMAT_LABELS.get(top, top)}"
 
-    def suspect_mfu(self) -> str | None:
-        """Why the estimated MFU is suspect, when it is above the best any measured run
-        reached on this system family in this matmul format (an FP4 step's MFU against the
-        bf16 peak passes a bf16 run's by design); a file keyed by system family alone is
-        read as before."""
-        key = self.format_family
-        ceiling = self.calibration.best_mfu.get(key)
-        if ceiling is None:
-            key = self.system_family
-            ceiling = self.calibration.best_mfu.get(key)
-        if self.mfu is None or ceiling is None or self.mfu <= ceiling[0]:
+    @property
+    def mfu_ceiling(self) -> float | None:
+        """The highest MFU this step could have if its matmuls did no more than the model
+        FLOPs, each at the fastest rate the step model times its format at on this chip
+        (Calibration.best_matmul_rate: the microbenchmarked GEMM at its best size, times
+        the calibration), in the shares of the step's matmul formats; None untimed."""
+        shares = self.matmul_flops_by_format or {"bfloat16": 1.0}
+        if not self.timed or not all(self.matmul_roof_by_dtype.get(d) for d in shares):
             return None
-        return (f"estimated MFU {self.mfu:.1%} is above the best measured on "
-                f"{key} ({ceiling[0]:.1%}, {ceiling[1]}): suspect -- check the "
-                f"compute model for this program (it may leave out work the run does)")
+        at_roof = sum(s / self.matmul_roof_by_dtype[d] for d, s in shares.items())
+        return 1 / (self.peak_flops_per_device * at_roof)
+
+    def suspect_mfu(self) -> str | None:
+        """Why the estimated MFU is suspect: above `mfu_ceiling`, which no step reaches
+        unless its matmuls count fewer FLOPs than the model's (the compute model left out
+        work the run does). The best MFU a measured run reached on the system family and
+        matmul format (the calibration's) is said beside it, for scale: it is no ceiling,
+        since a better sharding than any measured run is what the tool is for."""
+        ceiling = self.mfu_ceiling
+        if self.mfu is None or ceiling is None or self.mfu <= ceiling:
+            return None
+        shares = self.matmul_flops_by_format or {"bfloat16": 1.0}
+        rates = ", ".join(f"{FORMAT_LABELS.get(dtype_class(d), d)} "
+                          f"{self.matmul_roof_by_dtype[d] / 1e12:,.0f} TFLOP/s"
+                          for d in sorted(shares, key=lambda d: -shares[d]))
+        key = self.format_family
+        best = self.calibration.best_mfu.get(key)
+        if best is None:
+            key = self.system_family
+            best = self.calibration.best_mfu.get(key)
+        measured = "" if best is None else \
+            f"; the best measured on {key}: {best[0]:.1%} ({best[1]})"
+        return (f"estimated MFU {self.mfu:.1%} is above {ceiling:.1%}, the most this chip's "
+                f"matmuls allow (model FLOPs at the fastest rate the model times them: "
+                f"{rates}){measured}: suspect -- the step counts fewer matmul FLOPs than "
+                f"the model; check the compute model for this program (it may leave out "
+                f"work the run does)")
 
     def calibration_features(self) -> dict:
         """The step decomposed by what each calibration parameter scales, at the
@@ -533,6 +558,7 @@ class Report:
             "timings": dict(self.timings),
             "warnings": list(self.warnings),
             "suspect_mfu": self.suspect_mfu(),
+            "mfu_ceiling": self.mfu_ceiling,
             "host_transfer_bytes": self.host_transfer_bytes,
             "host_transfer_s": self.host_transfer_s if self.host_bytes_per_s and self.timed
             else None,

@@ -3,7 +3,8 @@ sharding; the pytest plugin (pytest_shardscope.py) offers them as fixtures.
 
     report = sharding.analyze(step, x, w, mesh=mesh, system=None)   # bytes and counts
     sharding.assert_collectives(report, forbid=["all-gather over tensor"],
-                                max_bytes={"all-reduce": 1 << 20})
+                                max_bytes={"all-reduce": 1 << 20},        # per step, summed
+                                max_single_bytes={"all-gather": 64 << 20})  # any one
 
 Collectives are named as `shardscope diff` names them: a kind (`"all-gather"`), or a kind
 over mesh axes (`"all-reduce over tensor"`, `"all-gather over data,tensor"`, `"... over
@@ -26,7 +27,7 @@ from jax.sharding import AxisType, Mesh
 
 from sharding.collectives import KINDS, Collective
 from sharding.hlo import parse_hlo
-from sharding.hlo_source import instruction_source, stack_frames
+from sharding.hlo_source import instruction_source, user_stack_frames
 from sharding.report import Report
 from sharding.units import fmt_bytes
 
@@ -81,7 +82,8 @@ def selector(text: str, axis_names: Iterable[str] = ()) -> Selector:
 
 def _limits(limit: int | Mapping[str, int] | None, names: tuple[str, ...], what: str
             ) -> list[tuple[Selector | None, int]]:
-    """(selector or None for every collective, limit) pairs of a max_count / max_bytes."""
+    """(selector or None for every collective, limit) pairs of a max_count / max_bytes /
+    max_single_bytes."""
     if limit is None:
         return []
     pairs = limit.items() if isinstance(limit, Mapping) else [(None, limit)]
@@ -98,20 +100,27 @@ def _limits(limit: int | Mapping[str, int] | None, names: tuple[str, ...], what:
 
 def assert_collectives(report: Report, *, max_count: int | Mapping[str, int] | None = None,
                        max_bytes: int | Mapping[str, int] | None = None,
-                       forbid: str | Iterable[str] = ()) -> None:
+                       forbid: str | Iterable[str] = (),
+                       max_single_bytes: int | Mapping[str, int] | None = None) -> None:
     """Fail when the report's collectives break the limits.
 
     Args:
         report: from `sharding.analyze` (with or without a system).
         max_count: executions per step at most, over all collectives (an int) or per kind
-            / kind over mesh axes (a dict, e.g. {"all-reduce over data": 2}).
-        max_bytes: bytes per step at most (each collective's buffer times its count), the
-            same ways.
+            / kind over mesh axes (a dict, e.g. {"all-reduce over data": 2}), summed over
+            the collectives it names.
+        max_bytes: bytes per step at most, the TOTAL over the collectives it names (each
+            collective's buffer times its count, summed), the same ways.
         forbid: kinds or kinds over mesh axes that must not appear at all (None: none).
+        max_single_bytes: bytes at most of any ONE collective it names: its buffer per
+            execution (`Collective.bytes`, the size S of the byte convention), whatever
+            the count or the others; e.g. {"all-gather": 64 << 20} for "no all-gather
+            bigger than 64 MiB".
 
     Raises:
         AssertionError: a table of each broken limit's collectives, with their op names
-            and source lines.
+            and source lines (the innermost of the user's own code where the HLO carries
+            the stack).
         ValueError: an unknown kind or mesh axis, or a limit that is not a number.
         TypeError: `forbid` is not a kind, a list of them or None.
     """
@@ -132,6 +141,13 @@ def assert_collectives(report: Report, *, max_count: int | Mapping[str, int] | N
             if total > limit:
                 scope = "all collectives" if s is None else s.text
                 rules.append((f"{what} {scope}: {total:,} {unit}, at most {limit:,}", found))
+    for s, limit in _limits(max_single_bytes, names, "max_single_bytes"):
+        over = [c for c in report.collectives if (s is None or s.matches(c))
+                and c.bytes > limit]
+        if over:
+            scope = "any collective" if s is None else f"any one {s.text}"
+            rules.append((f"max_single_bytes {scope}: {len(over)} over {limit:,} bytes, the "
+                          f"largest {max(c.bytes for c in over):,} bytes", over))
     if rules:
         raise AssertionError(_failure_table(report, rules))
 
@@ -159,21 +175,23 @@ def _failure_table(report: Report, rules: list[tuple[str, list[Collective]]]) ->
         width = max(len(label(c)) for c in found[:_MAX_ROWS])
         for c in found[:_MAX_ROWS]:
             source = where.get((c.computation, c.name), "")
+            each = f" ({fmt_bytes(c.bytes)} each)" if c.count > 1 else ""
             lines.append(f"    {label(c):<{width}}  x{c.count:<4} {fmt_bytes(c.total_bytes):>10}"
-                         f"  {c.op_name or '(no op_name)'}" + (f"  at {source}" if source
-                                                               else ""))
+                         f"{each}  {c.op_name or '(no op_name)'}" + (f"  at {source}" if source
+                                                                     else ""))
         if len(found) > _MAX_ROWS:
             lines.append(f"    and {len(found) - _MAX_ROWS} more")
     return "\n".join(lines)
 
 
 def _sources(report: Report) -> dict[tuple[str, str], str]:
-    """(computation, instruction) -> "file:line" of each collective, paths relative to the
-    working directory where they are under it; empty without the report's HLO."""
+    """(computation, instruction) -> "file:line" of each collective in the user's code
+    (hlo_source.user_stack_frames), paths relative to the working directory where they are
+    under it; empty without the report's HLO."""
     text = getattr(report.inputs, "hlo_text", "")
     if not text:
         return {}
-    module, frames = parse_hlo(text), stack_frames(text)
+    module, frames = parse_hlo(text), user_stack_frames(text)
     here = os.getcwd() + os.sep
     out = {}
     for c in report.collectives:

@@ -186,7 +186,7 @@ def _power_lines(e, if_fit: str = "") -> list[str]:
         what = "the pod's published draw per chip (chips, hosts, network)"
     lines = [f"power          {fmt_watts(e.power_w)} at the facility  (IT {fmt_watts(e.it_w)}: "
              f"{what} {fmt_watts(e.chip_w * e.chips)}, busy {e.busy:.0%} of the step{rest}; "
-             f"PUE {e.pue:g}){if_fit}"]
+             f"PUE {e.pue:g}, {e.pue_label or 'given'}){if_fit}"]
     per_token = "" if e.joules_per_token is None else f", {e.joules_per_token:.3g} J per token"
     lines.append(f"energy         {fmt_joules(e.energy_per_step_j)} per step{per_token}{if_fit}")
     return lines

@@ -183,7 +183,8 @@ def build_parser() -> Parser:
     for what, default, help in (
             ("step", diff_mod.MAX_STEP_INCREASE, "step time"),
             ("bytes", diff_mod.MAX_BYTES_INCREASE,
-             "bytes per step of any collective kind over its mesh axes (a new one fails)"),
+             "bytes per step of any collective kind over its mesh axes (counted exactly, "
+             "so any growth fails by default; a new one fails at any threshold)"),
             ("memory", diff_mod.MAX_MEMORY_INCREASE, "memory per device")):
         df.add_argument(f"--max-{what}-increase", type=percent, default=default,
                         metavar="PCT", help=f"the most the {help} may grow, in percent "

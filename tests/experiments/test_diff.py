@@ -166,3 +166,29 @@ def test_a_store_and_a_report_or_another_sqlite_file_are_one_line(tmp_path, caps
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1
     assert other.read_bytes() == before  # read, never written
+
+
+def test_growth_from_a_tiny_base_is_shown_in_bytes_and_the_thresholds_are_named(
+        tmp_path, capsys, report):
+    # A 4-byte scalar all-reduce that became 1.32 MB printed "+32972800.0% FAIL (over +0%)":
+    # a percentage of 4 B says nothing, and the +0% (collective bytes, exact counts) read
+    # as a different default from the step's and memory's +5%.
+    scalar = {**report["collectives"][0], "kind": "all-reduce", "mesh_axes": ["fsdp"],
+              "bytes": 4, "count": 1}
+    old = copy.deepcopy(report)
+    old["collectives"].append(scalar)
+    new = copy.deepcopy(report)
+    new["collectives"].append({**scalar, "bytes": 1_318_912})  # 1.32 MB
+    code, out = _diff(tmp_path, capsys, old, new, "--json", str(tmp_path / "d.json"))
+    assert code == 1
+    line = next(ln for ln in out.splitlines() if "all-reduce over fsdp" in ln)
+    assert "+1.32 MB (from 4 B)" in line and "FAIL +1.32 MB from 4 B (over +0%)" in line
+    assert "%" not in line.replace("+0%", "")
+    assert "FAIL: 1 over the thresholds (step +5%, memory +5%, collective bytes +0%" in out
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert d["thresholds"] == {"max_step_increase": 5.0, "max_memory_increase": 5.0,
+                               "max_bytes_increase": 0.0}
+    # Growth within ten times its base is still a percentage.
+    new["collectives"][-1]["bytes"] = 6
+    code, out = _diff(tmp_path, capsys, old, new)
+    assert "+50.0%" in next(ln for ln in out.splitlines() if "all-reduce over fsdp" in ln)

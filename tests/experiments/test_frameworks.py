@@ -199,12 +199,28 @@ def test_overrides_that_change_nothing_modelled_are_said_in_the_file(tmp_path, c
     yml = tmp_path / "m.yml"
     yml.write_text("model_name: llama3-8b\n")
     code, _, err = run_cli(["import", "maxtext", str(yml), "--system", "tpu-v5e:4x4", "--out",
-                            str(tmp_path / "m.toml"), "learning_rate=1e-4",
+                            str(tmp_path / "m.toml"), "steps=100", "learning_rate=1e-4",
                             "ici_fsdp_parallelism=16"], capsys)
     assert code == 0, err
     text = (tmp_path / "m.toml").read_text()
-    assert "# Overrides that change nothing shardscope models: learning_rate=1e-4\n" in text
-    assert config.load(tmp_path / "m.toml").parallelism.fsdp == 16
+    assert "# Overrides that change nothing shardscope models: steps=100\n" in text
+    exp = config.load(tmp_path / "m.toml")
+    assert exp.parallelism.fsdp == 16
+    # the learning rate is read (into [train]): not among the overrides that change nothing
+    assert exp.train.learning_rate == 1e-4
+
+
+@pytest.mark.parametrize("override, meant", [("learnig_rate=1e-4", "learning_rate=1e-4"),
+                                             ("adam_weight_decy=0.1", "adam_weight_decay=0.1")])
+def test_a_misspelt_optimizer_override_is_refused_with_the_key_meant(tmp_path, capsys,
+                                                                      override, meant):
+    # The import writes learning_rate and adam_weight_decay into [train], but read_keys()
+    # left them out, so a misspelling of either passed as an override that changes nothing.
+    yml = tmp_path / "m.yml"
+    yml.write_text("model_name: llama3-8b\n")
+    code, _, err = run_cli(["import", "maxtext", str(yml), "--system", "tpu-v5e:4x4", "--out",
+                            str(tmp_path / "m.toml"), override], capsys)
+    assert code == 2 and f"did you mean {meant}?" in err and err.count("\n") == 1
 
 
 def test_a_learning_rate_in_e_notation_goes_out_and_comes_back(tmp_path, capsys):

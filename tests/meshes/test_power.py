@@ -124,3 +124,27 @@ def test_a_power_budget_feeds_whole_data_parallel_replicas():
     plan = e.scale_out(power_budget_w=150e6, tokens=1e12, replica_chips=32)
     assert plan["chips_within_budget"] == (150e6 // (32 * per_chip)) * 32 == 2024 * 32
     assert plan["run_within_budget"]["chips"] == 2024 * 32
+
+
+def test_google_tpus_use_googles_fleet_pue_unless_the_config_sets_one():
+    # Cloud TPUs run only in Google's data centres: the facility overhead is Google's
+    # published fleet-wide trailing-twelve-month PUE, 1.09, not the industry survey's 1.56
+    # (which gave 216 kW for 128 TPU7x chips). GPUs, in anyone's building, keep the survey's.
+    from meshes.power import GOOGLE_FLEET_PUE, INDUSTRY_PUE, facility_pue
+    from meshes.tpu import TPU_FAMILIES
+
+    e = estimate(family="tpu7x", chip=CHIPS["tpu7x"], num_devices=256, step_s=1.0,
+                 compute_s=1.0, tokens_per_step=1e6)
+    it = 128 * 10e6 / 9216  # all busy: the pod's draw per chip
+    assert e.power_w == pytest.approx(it * 1.09)
+    assert e.pue_label == "Google's fleet, trailing twelve months"
+    assert any("google.com/about/datacenters/efficiency" in s for s in e.sources)
+    assert estimate(family="tpu7x", chip=CHIPS["tpu7x"], num_devices=256, step_s=1.0,
+                    compute_s=1.0, tokens_per_step=1e6,
+                    cost=Cost(pue=1.3)).power_w == pytest.approx(it * 1.3)
+    assert estimate(family="h100", chip=CHIPS["h100"], num_devices=8, step_s=1.0,
+                    compute_s=1.0, tokens_per_step=1.0).pue == 1.56
+    # every Google TPU family (libtpu compiles it; Trainium shares the torus code only)
+    google = [f for f, fam in TPU_FAMILIES.items() if fam.compiler == "tpu"]
+    assert google and all(facility_pue(f) is GOOGLE_FLEET_PUE for f in google)
+    assert facility_pue("trn2") is INDUSTRY_PUE

@@ -179,3 +179,84 @@ ENTRY %main {
 }
 """
     assert stack_frames(text) == {1: "/src/train.py:40", 2: "/src/model.py:12"}
+
+
+def test_max_bytes_is_the_total_per_step_and_max_single_bytes_any_one(report):
+    # The all-gather (64 x 128 f32 = 32,768 B) and the all-reduce (128 f32 = 512 B), once
+    # each: max_bytes sums what it names (33,280 B for all), max_single_bytes looks at each.
+    sharding.assert_collectives(report, max_single_bytes=32768,
+                                max_bytes={"all-gather": 32768})
+    with pytest.raises(AssertionError, match="max_bytes all collectives: 33,280 bytes"):
+        sharding.assert_collectives(report, max_bytes=32768)
+    with pytest.raises(AssertionError) as e:
+        sharding.assert_collectives(report, max_single_bytes={"all-gather over tensor": 32767,
+                                                              "all-reduce": 1024})
+    lines = str(e.value).splitlines()
+    assert lines[:2] == ["1 collective limit broken (8 devices):",
+                         "  max_single_bytes any one all-gather over tensor: 1 over 32,767 "
+                         "bytes, the largest 32,768 bytes"]
+    assert lines[2].split()[:3] == ["all-gather", "over", "tensor"] and len(lines) == 3
+    with pytest.raises(ValueError, match=r"max_single_bytes\['all-gather'\] = -1: give a "):
+        sharding.assert_collectives(report, max_single_bytes={"all-gather": -1})
+
+
+def _user_block(layer, x):
+    return layer(x)  # the user's line a Flax layer's gathered weight is reported at
+
+
+def test_a_limit_broken_inside_flax_names_the_users_line(cpu_devices):
+    # The innermost frame of a Flax layer's matmul is flax/nnx/nn/linear.py; the user's
+    # own call is further out on the stack the HLO carries: that is the line shown, with
+    # the library's it went through.
+    from flax import nnx
+
+    mesh = cpu_mesh({"data": 8})
+    graphdef, state = nnx.split(nnx.Linear(64, 128, rngs=nnx.Rngs(0)))
+
+    def forward(state, x):
+        return _user_block(nnx.merge(graphdef, state), x)
+
+    def arg(a, spec):
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec))
+
+    params = jax.tree.map(lambda a: arg(a, P("data") if a.ndim == 2 else P()), state)
+    x = arg(jax.ShapeDtypeStruct((16, 64), jnp.float32), P("data"))
+    report = sharding.analyze(jax.jit(forward), params, x, mesh=mesh, system=None)
+    with pytest.raises(AssertionError) as e:  # the kernel, 64 x 128 f32, gathered whole
+        sharding.assert_collectives(report, max_bytes={"all-gather": 1024})
+    row = str(e.value).splitlines()[2]
+    assert f"at tests/sharding/test_testing.py:{_line_of('the user')} (through flax/" in row
+    assert "/site-packages/" not in row, row
+
+
+def _line_of(text: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if text in line and "return" in line)
+
+
+def test_a_single_source_line_in_a_library_is_said_to_be_the_librarys():
+    from sharding.hlo import parse_hlo
+    from sharding.hlo_source import library_of, source_of, user_stack_frames
+
+    meta = ('metadata={op_name="jit(f)/linear/dot_general" source_file='
+            '"/venv/lib/python3.11/site-packages/flax/nnx/nn/linear.py" source_line=422}')
+    module = parse_hlo(f"HloModule m\n\nENTRY %main {{\n  ROOT %p = f32[] parameter(0), "
+                       f"{meta}\n}}\n")
+    inst = module.computations[next(iter(module.computations))].by_name["p"]
+    assert source_of(inst, {}) == ("flax/nnx/nn/linear.py:422 (flax's code, not yours: the "
+                                   "op name's path says which of your calls made it)")
+    assert library_of("/home/me/project/model.py") == ""
+    assert library_of("/src/jax/jax/_src/numpy/lax_numpy.py") == "jax"
+    # A stack of library frames only: the innermost, said to be the library's.
+    text = """HloModule m
+
+FileNames
+1 "/venv/lib/python3.11/site-packages/flax/nnx/nn/linear.py"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=422 end_line=422 column=4 end_column=4}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+"""
+    assert user_stack_frames(text)[1].startswith("flax/nnx/nn/linear.py:422 (flax's code")
