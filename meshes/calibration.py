@@ -102,14 +102,15 @@ class Calibration:
     def rate_phrase(self, rate_class: str) -> str:
         """What a rate class's matmul rate is, in words: which figure it scales, by how
         much, and where that factor comes from (a report's bottleneck line says it, since
-        the bf16 one carries a framework's costs, not the chip's alone)."""
+        a fitted bf16 one carries the fitted runs' framework costs, not the chip's alone)."""
         fitted = self != IDENTITY and not self.source.startswith("uncalibrated")
-        how = "fitted on published training steps" if fitted else "uncalibrated"
+        # the provenance's head: "fitted on 25 measured runs (experiments/validation, ...)"
+        how = self.source.split(":")[0] if fitted else "uncalibrated"
         if rate_class == "gpu_bf16":
             rate = f"{self.gpu_bf16_matmul_efficiency:.0%} of the bf16 peak"
             if fitted:
-                return (f"{rate}, {how}, their frameworks' costs included (JAX / XLA and "
-                        f"Megatron alike, not the GEMM's alone)")
+                return (f"{rate}, {how}: their frameworks' costs included, not the GEMM's "
+                        f"alone")
             return f"{rate}, the scaling book's figure ({how})"
         if rate_class == "tpu":
             return f"{self.tpu_matmul_scale:.0%} of the TPU's microbenchmarked GEMM rate, {how}"

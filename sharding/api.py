@@ -215,14 +215,13 @@ def estimate(inputs: AnalysisInputs, *, system: System,
         if gpu and inputs.overlap_p2p_comm else {}
     # a GPU step replayed as a CUDA graph pays a launch per kernel, not the training fit's
     graph_kernel_s = CUDA_GRAPH_KERNEL_S if gpu and inputs.cuda_graphs else None
-    # a TPU sequences its compiled program's ops itself, training or serving: each op pays
-    # the time measured for one on the chip, not the fit on GPU steps
+    # (a TPU sequences its compiled program's ops itself, training or serving: each op pays
+    # the time measured for one on the chip, not the fit on GPU steps: time_work's default)
     per_comp = time_work(plan.work, system.chip, compute_dtype=inputs.compute_dtype,
                          calibration=calibration,
                          weight_cast_share=gpu_frameworks.weight_cast_share(inputs.pipeline),
                          stretched=(gpu_frameworks.OUTPUT_SCOPES, output_scale),
-                         kernel_overhead_s=system.chip.program_op_s if graph_kernel_s is None
-                         else graph_kernel_s)
+                         kernel_overhead_s=graph_kernel_s)
     step_cost = compute_cost(None, system.chip, costs=per_comp, counts=plan.counts)
     warnings = (*inputs.warnings, *_promotion_note(collectives),
                 *_windowed_einsum_note(plan.counts, per_comp), *plan.notes)

@@ -237,7 +237,7 @@ def time_work(
     framework runs on one stage: sharding/gpu_frameworks.output_layer_scale).
     `kernel_overhead_s`: the fixed time per kernel where the run does not pay the chip's or
     the fit's (a decode step replayed as a CUDA graph: meshes.chips.CUDA_GRAPH_KERNEL_S);
-    None: theirs."""
+    None: theirs (`_kernel_overhead`: a TPU's measured time per op, else the fit's)."""
     hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
     target = GPU_TARGETS.get(chip.name)
     l2_bytes = target.l2_bytes if target is not None else 0
@@ -305,9 +305,13 @@ def _add_matmul(c: ExecutionCost, m: MatmulWork, chip: Chip, hbm_bw: float,
 
 
 def _kernel_overhead(chip: Chip, calibration: Calibration) -> float:
-    """Fixed time per kernel: the chip's own measured figure (host-cpu), else the fit's."""
-    return calibration.kernel_overhead_s if chip.kernel_overhead_s is None \
-        else chip.kernel_overhead_s
+    """Fixed time per kernel: the chip's own measured figure (host-cpu), a chip's measured
+    time per op of a program it sequences itself (a TPU's), else the fit's."""
+    if chip.kernel_overhead_s is not None:
+        return chip.kernel_overhead_s
+    if chip.program_op_s is not None:
+        return chip.program_op_s
+    return calibration.kernel_overhead_s
 
 
 def _add_kernel(c: ExecutionCost, k: KernelWork, hbm_bw: float, overhead_s: float,

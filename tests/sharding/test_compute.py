@@ -232,3 +232,22 @@ def test_a_transposed_weight_feeding_a_matmul_is_read_where_it_lies():
     rep = sharding.analyze(project, x, w, mesh=mesh, system=system)
     weight = 64 * 128 * 8192 * 2
     assert rep.compute.hbm_bytes < 1.1 * weight
+
+
+def test_a_tpu_op_pays_the_chips_time_per_op_on_every_path():
+    # A TPU sequences its program's ops itself (meshes/chips.py program_op_s): the matmul
+    # and the two kernels of x / sum(x) each pay the chip's time per op, whatever the
+    # calibration's fitted kernel_overhead_s, through compute_cost as through analyze; the
+    # kernels stay counted (the report names them).
+    import dataclasses
+
+    a = jax.ShapeDtypeStruct((4096, 4096), jnp.float32)
+    module = parse_hlo(jax.jit(lambda a: (a / jnp.sum(a, axis=-1, keepdims=True)) @ a)
+                       .lower(a).as_text(dialect="hlo"))
+    tpu = meshes.get_system("tpu-v6e:2x4").chip
+    none = dataclasses.replace(tpu, program_op_s=0.0)
+    cal = Calibration(kernel_overhead_s=5e-5)
+    base, c = compute_cost(module, none, calibration=cal), compute_cost(module, tpu,
+                                                                         calibration=cal)
+    assert c.compute_s == pytest.approx(base.compute_s + 3 * tpu.program_op_s)
+    assert c.kernels == 3
