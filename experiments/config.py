@@ -25,7 +25,7 @@ from meshes.catalog import OVERRIDES
 from meshes.chips import CUDA_GRAPH_KERNEL_S
 from meshes.power import Cost
 from models import hf
-from models.config import PRESETS, ModelConfig, preset, preset_notes
+from models.config import PRESETS, RUN_FIELDS, ModelConfig, preset, preset_notes
 from models.context import MODES as CONTEXT_MODES
 from models.pipeline import SCHEDULES, Pipeline
 from models.program import Precision, Train, Workload, described
@@ -204,8 +204,8 @@ def load(path: str | Path, overrides: list[str] = ()) -> Experiment:
     return from_dict(load_raw(path, overrides))
 
 
-# The [model] keys that name a model. One of them on the command line starts the model
-# afresh: the file's [model] table is left out (its other fields belonged to its model).
+# The [model] keys that name a model. One of them on the command line replaces the file's
+# model: its [model] table keeps only its run settings (models/config.py RUN_FIELDS).
 MODEL_SOURCES = ("model.preset", "model.hf_config")
 
 
@@ -214,19 +214,22 @@ def load_raw(path: str | Path, overrides: list[str] = (), *,
     """A config's tables as written (a path or a bundled name), with `key=value`
     overrides applied, not yet validated (a search varies them).
 
-    When an override sets model.preset or model.hf_config, the file's [model] table is
-    left out and the model is that one with the command line's other model.* keys, in
-    any order: the file's explicit fields (tiny's n_kv_heads = 4) described its own
-    model, not the new one (MaxText's model_name, too, sets its keys over the file's).
-    `varied`: the keys a search sets per config (--vary), which count as the command
-    line's."""
+    When an override sets model.preset or model.hf_config, the model is that one with the
+    file's run settings (models/config.py RUN_FIELDS: fused_qkv, capacity_factor, ...) and
+    the command line's other model.* keys, in any order: the file's shape fields (tiny's
+    n_kv_heads = 4) and its preset or hf_config described its own model, not the new one
+    (MaxText's model_name, too, sets its keys over the file's), while how it runs the model
+    is the experiment's. `varied`: the keys a search sets per config (--vary), which count
+    as the command line's."""
     toml = resolve(path)
     raw = read_toml(toml, what="config file", example="give the path of a .toml "
                     "experiment, e.g. experiments/configs/llama3-8b-nvl72.toml")
     hf.relative_to(raw.get("model"), toml.parent)  # hf_config: a path from the TOML
     keys = [item.partition("=")[0].strip() for item in overrides] + list(varied)
     if any(k in MODEL_SOURCES for k in keys):
-        raw["model"] = {}
+        model = raw.get("model")
+        raw["model"] = ({k: v for k, v in model.items() if k in RUN_FIELDS}
+                        if isinstance(model, dict) else {})
     for item in overrides:
         apply_override(raw, item)
     return raw
@@ -371,6 +374,16 @@ def from_dict(raw: Mapping[str, Any]) -> Experiment:
     exp = unchecked(raw)
     validate(exp)
     return exp
+
+
+def rebuilt(exp: Experiment, raw: Mapping[str, Any]) -> Experiment:
+    """`exp` again from its tables as run (`exp.to_dict()` with keys of other tables than
+    [model] changed), checked again. Those tables give every dimension and name no preset,
+    so the model's label and notes are `exp`'s: the one place an experiment is rebuilt so
+    (fit's changes, the runner's fewer replicas)."""
+    new = from_dict(raw)
+    assert new.model == exp.model, "rebuilt() keeps the model; load a config to change it"
+    return dataclasses.replace(new, model_label=exp.model_label, notes=exp.notes)
 
 
 def unchecked(raw: Mapping[str, Any]) -> Experiment:

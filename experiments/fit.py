@@ -130,8 +130,8 @@ def _changed(exp: Experiment, changes: dict) -> Experiment | None:
     for key, value in changes.items():
         table, _, name = key.partition(".")
         raw.setdefault(table, {})[name] = list(value) if isinstance(value, tuple) else value
-    try:  # the tables as run name no preset: the model's label is the config's
-        return dataclasses.replace(config_mod.from_dict(raw), model_label=exp.model_label)
+    try:
+        return config_mod.rebuilt(exp, raw)
     except ConfigError:
         return None
 

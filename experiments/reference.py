@@ -11,7 +11,7 @@ from experiments.config import Parallelism, Serving
 from experiments.measured import Measured
 from meshes.catalog import OVERRIDES
 from meshes.power import Cost
-from models.config import ModelConfig
+from models.config import RUN_FIELDS, ModelConfig
 from models.program import Precision, Train, Workload
 
 # table -> (its dataclass, what the table is for); [system] is the catalog's.
@@ -66,17 +66,21 @@ def entries(table: str) -> list[tuple[str, str, str]]:
             (f"system.{k}", "the system's", f"{help} ({kind.upper()} systems)")
             for k, (kind, _, help) in OVERRIDES.items()]
     out = [(f"{table}.preset", "none", "a preset's name; with --set it replaces the file's "
-            "[model] table (the model is the preset and the command line's model.* keys)"),
+            "model (the model is the preset, the file's run settings and the command line's "
+            "model.* keys)"),
            (f"{table}.hf_config", "none", "a Hugging Face config.json, the path from this TOML "
             "file's folder (with --set: from the working directory, and it replaces the "
-            "file's [model] table as a preset does) (llama, mistral, qwen2, qwen3, qwen3_moe, "
+            "file's model as a preset does) (llama, mistral, qwen2, qwen3, qwen3_moe, "
             "mixtral, deepseek_v3, gpt_oss); keys beside it override it")] \
         if table == "model" else []
     for f in dataclasses.fields(cls):
         default = _default(f)
         if table == "model" and default == "required":
             default = "required without a preset"
-        out.append((f"{table}.{f.name}", default, f.metadata.get("help", "")))
+        help = f.metadata.get("help", "")
+        if table == "model" and f.name in RUN_FIELDS:
+            help += " (a run setting: kept when --set names another model)"
+        out.append((f"{table}.{f.name}", default, help))
     return out
 
 

@@ -326,8 +326,7 @@ def _with_replicas(exp: Experiment, replicas: int, per_replica: int) -> Experime
     raw["parallelism"]["data"] = replicas
     raw["workload"]["global_batch"] = \
         exp.workload.global_batch * replicas // exp.parallelism.data
-    # the same model: its label is the config's (the tables as run name no preset)
-    return dataclasses.replace(config_mod.from_dict(raw), model_label=exp.model_label)
+    return config_mod.rebuilt(exp, raw)
 
 
 def _argument_specs(exp: Experiment) -> dict[tuple[str, str], object]:

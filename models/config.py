@@ -255,6 +255,21 @@ class ModelConfig:
         return 6 * self.matmul_param_count() + attn
 
 
+# Each [model] field, once: what the model IS (its shape, what a preset or a config.json
+# defines) or how it is RUN (a kernel, a fused weight, MoE routing capacity, vocabulary
+# padding: the experiment's choice for whatever model it runs). A preset or hf_config named
+# on the command line replaces the file's shape fields and keeps its run settings
+# (experiments/config.py load_raw); tests/models/test_config.py checks that every field is
+# in exactly one.
+SHAPE_FIELDS = (
+    "name", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab", "mlp",
+    "norm", "positions", "tie_embeddings", "max_seq_len", "rope_theta", "n_experts",
+    "experts_per_token", "n_shared_experts", "kv_lora_rank", "q_lora_rank", "qk_rope_dim",
+    "v_head_dim", "n_dense_layers", "dense_d_ff")
+RUN_FIELDS = ("attention", "fused_qkv", "fused_mlp", "capacity_factor", "dropless",
+              "moe_group_size", "vocab_multiple")
+
+
 def _llama(name: str, **shape) -> ModelConfig:
     """A Llama-family shape: SwiGLU, RMSNorm, RoPE, head_dim 128."""
     return ModelConfig(name=name, head_dim=128, **shape)

@@ -132,8 +132,8 @@ def build_parser() -> Parser:
                  "calibration", "top", "json", "html", "out", "quiet", backend="one")
     se.add_argument("--vary", action="append", metavar="KEY=V1,V2",
                     help="also try these values of a key, e.g. train.remat=full,minimal; "
-                         "model.preset values each replace the file's [model] table, as "
-                         "with --set")
+                         "model.preset values each replace the file's model (its run "
+                         "settings kept), as with --set")
     se.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                     help="run each compile as a Ray task: a local Ray instance, or the "
                          "cluster at ADDRESS (e.g. ray://head:10001); the ray extra")

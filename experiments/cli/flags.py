@@ -120,8 +120,9 @@ def parents(default_axes: tuple[str, ...]) -> dict[str, Parser]:
             (("--set",), {"action": "append", "metavar": "KEY=VALUE",
                           "help": "override a config key, e.g. --set parallelism.fsdp=8 "
                                   "(`shardscope keys` lists them); model.preset=NAME or "
-                                  "model.hf_config=PATH replaces the file's [model] table: "
-                                  "the model is that one with the --set model.* keys, e.g. "
+                                  "model.hf_config=PATH replaces the file's model, keeping "
+                                  "its run settings (fused_qkv, capacity_factor, ...): the "
+                                  "model is that one with them and the --set model.* keys, e.g. "
                                   "--set model.preset=llama3-8b --set model.n_layers=2"})),
         "calibration": _parent((("--calibration",), {
             "metavar": "CAL.toml", "help": "fitted efficiencies from `shardscope calibrate` "

@@ -458,3 +458,9 @@ def test_run_and_fit_headers_name_the_model_and_its_changes(tmp_path, capsys, cp
     assert code == 0, err
     assert out.splitlines()[1] == "model: llama3-8b"
     assert json.loads(out_json.read_text())["model"] == "llama3-8b"
+    # the file's run settings kept under the new preset are named too (before: they were
+    # dropped, and the line said "model: llama2-13b")
+    code, out, err = run_cli(["fit", "nemo-llama2-7b-fp8-h100-8", "--set",
+                              "model.preset=llama2-13b", "--no-compile", "--quiet"], capsys)
+    assert code == 0, err
+    assert out.splitlines()[1] == "model: llama2-13b (fused_qkv true, fused_mlp true)"

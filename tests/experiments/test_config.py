@@ -287,6 +287,51 @@ def test_a_preset_on_the_command_line_replaces_the_files_model_table():
     assert config.load("tiny-h100-dp-tp").model_label == "tiny (n_kv_heads 4)"
 
 
+@pytest.mark.parametrize("name, new, kept, label", [
+    ("nemo-llama2-7b-fp8-h100-8", "llama2-13b", {"fused_qkv": True, "fused_mlp": True},
+     "llama2-13b (fused_qkv true, fused_mlp true)"),
+    ("llama3-70b-gb200-100k-tp4-pp8", "llama3-405b", {"fused_qkv": True, "fused_mlp": True},
+     "llama3-405b (fused_qkv true, fused_mlp true)"),
+    ("deepseek-v3-v5p-512-ep", "qwen3-235b-a22b", {"capacity_factor": 1.0},
+     "qwen3-235b-a22b (capacity_factor 1.0)"),
+])
+def test_a_preset_on_the_command_line_keeps_the_files_run_settings(name, new, kept, label):
+    # the file's fused weights and capacity factor say how it runs a model, not which:
+    # --set model.preset=NEW is NEW's shape run as the file runs its own (before: the
+    # whole [model] table was left out, fused_qkv/fused_mlp true -> false, capacity_factor
+    # 1.0 -> 1.25, and the header named the bare preset)
+    from experiments import config
+    from models.config import preset
+
+    raw = config.load_raw(name, [f"model.preset={new}"])
+    assert raw["model"] == {"preset": new, **kept}
+    exp = config.unchecked(raw)  # the model alone: a mesh the new model fits is not the point
+    assert exp.model == preset(new, **kept) and exp.model_label == label
+
+
+def test_an_hf_config_on_the_command_line_keeps_the_files_run_settings_too():
+    from experiments import config
+
+    hf_json = str(REPO / "experiments/configs/hf/qwen3-235b-a22b.json")
+    exp = config.unchecked(config.load_raw("deepseek-v3-v5p-512-ep",
+                                           [f'model.hf_config="{hf_json}"']))
+    assert exp.model.capacity_factor == 1.0 and exp.model.kv_lora_rank == 0
+    assert exp.model_label == "hf_config qwen3-235b-a22b.json (capacity_factor 1.0)"
+
+
+def test_an_experiment_rebuilt_from_its_tables_keeps_its_models_label_and_notes():
+    # fit's changes and the runner's fewer replicas rebuild the experiment from its tables
+    # as run, which name no preset: the model is the same, and so are its label and the
+    # preset's notes (before: the notes were dropped)
+    from experiments import config, fit
+
+    exp = config.load("deepseek-v3-v5p-512-ep")
+    assert exp.notes and exp.model_label == "deepseek-v3 (capacity_factor 1.0)"
+    new = fit._changed(exp, {"train.remat": "none"})
+    assert new.train.remat == "none"
+    assert (new.model_label, new.notes) == (exp.model_label, exp.notes)
+
+
 @pytest.mark.parametrize("order", ["set first", "preset first"])
 def test_model_keys_given_on_the_command_line_stay_with_the_new_preset(order):
     from experiments import config

@@ -79,3 +79,16 @@ def test_a_preset_notes_what_its_published_config_json_would(name, hf_name):
         assert (any(key in n for n in exp.notes) == any(key in n for n in hf_notes)), key
     sliding = [n for n in hf_notes if n.startswith("sliding_window=")]
     assert all(n in exp.notes for n in sliding)
+
+
+def test_every_model_field_is_either_shape_or_run_setting():
+    # a preset or hf_config on the command line replaces the file's shape fields and keeps
+    # its run settings (experiments/config.py load_raw): a new field must say which it is
+    import dataclasses
+
+    from models.config import RUN_FIELDS, SHAPE_FIELDS, ModelConfig
+
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    assert not set(SHAPE_FIELDS) & set(RUN_FIELDS)
+    assert sorted(SHAPE_FIELDS + RUN_FIELDS) == sorted(fields)
+    assert len(set(SHAPE_FIELDS + RUN_FIELDS)) == len(SHAPE_FIELDS + RUN_FIELDS)
