@@ -13,7 +13,9 @@ single changes first, then pairs, then the greedy stack of the changes that save
 Those that fit are compiled (XLA:CPU) and estimated, the fastest first: the cheapest way
 to fit in step time, checked.
 
-A Megatron-style config (frameworks.style: a GPU system without FSDP) is searched as
+A Megatron-style config (frameworks.style: training on a GPU system without FSDP that
+splits the model or sets one of Megatron's own settings, the distributed optimizer among
+them) is searched as
 Megatron-LM would change it: data-parallel ways moved to tensor, pipeline or context
 parallelism keep the micro-batch of each data-parallel rank (Megatron's --micro-batch-size,
 its number of microbatches growing), and what its usual recipes do not run (FSDP past the
@@ -100,9 +102,10 @@ def _foreign(changes: dict, exp: Experiment) -> str:
 
 
 def _suggestion(exp: Experiment, changes: dict, memory: float,
-                step: float | None = None) -> Suggestion:
+                step: float | None = None, kind: str | None = None) -> Suggestion:
     """The suggestion, with what it does to the batch said (the global batch never
-    changes) and, on a Megatron-style config, what Megatron would not run."""
+    changes) and, on a Megatron-style config, what Megatron would not run. `kind`:
+    frameworks.style(exp), computed once by the caller."""
     new = _changed(exp, changes)
     mb = (exp.workload.microbatches, new.workload.microbatches)
     per_rank = (_per_rank(exp), _per_rank(new))
@@ -119,7 +122,8 @@ def _suggestion(exp: Experiment, changes: dict, memory: float,
                      f"sequence{'s' if per_rank[0] > 1 else ''} per data-parallel rank")
     if notes:
         notes[-1] += f", global batch {exp.workload.global_batch} kept"
-    foreign = _foreign(changes, exp) if style(exp) == "megatron" else ""
+    kind = kind or style(exp)
+    foreign = _foreign(changes, exp) if kind == "megatron" else ""
     return Suggestion(changes, memory, True, step, mb, per_rank,
                       tuple(notes) + ((foreign,) if foreign else ()))
 
@@ -136,8 +140,9 @@ def _changed(exp: Experiment, changes: dict) -> Experiment | None:
         return None
 
 
-def candidates(exp: Experiment) -> list[dict]:
-    """Single changes that may lower the memory per device, by knob."""
+def candidates(exp: Experiment, kind: str | None = None) -> list[dict]:
+    """Single changes that may lower the memory per device, by knob (`kind`:
+    frameworks.style(exp), computed when not given)."""
     w, t = exp.workload, exp.train
     out: list[dict] = []
     if w.kind == "train":
@@ -153,18 +158,18 @@ def candidates(exp: Experiment) -> list[dict]:
         if "decoder_layer_input" not in t.offload:
             out.append({"train.remat": "custom", "train.save": [],
                         "train.offload": ["decoder_layer_input"]})
-    return out + _moves(exp)
+    return out + _moves(exp, kind or style(exp))
 
 
-def _moves(exp: Experiment) -> list[dict]:
+def _moves(exp: Experiment, kind: str) -> list[dict]:
     """Ways moved between mesh axes. On a Megatron-style config a move out of the batch
     axes keeps each data-parallel rank's micro-batch, as Megatron keeps --micro-batch-size
     and derives the number of microbatches (global batch / (micro-batch x data-parallel))."""
     w, par = exp.workload, exp.parallelism
     sizes, batch_axes = par.sizes(), par.axis_rules().mesh_axes("batch")
-    megatron = style(exp) == "megatron"
+    megatron = kind == "megatron"
     out = []
-    for src, dst in _MOVES[style(exp)]:
+    for src, dst in _MOVES[kind]:
         if dst == "pipeline" and w.kind != "train":
             continue
         # Megatron's tensor sizes are few (they divide the heads) and each one matters
@@ -184,13 +189,13 @@ def _factors(n: int, every: bool = False) -> list[int]:
     return ks if every else sorted(set(ks[:2] + ks[-2:]))
 
 
-def _paired(exp: Experiment, a: dict, b: dict) -> dict | None:
+def _paired(exp: Experiment, a: dict, b: dict, kind: str) -> dict | None:
     """Two changes as one: two knobs side by side, or, on a Megatron-style config, two
     moves out of data parallelism to different axes (tensor x pipeline, as Megatron
     splits a model too large for one of them), each taking its ways from data."""
     if _knob(a) != _knob(b):
         return None if set(a) & set(b) else {**a, **b}
-    if _knob(a) != "parallelism" or style(exp) != "megatron":
+    if _knob(a) != "parallelism" or kind != "megatron":
         return None
     data, m = exp.parallelism.data, exp.workload.microbatches
     grown = [next(k for k in c if k.startswith("parallelism.") and k != "parallelism.data")
@@ -219,9 +224,8 @@ def _destination(changes: dict, kind: str = "jax") -> int:
     return min((order.index(a) for a in grown if a in order), default=0)
 
 
-def _order(exp: Experiment, size):
+def _order(exp: Experiment, size, kind: str):
     """The sort key of the changes shown without a compile (and compiled first)."""
-    kind = style(exp)
     knobs = _MEGATRON_KNOBS if kind == "megatron" else _KNOBS
 
     def key(c: dict):
@@ -237,10 +241,12 @@ def _knob(changes: dict) -> str:
 
 
 def search(exp: Experiment, *, limit: int = 3, compile: bool = True, backend: str = "cpu",
-           calibration=None, budget: int = 400) -> list[Suggestion]:
+           calibration=None, budget: int = 400, kind: str | None = None) -> list[Suggestion]:
     """Changes that make the experiment fit, cheapest in step time first (compiled and
     estimated when `compile`; at most `limit` kept). `budget`: candidates sized at most
-    (by the memory model, ~10 ms each: every single change and pair of ~20 singles)."""
+    (by the memory model, ~10 ms each: every single change and pair of ~20 singles).
+    `kind`: frameworks.style(exp), computed here when not given."""
+    kind = kind or style(exp)
     capacity = exp.system.chip.hbm_bytes
     sized: dict[str, tuple[dict, float]] = {}
 
@@ -254,10 +260,10 @@ def search(exp: Experiment, *, limit: int = 3, compile: bool = True, backend: st
                 sized[key] = (changes, float("inf"))
         return sized[key][1] if key in sized else None
 
-    singles = candidates(exp)
+    singles = candidates(exp, kind)
     # on a Megatron-style config a change Megatron runs is looked for (in pairs, then
     # stacked) while only changes it does not run fit
-    megatron = style(exp) == "megatron"
+    megatron = kind == "megatron"
 
     def own(changes: Sequence[dict]) -> list[dict]:
         return [c for c in changes if not (megatron and _foreign(c, exp))]
@@ -265,13 +271,13 @@ def search(exp: Experiment, *, limit: int = 3, compile: bool = True, backend: st
     fitting = [c for c in singles if (size(c) or float("inf")) <= capacity]
     if not own(fitting):
         pairs = [p for a, b in itertools.combinations(singles, 2)
-                 if (p := _paired(exp, a, b)) is not None]
+                 if (p := _paired(exp, a, b, kind)) is not None]
         fitting += [c for c in pairs if (size(c) or float("inf")) <= capacity]
     if not own(fitting):
         fitting += _greedy(own(singles), size, capacity) if megatron else []
     if not fitting:
         fitting = _greedy(singles, size, capacity)
-    fitting.sort(key=_order(exp, size))
+    fitting.sort(key=_order(exp, size, kind))
     out = []
     for changes in fitting[:limit if not compile else 2 * limit]:
         step = None
@@ -279,11 +285,10 @@ def search(exp: Experiment, *, limit: int = 3, compile: bool = True, backend: st
             step = _step_time(_changed(exp, changes), backend, calibration)
             if step is None:
                 continue
-        out.append(_suggestion(exp, changes, size(changes), step))
+        out.append(_suggestion(exp, changes, size(changes), step, kind))
     if compile:
         # fastest first; on a Megatron-style config what Megatron runs before what it does
         # not, however fast
-        megatron = style(exp) == "megatron"
         out.sort(key=lambda s: (megatron and bool(_foreign(s.changes, exp)), s.step_time_s))
     return out[:limit]
 
@@ -398,15 +403,17 @@ def fit(exp: Experiment, *, backend: str = "cpu", calibration=None, limit: int =
                        f"{e.reason}",)
     cap = exp.system.chip.hbm_bytes
     fits = memory.total_bytes <= cap and not refused
+    kind = style(exp)
     # each suggestion compiled and timed by the same compiler as the verdict
     suggestions = () if fits else tuple(search(exp, limit=limit, compile=compile,
-                                               backend=resolved, calibration=calibration))
+                                               backend=resolved, calibration=calibration,
+                                               kind=kind))
     return Verdict(name=exp.name, model=exp.model_label, system=exp.system.label, fits=fits,
                    memory_per_device_bytes=memory.total_bytes, hbm_capacity_bytes=cap,
                    breakdown=(*memory.components, *memory.reserved), source=memory.source,
                    notes=(*refused, *memory.notes), suggestions=suggestions,
                    compiler_bytes=memory.compiler_bytes, compiler_source=memory.compiler_source,
-                   style=style(exp))
+                   style=kind)
 
 
 def advice(exp: Experiment, calibration=None) -> tuple[str, ...]:

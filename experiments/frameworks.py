@@ -50,16 +50,28 @@ MAXTEXT_FUSED = ("fused_qkv", "fused_mlp")  # the same names in MaxText and [mod
 
 
 def style(exp: Experiment) -> str:
-    """How the config is written to run: "megatron" for a GPU system with no FSDP axis and
-    the default rules, as Megatron-LM and NeMo run it (their usual recipes shard the
-    data-parallel replicas only with the distributed optimizer, ZeRO-1, and split the
-    model with tensor, pipeline and context parallelism); "jax" otherwise (MaxText's FSDP,
-    a TPU slice)."""
+    """How the config is written to run, for fit's ranking: "megatron" for a training run
+    on a GPU system with the default rules and no FSDP axis that splits the model (tensor,
+    pipeline or context > 1) or sets one of Megatron's own settings (sequence_parallel,
+    tp_comm_overlap, the distributed optimizer, overlap_grad_reduce, overlap_param_gather,
+    bucket_size); "jax" otherwise (data parallelism alone, MaxText's FSDP or rules, a TPU
+    slice, serving).
+
+    Megatron-LM's and NeMo's usual recipes shard the data-parallel replicas only with the
+    distributed optimizer (ZeRO-1) and split the model with tensor, pipeline and context
+    parallelism. fused_qkv is no sign (MaxText has the same key; `import megatron` writes it
+    always), nor is an import's `# Imported from` line (a comment the config does not keep):
+    Megatron flags with data parallelism alone and no distributed optimizer read as "jax"."""
     from meshes.gpu import GpuSystem
 
-    par = exp.parallelism
-    gpu = isinstance(exp.system, GpuSystem)
-    return "megatron" if gpu and par.fsdp == 1 and par.rules == "default" else "jax"
+    par, t = exp.parallelism, exp.train
+    if not (isinstance(exp.system, GpuSystem) and exp.workload.kind == "train"
+            and par.fsdp == 1 and par.rules == "default"):
+        return "jax"
+    split = max(par.tensor, par.pipeline, par.sequence) > 1
+    own = (par.sequence_parallel or par.tp_comm_overlap or t.shard_optimizer_over_data
+           or t.overlap_grad_reduce or t.overlap_param_gather or t.bucket_size > 0)
+    return "megatron" if split or own else "jax"
 
 
 def granules(exp_system) -> tuple[int, str]:

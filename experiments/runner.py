@@ -12,6 +12,7 @@ import jax
 
 import sharding
 from experiments.config import ConfigError, Experiment
+from experiments.frameworks import style
 from meshes.calibration import Calibration
 from meshes.gpu import GpuSystem
 from meshes.reserves import JAX_GPU_MEM_FRACTION, reserved
@@ -211,9 +212,11 @@ def build_step(exp: Experiment, mesh, *, quiet: bool = False) -> Step:
         **program.pipeline.summary(),
         "output_layer_share": output_layer_share(exp.model, program.pipeline,
                                                  exp.workload.seq_len)}
+    # why Megatron-LM refuses these virtual stages: said of a Megatron-style run only
+    megatron = program.pipeline is not None and style(exp) == "megatron"
     return Step(program, with_reserve(memory, exp), False, mesh_shape, rules, pipeline, host,
                 (*dense_layer_note(exp.model, program.pipeline is not None),
-                 *(program.pipeline.notes() if program.pipeline else ())))
+                 *(program.pipeline.notes() if megatron else ())))
 
 
 def with_reserve(memory: sharding.Memory, exp: Experiment) -> sharding.Memory:

@@ -53,7 +53,8 @@ class TpuFamily:
         """Why a slice cannot have this shape, or None. A TPU slice is made of hosts of
         2 x 2 chips (a smaller slice is part of one): each of its first two dimensions is
         1 or even (libtpu refuses the others, e.g. v5e:3x3). Past that, what Google
-        provisions: a 2D family's listed shapes; a 3D slice larger than one 4x4x4 cube is
+        provisions: a 2D family's listed shapes; a 3D slice below one 4x4x4 cube one of the
+        family's listed sub-cube shapes, in any orientation; a 3D slice larger than a cube is
         whole cubes, every dimension a multiple of 4 (Cloud TPU docs, types and
         topologies: "A, B, C are either all <= 4 or all integer multiples of 4")."""
         if len(shape) != self.ndim:
@@ -71,12 +72,26 @@ class TpuFamily:
             listed = ", ".join("x".join(map(str, s)) for s in self.slice_shapes)
             return (f"Google provisions {self.name} slices of {listed} only (Cloud TPU "
                     f"{self.name.removeprefix('tpu-')} docs; no custom 2D shapes)")
+        if self.ndim == 3 and self.slice_shapes and all(s <= 4 for s in shape) and \
+                shape != (4, 4, 4) and not self._sub_cube(shape):
+            listed = ", ".join("x".join(map(str, s)) for s in self.slice_shapes)
+            return (f"Google provisions {self.name} slices below one 4x4x4 cube of {listed} "
+                    f"only, in any orientation that keeps a host's 2x2 chips in the first two "
+                    f"dimensions (Cloud TPU {self.name.removeprefix('tpu-')} docs, "
+                    f"configurations)")
         if self.wrap_rule == "cube" and any(s > 4 for s in shape) and \
                 any(s % 4 for s in shape):
             return (f"a {self.name} slice larger than one 4x4x4 cube is whole cubes, so "
                     f"every dimension is a multiple of 4 (Cloud TPU docs: all <= 4 or all "
                     f"multiples of 4)")
         return None
+
+    def _sub_cube(self, shape: tuple[int, ...]) -> bool:
+        """Whether `shape` is a listed sub-cube slice turned about: the same dimensions,
+        and no 1 in its first two where the listed shape has a host's 2x2 chips (2x2x1
+        turned to 1x2x2 would split a host)."""
+        return any(sorted(shape) == sorted(g) and min(shape[:2]) >= min(g[:2])
+                   for g in self.slice_shapes)
 
     def example_for(self, shape: tuple[int, ...]) -> str:
         """Valid system names near a refused `shape`: as many largest slices over DCN when

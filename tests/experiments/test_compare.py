@@ -99,9 +99,10 @@ def test_sharding_fits_each_systems_device_count():
 
 
 def test_compare_with_search_picks_each_systems_fastest(tmp_path, capsys, cpu_devices):
-    # Two devices each (data 2 or tensor 2): two compiles per search.
+    # Two devices each (data 2 or tensor 2; one TPU7x chip is 2 TensorCores): two
+    # compiles per search.
     out = tmp_path / "c.json"
-    args = ["compare", TINY, "--systems", "h100:2,tpu-v5p:1x1x2", "--search", "--axes",
+    args = ["compare", TINY, "--systems", "h100:2,tpu7x:1x1x1", "--search", "--axes",
             "data,tensor", "--store", str(tmp_path / "s.sqlite"), "--workers", "1",
             "--quiet", "--json", str(out)]
     assert cli.main(args) == 0
@@ -109,7 +110,7 @@ def test_compare_with_search_picks_each_systems_fastest(tmp_path, capsys, cpu_de
     from experiments.store import Store
 
     with Store(tmp_path / "s.sqlite") as store:
-        for system in ("h100:2", "tpu-v5p:1x1x2"):
+        for system in ("h100:2", "tpu7x:1x1x1"):
             ranked = ranking.ranking(store.results(search=f"compare {TINY} on {system}"))
             entry = next(s for s in json.loads(out.read_text())["systems"]
                          if s["system"] == system)

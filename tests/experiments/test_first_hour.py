@@ -84,7 +84,7 @@ def test_a_tpu_slice_libtpu_refuses_is_refused_at_the_config():
     for refused in ("tpu-v5e:1x8", "tpu-v5p:8x8x7"):
         with pytest.raises(ValueError, match=f"{refused.split(':')[1]} is not; e.g."):
             get_system(refused)
-    for ok in ("tpu-v5e:2x4", "tpu-v5e:4x2", "tpu7x:2x2x3", "tpu-v6e:16x16*2"):
+    for ok in ("tpu-v5e:2x4", "tpu-v5e:4x2", "tpu7x:4x2x2", "tpu-v6e:16x16*2"):
         assert get_system(ok).name == ok
 
 

@@ -161,10 +161,39 @@ def test_auto_hands_a_gpu_run_past_one_compile_to_the_gpu_compiler_as_run_does(m
     assert used == ["gpu"]
 
 
-# Llama 3 8B, 64 sequences of 8192 tokens on 8 data-parallel H100s: a GPU config without
-# FSDP, as Megatron-LM runs one (the README's `fit` example).
+# Llama 3 8B, 64 sequences of 8192 tokens on 8 data-parallel H100s without FSDP, its
+# gradient sum overlapped in buckets (Megatron's --overlap-grad-reduce): a config as
+# Megatron-LM runs one (the README's `fit` example).
 MEGATRON_8B = ["model.preset='llama3-8b'", "model.n_kv_heads=8", "parallelism.data=8",
-               "parallelism.tensor=1", "workload.seq_len=8192", "workload.global_batch=64"]
+               "parallelism.tensor=1", "workload.seq_len=8192", "workload.global_batch=64",
+               "train.overlap_grad_reduce=true"]
+
+
+def test_data_parallelism_alone_on_gpus_is_ranked_as_jax_runs_it():
+    # The same run without Megatron's overlapped gradient sum: nothing in it says Megatron
+    # (a plain JAX data-parallel run), so FSDP is ranked by its step time like any change and the
+    # verdict says nothing of Megatron (it was ranked last, "as Megatron-LM runs it").
+    exp = config_mod.load("tiny-h100-dp-tp", MEGATRON_8B[:-1])
+    verdict = fit.fit(exp, compile=False, limit=4)
+    assert verdict.style == "jax" and not verdict.fits
+    assert not any("Megatron" in s.describe() for s in verdict.suggestions)
+    assert "Megatron" not in verdict.format()
+    # with one of Megatron's own settings, or a model-parallel axis, it is Megatron's
+    for extra in (MEGATRON_8B[-1:], ["train.shard_optimizer_over_data=true"],
+                  ["parallelism.data=4", "parallelism.tensor=2"]):
+        megatron = config_mod.load("tiny-h100-dp-tp", [*MEGATRON_8B[:-1], *extra])
+        assert fit.style(megatron) == "megatron", extra
+
+
+def test_a_serving_config_on_gpus_gets_no_megatron_wording():
+    # vLLM-style decode of Llama 3 70B, 2 replicas of tensor 4 on one H200 node, its cache
+    # grown past HBM: Megatron-LM trains, it does not serve, so the ways moved from data
+    # are not "as Megatron-LM runs it" (they were, it being a GPU config without FSDP).
+    exp = config_mod.load("llama3-70b-decode-h200-8", [
+        "parallelism.data=2", "parallelism.tensor=4", "workload.global_batch=352"])
+    verdict = fit.fit(exp, compile=False)
+    assert verdict.style == "jax" and not verdict.fits and verdict.suggestions
+    assert "Megatron" not in verdict.format()
 
 
 def test_a_megatron_style_config_gets_megatrons_changes_before_fsdp():
@@ -195,13 +224,14 @@ def test_a_megatron_style_config_gets_megatrons_changes_before_fsdp():
 
 
 def test_megatron_style_splits_a_model_over_tensor_and_pipeline_before_fsdp():
-    # Llama 3 70B over 32 data-parallel H100s: no single change Megatron runs fits, and fit
-    # offered FSDP alone; Megatron's way is tensor 8 (the 8 KV heads) x pipeline 4, the
-    # number of microbatches grown to keep one sequence a rank.
+    # Llama 3 70B over 32 data-parallel H100s, Megatron-style (its overlapped gradient
+    # sum): no single change Megatron runs fits, and fit offered FSDP alone; Megatron's way
+    # is tensor 8 (the 8 KV heads) x pipeline 4, the number of microbatches grown to keep
+    # one sequence a rank.
     exp = config_mod.load("tiny-h100-dp-tp", [
         "model.preset='llama3-70b'", "model.n_kv_heads=8", "system.name='h100:32'",
         "parallelism.data=32", "parallelism.tensor=1", "workload.seq_len=4096",
-        "workload.global_batch=32"])
+        "workload.global_batch=32", "train.overlap_grad_reduce=true"])
     found = fit.search(exp, compile=False, limit=6)
     tp_pp = {"parallelism.data": 1, "parallelism.tensor": 8, "parallelism.pipeline": 4,
              "workload.microbatches": 32}

@@ -256,3 +256,18 @@ def test_overlap_param_gather_needs_the_distributed_optimizer():
         config.load("tiny-h100-dp-tp", ["train.overlap_param_gather=true"])
     with pytest.raises(ValueError, match=r"train.bucket_size=-1 must be at least 0"):
         config.load("tiny-h100-dp-tp", ["train.bucket_size=-1"])
+
+
+def test_megatrons_refusal_of_virtual_stages_is_said_of_a_megatron_style_run_only():
+    # 5 layers on 4 stages of 2 chunks: no count of 5, 6 or 7 layers splits into 4 stages
+    # of 2 equal chunks, so Megatron-LM refuses the layout (models/pipeline.py); a GPU
+    # config that splits the model is run as Megatron runs it and is told, a TPU slice runs
+    # MaxText's pipeline and is not (the note was said of every pipelined run).
+    from experiments import config, runner
+
+    over = ["parallelism.data=2", "parallelism.tensor=1", "parallelism.pipeline=4",
+            "parallelism.virtual_stages=2", "model.n_layers=5", "workload.microbatches=8"]
+    for system, said in (("h100:8", True), ("tpu-v5e:2x4", False)):
+        step = runner._abstract_step(config.load("tiny-h100-dp-tp",
+                                                 [*over, f"system.name='{system}'"]))
+        assert any(n.startswith("Megatron-LM refuses") for n in step.notes) == said, system

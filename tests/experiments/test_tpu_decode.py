@@ -13,10 +13,10 @@ from meshes import get_system
 from meshes.calibration import catalog_calibration
 from meshes.chips import CHIPS, TPU_OP_S
 
-# The tiny model decoding on 2 TPU v5p chips (tensor parallelism 2), 8 users, 64 cached
-# tokens.
+# The tiny model decoding on one TPU7x chip's 2 TensorCores (tensor parallelism 2), 8
+# users, 64 cached tokens (Google has no 2-chip v5p slice).
 TINY_DECODE = {
-    "name": "tiny-tpu-decode", "model": {"preset": "tiny"}, "system": {"name": "tpu-v5p:1x1x2"},
+    "name": "tiny-tpu-decode", "model": {"preset": "tiny"}, "system": {"name": "tpu7x:1x1x1"},
     "parallelism": {"tensor": 2},
     "workload": {"kind": "decode", "seq_len": 64, "global_batch": 8},
     "precision": {"params": "bfloat16"},

@@ -29,6 +29,17 @@ MB = 1e6
                       "tpu-v5p:8x8x8 .512 chips.$"),
     ("tpu7x:2x8x8", "whole cubes.*e.g. tpu7x:4x4x8 .128 chips. or tpu7x:4x8x8 .256 chips.$"),
     ("tpu-v4:4x4x6", "whole cubes.*e.g. tpu-v4:4x4x4 .64 chips. or tpu-v4:4x4x8"),
+    # Below one cube, v4 and v5p come in four shapes (Cloud TPU v5p docs' configurations:
+    # 2x2x1, 2x2x2, 2x4x4; v5p-32 and xpk: 2x2x4), TPU7x also as one chip (MaxText's
+    # accelerator_to_spec_map: tpu7x-2 = 1x1x1), turned about with a host's 2x2 chips kept
+    ("tpu-v5p:1x1x2", "below one 4x4x4 cube of 2x2x1, 2x2x2, 2x2x4, 2x4x4 only.*; 1x1x2 is "
+                      "not; e.g. tpu-v5p:2x2x2 .8 chips.$"),
+    ("tpu-v5p:2x2x3", "2x2x3 is not; e.g. tpu-v5p:2x2x2 .8 chips. or tpu-v5p:2x2x4 .16 chips.$"),
+    ("tpu-v4:1x1x1", "Google provisions tpu-v4 slices below one 4x4x4 cube .*; 1x1x1 is not; "
+                     "e.g. tpu-v4:2x2x1 .4 chips.$"),
+    ("tpu-v5p:1x2x2", "keeps a host's 2x2 chips in the first two dimensions"),
+    ("tpu7x:1x1x4", "tpu7x slices below one 4x4x4 cube of 1x1x1, 2x2x1, 2x2x2, 2x2x4, 2x4x4 "
+                    "only"),
     # v5e and v6e come in eight 2D shapes (no custom ones), either way round
     ("tpu-v5e:1x8", "Google provisions tpu-v5e slices of 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, "
                     "16x16 only .*; 1x8 is not; e.g. tpu-v5e:2x4 .8 chips."),
@@ -89,7 +100,7 @@ def test_every_slice_google_lists_is_valid():
     for name in ("tpu-v5p:2x2x1", "tpu-v5p:2x4x4", "tpu-v5p:4x4x28", "tpu-v5p:16x16x24",
                  "tpu-v5p:16x20x28", "tpu7x:4x4x20", "tpu7x:16x24x24", "tpu-v4:8x16x16",
                  "tpu-v5e:1x1", "tpu-v5e:8x16", "tpu-v6e:16x8", "tpu-v6e:4x8",
-                 "tpu7x:2x2x3", "tpu7x:1x1x4"):
+                 "tpu7x:1x1x1", "tpu7x:2x2x1", "tpu-v4:2x2x4", "tpu-v5p:4x4x2"):
         assert get_system(name).name == name
 
 

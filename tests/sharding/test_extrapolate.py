@@ -165,7 +165,7 @@ def test_extrapolated_runs_equal_direct_compiles_up_to_2048_devices():
         for k in ("step", "mfu", "memory", "tokens"):
             assert r[k][0] == pytest.approx(r[k][1], rel=0.01), (n, k)
     for system, reduced in (("tpu-v5e:16x16*2", "tpu-v5e:2x4"),
-                            ("tpu7x:4x4x8", "tpu7x:1x1x4"), ("trn2:4x4*16", "trn2:4x2")):
+                            ("tpu7x:4x4x8", "tpu7x:2x2x1"), ("trn2:4x4*16", "trn2:4x2")):
         r = out[system]
         assert r["same"], system
         assert r["from"].startswith(f"compiled on {reduced}, 8 devices (2 of the "), system
@@ -235,6 +235,21 @@ def _reduced(sets, cpu_devices):
     exp = config.load("tiny-h100-dp-tp", ["parallelism.data=4", "parallelism.tensor=2",
                                           *sets])
     return runner.run(exp, max_compile_devices=4)
+
+
+def test_a_reduced_tpu_compile_runs_on_a_slice_google_provisions():
+    # The reduced run's slice was the first shape with its chips, one Google does not
+    # provision (tpu7x:1x1x4, tpu-v5p:1x2x4, tpu-v4:1x2x4); now a listed sub-cube slice
+    # (TPU7x: 2 devices a chip, v4 / v5p: 1).
+    from experiments.runner import _reduced_system_name
+    from meshes import get_system
+
+    for system, devices, reduced in (("tpu7x:4x4x8", 8, "tpu7x:2x2x1"),
+                                     ("tpu7x:4x4x8", 2, "tpu7x:1x1x1"),
+                                     ("tpu-v5p:8x8x8", 8, "tpu-v5p:2x2x2"),
+                                     ("tpu-v4:4x4x4", 8, "tpu-v4:2x2x2")):
+        name = _reduced_system_name(get_system(system), devices)
+        assert name == reduced and get_system(name).num_devices == devices, system
 
 
 def test_a_reduced_run_retimed_on_another_system_names_that_system(cpu_devices):
