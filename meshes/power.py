@@ -94,8 +94,6 @@ class Pue:
 # GPU systems, which run in anyone's building (a colocation hall, a neocloud's, an owner's).
 INDUSTRY_PUE = Pue(1.56, "Uptime Institute's 2024 survey average",
                    "Uptime Institute Global Data Center Survey 2024 (average PUE 1.56)")
-DEFAULT_PUE = INDUSTRY_PUE.value
-PUE_SOURCE = INDUSTRY_PUE.source
 # Cloud TPUs run only in Google's data centres, whose fleet-wide figure Google publishes.
 GOOGLE_FLEET_PUE = Pue(1.09, "Google's fleet, trailing twelve months",
                        "Google data centers, Efficiency page (google.com/about/"
@@ -178,7 +176,7 @@ class Cost:
         if self.pue is not None and not (self.pue >= 1 and math.isfinite(self.pue)):
             raise ValueError(f"cost.pue={self.pue} must be a finite number of at least 1 "
                              f"(facility power over IT power); leave it out for the "
-                             f"catalog's ({GOOGLE_FLEET_PUE.value} on TPUs, {DEFAULT_PUE} "
+                             f"catalog's ({GOOGLE_FLEET_PUE.value} on TPUs, {INDUSTRY_PUE.value} "
                              f"elsewhere)")
         if not (self.usd_per_kwh >= 0 and math.isfinite(self.usd_per_kwh)):
             raise ValueError(f"cost.usd_per_kwh={self.usd_per_kwh} must be a finite number of 0 "
