@@ -27,7 +27,7 @@ from meshes.power import Cost
 from models import hf
 from models.config import PRESETS, RUN_FIELDS, ModelConfig, preset, preset_notes
 from models.context import MODES as CONTEXT_MODES
-from models.pipeline import SCHEDULES, Pipeline
+from models.pipeline import SCHEDULES, Pipeline, fewest_microbatches
 from models.program import Precision, Train, Workload, described
 from sharding.rules import MESH_AXES, RULE_PRESETS, AxisRules, divisors, rules_preset
 
@@ -599,8 +599,7 @@ def _batch_split(exp: Experiment) -> tuple[int, str, int]:
     par, rules, sizes = exp.parallelism, exp.parallelism.axis_rules(), exp.parallelism.sizes()
     keys = " x ".join(f"parallelism.{a}" for a in rules.mesh_axes("batch"))
     stages = rules.ways("layers", sizes, params=True)
-    at_least = stages if stages > 1 and par.virtual_stages > 1 else 1
-    return rules.ways("batch", sizes), keys, at_least
+    return rules.ways("batch", sizes), keys, fewest_microbatches(stages, par.virtual_stages)
 
 
 def _microbatch_choices(global_batch: int, data_parallel: int) -> list[int]:
@@ -684,7 +683,7 @@ def _check_strategies(exp: Experiment) -> None:
         if par.pipeline_schedule not in SCHEDULES:
             raise ConfigError(f"parallelism.pipeline_schedule={par.pipeline_schedule!r} is not "
                               f"one of {', '.join(SCHEDULES)}")
-        if par.virtual_stages > 1 and w.microbatches < stages:
+        if w.microbatches < fewest_microbatches(stages, par.virtual_stages):
             dp, keys, at_least = _batch_split(exp)
             raise ConfigError(
                 f"interleaved stages (parallelism.virtual_stages={par.virtual_stages}) need at "
@@ -692,14 +691,12 @@ def _check_strategies(exp: Experiment) -> None:
                 f"{w.microbatches} < parallelism.pipeline={stages}; "
                 f"{_microbatch_fix(w.global_batch, w.microbatches, dp, keys, at_least)}")
         try:
-            Pipeline(stages=stages, microbatches=w.microbatches, layers=m.n_layers,
-                     virtual=par.virtual_stages, schedule=par.pipeline_schedule)
+            plan = Pipeline(stages=stages, microbatches=w.microbatches, layers=m.n_layers,
+                            virtual=par.virtual_stages, schedule=par.pipeline_schedule)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         _check_idle_stages(stages, par.virtual_stages, m.n_layers)
-        _check_virtual_chunks(Pipeline(stages=stages, microbatches=w.microbatches,
-                                       layers=m.n_layers, virtual=par.virtual_stages,
-                                       schedule=par.pipeline_schedule))
+        _check_virtual_chunks(plan)
     elif par.virtual_stages != 1:
         raise ConfigError(f"parallelism.virtual_stages={par.virtual_stages} needs pipeline "
                           f"stages; set parallelism.pipeline > 1 or virtual_stages = 1")

@@ -57,6 +57,12 @@ from sharding.gpu_frameworks import STAGE_TRANSFER
 SCHEDULES = ("1f1b", "gpipe")
 
 
+def fewest_microbatches(stages: int, virtual: int) -> int:
+    """The fewest microbatches a pipeline of `stages` with `virtual` chunks a stage takes:
+    an interleaved one (virtual > 1) needs one a stage (Megatron's rule), a plain one 1."""
+    return stages if stages > 1 and virtual > 1 else 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
     """P `stages` x V `virtual` chunks per stage over `layers` layers, `microbatches` M,
@@ -72,7 +78,7 @@ class Pipeline:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"parallelism.pipeline_schedule={self.schedule!r} is not one of "
                              f"{SCHEDULES}")
-        if self.virtual > 1 and self.microbatches < self.stages:
+        if self.microbatches < fewest_microbatches(self.stages, self.virtual):
             raise ValueError(
                 f"interleaved stages (parallelism.virtual_stages={self.virtual}) need at least "
                 f"as many microbatches as stages: workload.microbatches={self.microbatches} < "
